@@ -1,0 +1,168 @@
+"""Capturing a function as a CUDA graph, and the static buffers a graph reads.
+
+A CUDA graph records the kernels a function launches, with the exact device addresses they read
+and write, and replays them later with one launch call. Two consequences shape everything here:
+
+* Capture must see a *warmed-up* function. The first call of many ops does one-time work (cuBLAS
+  handle creation, autotuning, lazy allocations) that is not allowed, or not wanted, inside a
+  capture. So we run the function a few times on a side stream first.
+* Replay reads the *same addresses* every time. New data has to be copied into the buffers the
+  graph was captured with; binding a Python name to a new tensor changes nothing the graph sees.
+  `StaticInputs` owns those buffers and does the copies.
+
+Source: PyTorch's CUDA-graph notes ("Whole-network capture"), and the seed article, section
+"Graph Time".
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Mapping
+from typing import Any, TypeVar
+
+import torch
+
+Tensor = torch.Tensor
+Output = TypeVar("Output")
+
+
+def capture_graph(
+    fn: Callable[[], Output],
+    warmup: int = 3,
+    pool: Any = None,
+) -> tuple[torch.cuda.CUDAGraph, Output]:
+    """Warm ``fn`` up on a side stream, then capture one call of it as a CUDA graph.
+
+    Args:
+        fn: a function of no arguments that launches CUDA work and returns its outputs (any
+            structure of tensors). It must read its inputs from tensors that outlive the graph
+            (static buffers, parameters), must not synchronise with the host (``.item()``,
+            ``.tolist()``, ``.cpu()``, data-dependent shapes) and must launch the same work on
+            every call.
+        warmup: number of eager calls before capture (int >= 0). They run on the same side stream
+            as the capture, so lazy initialisation (library handles, autograd buffers) happens
+            outside the graph. 3 is what PyTorch's documentation uses.
+        pool: a memory-pool handle from ``torch.cuda.graph_pool_handle()`` or another graph's
+            ``graph.pool()``, to share one private pool between graphs that never run at the
+            same time. ``None`` gives the graph a pool of its own.
+
+    Returns:
+        ``(graph, outputs)``: ``graph.replay()`` reruns the captured kernels and rewrites
+        ``outputs`` in place. ``outputs`` live in the graph's private pool and are overwritten
+        by the next replay; clone what you need to keep.
+
+    Raises:
+        TypeError: ``fn`` is not callable or ``warmup`` is not an int.
+        ValueError: ``warmup`` is negative.
+        RuntimeError: CUDA is not available, or ``fn`` did something not allowed during capture
+            (the CUDA error is raised from inside ``torch.cuda.graph``).
+    """
+    if not callable(fn):
+        raise TypeError(f"capture_graph: fn must be callable, got {type(fn).__name__}")
+    if not isinstance(warmup, int) or isinstance(warmup, bool):
+        raise TypeError(f"capture_graph: warmup must be an int >= 0, got {warmup!r}")
+    if warmup < 0:
+        raise ValueError(f"capture_graph: warmup must be >= 0, got {warmup}")
+    if not torch.cuda.is_available():
+        raise RuntimeError("capture_graph: CUDA graphs need a CUDA device; none is available")
+
+    # The side stream isolates exactly the work we want recorded; it first waits for everything
+    # already queued (e.g. the copies that filled the static buffers).
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(warmup):
+            fn()
+    torch.cuda.current_stream().wait_stream(stream)
+
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, pool=pool, stream=stream):
+        outputs = fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    return graph, outputs
+
+
+class StaticInputs:
+    """The fixed-capacity device buffers a captured graph reads, refilled from host batches.
+
+    Built from a template batch: every tensor field gets one device buffer of the same shape and
+    dtype. ``copy_(batch)`` copies a new batch into those same buffers with
+    ``non_blocking=True``: from pinned host memory the copy is asynchronous and ordered on the
+    current stream before the next ``graph.replay()``. From pageable memory it is still correct,
+    only not overlapped with host work.
+
+    The buffers are reachable as attributes or items: ``static.input_ids``,
+    ``static["cu_seqlens"]``.
+
+    Args:
+        template: a mapping ``name -> Tensor`` or a dataclass instance (e.g.
+            :class:`attn_gym_lite.data.PackedBatch`); only its tensor fields are kept. Shapes
+            and dtypes are fixed from it forever: they are the graph's capacity.
+        device: where the buffers live (``"cuda"`` for graphs; a CPU device works too, so the
+            same training code runs eagerly on CPU).
+
+    Raises:
+        TypeError: ``template`` is neither a mapping nor a dataclass instance, or holds no
+            tensors.
+
+    Source: the seed article, "A More Realistic Training Loop" (static buffers filled from
+    pinned batches).
+    """
+
+    def __init__(self, template: Any, device: torch.device | str) -> None:
+        fields = _tensor_fields(template, "template")
+        if not fields:
+            raise TypeError("StaticInputs: template must hold at least one Tensor field, got none")
+        self.device = torch.device(device)
+        self._buffers: dict[str, Tensor] = {
+            name: torch.empty_like(value, device=self.device) for name, value in fields.items()
+        }
+        self.copy_(template)
+
+    def copy_(self, batch: Any) -> None:
+        """Copy every tensor field of ``batch`` into the matching static buffer.
+
+        Raises:
+            ValueError: a field is missing, or its shape or dtype differs from the buffer's (a
+                captured graph cannot take a new shape: pad the batch to capacity instead).
+                Nothing is copied when any field is wrong.
+        """
+        fields = _tensor_fields(batch, "batch")
+        for name, buffer in self._buffers.items():
+            if name not in fields:
+                raise ValueError(f"StaticInputs.copy_: batch has no tensor field {name!r}")
+            value = fields[name]
+            if value.shape != buffer.shape or value.dtype != buffer.dtype:
+                raise ValueError(
+                    f"StaticInputs.copy_: field {name!r} must have shape {tuple(buffer.shape)} "
+                    f"and dtype {buffer.dtype} (the captured capacity), "
+                    f"got shape {tuple(value.shape)} and dtype {value.dtype}"
+                )
+        for name, buffer in self._buffers.items():
+            buffer.copy_(fields[name], non_blocking=True)
+
+    def __getitem__(self, name: str) -> Tensor:
+        return self._buffers[name]
+
+    def __getattr__(self, name: str) -> Tensor:
+        buffers = self.__dict__.get("_buffers", {})
+        if name in buffers:
+            return buffers[name]
+        raise AttributeError(f"StaticInputs has no buffer {name!r}; it has {sorted(buffers)}")
+
+    def keys(self) -> list[str]:
+        """Names of the buffers, in template order."""
+        return list(self._buffers)
+
+
+def _tensor_fields(batch: Any, argument: str) -> dict[str, Tensor]:
+    if isinstance(batch, Mapping):
+        items = batch.items()
+    elif dataclasses.is_dataclass(batch) and not isinstance(batch, type):
+        items = ((f.name, getattr(batch, f.name)) for f in dataclasses.fields(batch))
+    else:
+        raise TypeError(
+            f"StaticInputs: {argument} must be a mapping of tensors or a dataclass instance, "
+            f"got {type(batch).__name__}"
+        )
+    return {name: value for name, value in items if isinstance(value, Tensor)}

@@ -1,0 +1,127 @@
+"""The models the book trains: the seed's ``VarLenAttention`` and a one-block packed LM.
+
+Both take a packed batch: activations ``[T, dim]`` whose first ``L = cu_seqlens[-1]`` rows are
+real tokens and whose remaining ``T - L`` rows are inactive capacity (padding a captured graph
+still computes on). Projections are token-parallel and do not care about sequence boundaries;
+only attention reads ``cu_seqlens``.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .attention import varlen_attention
+from .ragged import active_token_mask
+
+Tensor = torch.Tensor
+
+
+class VarLenAttention(nn.Module):
+    """QKV projection -> packed multi-head attention -> output projection.
+
+    Args:
+        dim: model width; must be divisible by ``num_heads``.
+        num_heads: attention heads; head dim is ``dim // num_heads`` (the CUDA path supports the
+            head dims FlashAttention-2 does, e.g. 64 and 128).
+        causal: causal attention within each sequence.
+        mask_inactive_capacity: make rows past ``L`` harmless. torch's ``varlen_attn`` leaves
+            those output rows unspecified and returns NaN gradients for them; with this flag the
+            attention output's inactive rows are set to zero and the QKV gradient's inactive rows
+            are dropped (``torch.where`` selects, so even NaN cannot leak into the projection's
+            weight gradient ``X^T dY``). Needed whenever ``L < T``, i.e. under a graph captured at
+            token capacity.
+
+    Shapes: ``forward(x [T, dim], cu_seqlens int32 [N + 1], max_seqlen int) -> [T, dim]``.
+
+    Source: the seed article, "Hello World" (module) and "Correctness tangent" (masking).
+    """
+
+    def __init__(
+        self,
+        dim: int,
+        num_heads: int,
+        *,
+        causal: bool = False,
+        mask_inactive_capacity: bool = False,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
+    ) -> None:
+        super().__init__()
+        if num_heads < 1 or dim % num_heads:
+            raise ValueError(
+                f"VarLenAttention: dim must be a positive multiple of num_heads, got dim={dim}, "
+                f"num_heads={num_heads}"
+            )
+        self.dim, self.num_heads, self.head_dim = dim, num_heads, dim // num_heads
+        self.causal = causal
+        self.mask_inactive_capacity = mask_inactive_capacity
+        self.qkv = nn.Linear(dim, 3 * dim, bias=False, device=device, dtype=dtype)
+        self.out_proj = nn.Linear(dim, dim, bias=False, device=device, dtype=dtype)
+
+    def forward(self, x: Tensor, cu_seqlens: Tensor, max_seqlen: int) -> Tensor:
+        tokens = x.shape[0]
+        qkv = self.qkv(x).view(tokens, 3, self.num_heads, self.head_dim)
+        active = None
+        if self.mask_inactive_capacity:
+            # Built on the device from cu_seqlens[-1]: a captured graph rebuilds it every replay.
+            active = active_token_mask(tokens, cu_seqlens)
+            # Forward value unchanged; backward keeps only the active rows' gradient.
+            qkv = torch.where(active[:, None, None, None], qkv, qkv.detach())
+        q, k, v = qkv.unbind(dim=1)
+        attn = varlen_attention(q, k, v, cu_seqlens, max_seqlen, causal=self.causal)
+        if active is not None:
+            attn = torch.where(active[:, None, None], attn, 0)
+        return self.out_proj(attn.reshape(tokens, self.dim))
+
+
+class PackedLM(nn.Module):
+    """A one-block causal language model over packed batches, for the training-loop chapter.
+
+    embedding -> RMSNorm -> causal ``VarLenAttention`` (residual) -> RMSNorm -> LM head.
+    Inactive capacity is masked inside the attention, so ``loss`` is exactly the mean next-token
+    cross-entropy over the positions where ``loss_mask`` is True.
+
+    Args:
+        vocab_size: tokenizer vocabulary size.
+        dim, num_heads: attention width and heads.
+        device, dtype: of the parameters.
+    """
+
+    def __init__(
+        self,
+        vocab_size: int,
+        dim: int,
+        num_heads: int,
+        *,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
+    ) -> None:
+        super().__init__()
+        self.embedding = nn.Embedding(vocab_size, dim, device=device, dtype=dtype)
+        self.norm_in = nn.RMSNorm(dim, device=device, dtype=dtype)
+        self.attention = VarLenAttention(
+            dim, num_heads, causal=True, mask_inactive_capacity=True, device=device, dtype=dtype
+        )
+        self.norm_out = nn.RMSNorm(dim, device=device, dtype=dtype)
+        self.lm_head = nn.Linear(dim, vocab_size, bias=False, device=device, dtype=dtype)
+
+    def forward(self, input_ids: Tensor, cu_seqlens: Tensor, max_seqlen: int) -> Tensor:
+        """``input_ids`` int64 ``[T]`` -> logits ``[T, vocab_size]``."""
+        h = self.embedding(input_ids)
+        h = h + self.attention(self.norm_in(h), cu_seqlens, max_seqlen)
+        return self.lm_head(self.norm_out(h))
+
+    def loss(
+        self, input_ids: Tensor, labels: Tensor, loss_mask: Tensor, cu_seqlens: Tensor, max_seqlen: int
+    ) -> Tensor:
+        """Mean cross-entropy over ``loss_mask`` (bool ``[T]``); a float32 scalar, no host sync.
+
+        An all-False mask gives 0 rather than NaN (the denominator is clamped to 1).
+        """
+        logits = self(input_ids, cu_seqlens, max_seqlen)
+        token_losses = F.cross_entropy(logits.float(), labels, reduction="none")
+        # Select, never multiply: a garbage logit on a masked row must not become NaN * 0.
+        total = torch.where(loss_mask, token_losses, 0.0).sum()
+        return total / loss_mask.sum().clamp_min(1)

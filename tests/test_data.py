@@ -1,0 +1,627 @@
+"""Tests for attn_gym_lite.data: packed batches, corpora, tokenizers and the loaders.
+
+The checks use independent references: plain Python loops over the batch tensors, a byte
+tokenizer whose token counts are obvious, and the documents re-tokenized one at a time.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import sys
+import sysconfig
+from dataclasses import FrozenInstanceError
+from itertools import chain, pairwise
+from pathlib import Path
+
+import pytest
+import torch
+
+from attn_gym_lite import data
+from attn_gym_lite.data import (
+    PackedBatch,
+    Tokenizer,
+    jsonl_texts,
+    load_tokenizer,
+    packed_batch_loader,
+    parquet_texts,
+    python_stdlib_corpus,
+    real_text_loader,
+    text_files,
+)
+
+FIXTURES = Path(__file__).parent / "fixtures"
+TINY_CORPUS = FIXTURES / "tiny_corpus"
+TINY_JSONL = FIXTURES / "tiny.jsonl"
+
+
+class ByteTokenizer:
+    """One token per UTF-8 byte: token counts are len(text.encode())."""
+
+    name = "bytes"
+    vocab_size = 256
+
+    def encode(self, text: str) -> list[int]:
+        return list(text.encode("utf-8"))
+
+    def encode_batch(self, texts):
+        return [self.encode(text) for text in texts]
+
+    def decode(self, ids) -> str:
+        return bytes(ids).decode("utf-8")
+
+
+# ---------------------------------------------------------------------------------------------
+# Reference checks
+# ---------------------------------------------------------------------------------------------
+
+
+def sequences_of(batch: PackedBatch) -> list[list[int]]:
+    """The active sequences' token ids, cut at cu_seqlens (empty tail slots dropped)."""
+    ids = batch.input_ids.tolist()
+    return [ids[start:end] for start, end in pairwise(batch.cu_seqlens.tolist()) if end > start]
+
+
+def assert_batch_invariants(
+    batch: PackedBatch, token_capacity: int, sequence_capacity: int, *, second_half_loss=False
+) -> None:
+    """Check every documented property of a PackedBatch with plain loops."""
+    T, N = token_capacity, sequence_capacity
+    assert batch.input_ids.dtype == torch.int64 and batch.input_ids.shape == (T,)
+    assert batch.labels.dtype == torch.int64 and batch.labels.shape == (T,)
+    assert batch.loss_mask.dtype == torch.bool and batch.loss_mask.shape == (T,)
+    assert batch.cu_seqlens.dtype == torch.int32 and batch.cu_seqlens.shape == (N + 1,)
+    assert batch.token_capacity == T and batch.sequence_capacity == N
+
+    cu = batch.cu_seqlens.tolist()
+    L, M = batch.active_tokens, batch.active_sequences
+    lengths = [end - start for start, end in pairwise(cu)]
+    assert cu[0] == 0 and cu[-1] == L
+    assert 1 <= L <= T and 1 <= M <= N
+    # M non-empty sequences first, then empty slots whose boundary repeats L.
+    assert all(length > 0 for length in lengths[:M])
+    assert cu[M:] == [L] * (N + 1 - M)
+    assert batch.max_seqlen == max(lengths)
+
+    ids, labels, mask = batch.input_ids.tolist(), batch.labels.tolist(), batch.loss_mask.tolist()
+    for start, end in pairwise(cu[: M + 1]):
+        loss_start = start + (end - start) // 2 if second_half_loss else start
+        for t in range(start, end - 1):
+            assert mask[t] == (t >= loss_start), (t, start, end)
+            if mask[t]:
+                assert labels[t] == ids[t + 1]
+        assert not mask[end - 1] and labels[end - 1] == 0
+    for t in range(L, T):
+        assert ids[t] == 0 and labels[t] == 0 and not mask[t]
+    assert all(label == 0 for label, counted in zip(labels, mask) if not counted)
+
+
+def expected_pieces(documents, tokenizer, max_document_tokens, min_document_tokens=2):
+    """Documents tokenized one by one (not batched) and cut into consecutive pieces."""
+    pieces = []
+    for document in documents:
+        ids = tokenizer.encode(document)
+        if len(ids) < min_document_tokens:
+            continue
+        pieces += [
+            ids[i : i + max_document_tokens] for i in range(0, len(ids), max_document_tokens)
+        ]
+    return pieces
+
+
+def assert_packing(batches, pieces, token_capacity, sequence_capacity) -> None:
+    """Batches hold exactly ``pieces``, in order, one per sequence, packed greedily."""
+    assert batches, "the loader yielded nothing"
+    for batch in batches:
+        assert_batch_invariants(batch, token_capacity, sequence_capacity)
+    packed = [sequence for batch in batches for sequence in sequences_of(batch)]
+    assert packed == pieces
+    assert list(chain.from_iterable(packed)) == list(chain.from_iterable(pieces))
+    # Greedy and in order: a batch was closed only because its successor's first piece did not
+    # fit the room left, or because all N slots were used.
+    for current, following in pairwise(batches):
+        first_length = len(sequences_of(following)[0])
+        room = token_capacity - current.active_tokens
+        assert first_length > room or current.active_sequences == sequence_capacity
+
+
+# ---------------------------------------------------------------------------------------------
+# Fixtures
+# ---------------------------------------------------------------------------------------------
+
+PARQUET_TEXTS = [
+    "First row of the parquet fixture.",
+    None,
+    "Row groups of two rows make the reader stream several batches.",
+    "Ünïcödé row ✓",
+    "",
+    "Last row.",
+]
+
+
+@pytest.fixture(scope="session")
+def parquet_path(tmp_path_factory) -> Path:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    path = tmp_path_factory.mktemp("parquet") / "tiny.parquet"
+    table = pa.table(
+        {"text": pa.array(PARQUET_TEXTS, pa.string()), "id": list(range(len(PARQUET_TEXTS)))}
+    )
+    pq.write_table(table, path, row_group_size=2)
+    return path
+
+
+@pytest.fixture(scope="session")
+def small_cache(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("cache")
+
+
+@pytest.fixture(scope="session")
+def small_bpe(small_cache):
+    """The default tokenizer recipe, shrunk: vocab 512 on 100 kB of stdlib text."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("ATTN_GYM_LITE_CACHE", str(small_cache))
+        return load_tokenizer(vocab_size=512, max_training_bytes=100_000)
+
+
+def tiny_documents(parquet_path) -> list[str]:
+    return [*text_files(TINY_CORPUS), *jsonl_texts(TINY_JSONL), *parquet_texts(parquet_path)]
+
+
+# ---------------------------------------------------------------------------------------------
+# PackedBatch
+# ---------------------------------------------------------------------------------------------
+
+
+def make_batch(**overrides) -> PackedBatch:
+    fields = dict(
+        input_ids=torch.tensor([5, 6, 7, 0], dtype=torch.int64),
+        labels=torch.tensor([6, 0, 0, 0], dtype=torch.int64),
+        loss_mask=torch.tensor([True, False, False, False]),
+        cu_seqlens=torch.tensor([0, 2, 3, 3], dtype=torch.int32),
+        active_tokens=3,
+        active_sequences=2,
+        max_seqlen=2,
+    )
+    return PackedBatch(**(fields | overrides))
+
+
+def test_packed_batch_properties_and_frozen():
+    batch = make_batch()
+    assert batch.token_capacity == 4 and batch.sequence_capacity == 3
+    with pytest.raises(FrozenInstanceError):
+        batch.active_tokens = 1
+
+
+@pytest.mark.parametrize(
+    ("overrides", "error", "match"),
+    [
+        (
+            {"labels": torch.zeros(4, dtype=torch.int32)},
+            TypeError,
+            r"labels must be a 1-D torch.int64",
+        ),
+        ({"loss_mask": [True] * 4}, TypeError, r"loss_mask must be a torch.Tensor"),
+        (
+            {"cu_seqlens": torch.zeros(4, dtype=torch.int64)},
+            TypeError,
+            r"cu_seqlens must be a 1-D torch.int32",
+        ),
+        (
+            {"labels": torch.zeros(3, dtype=torch.int64)},
+            ValueError,
+            r"labels must have T=4 rows.*got 3",
+        ),
+        (
+            {"cu_seqlens": torch.zeros(1, dtype=torch.int32)},
+            ValueError,
+            r"N \+ 1 >= 2 entries, got 1",
+        ),
+        ({"active_tokens": 5}, ValueError, r"active_tokens must be an int <= 4, got 5"),
+        ({"active_sequences": 4}, ValueError, r"active_sequences must be an int <= 3, got 4"),
+        ({"max_seqlen": 2.0}, TypeError, r"max_seqlen must be an int, got 2.0"),
+    ],
+)
+def test_packed_batch_rejects_bad_fields(overrides, error, match):
+    with pytest.raises(error, match=match):
+        make_batch(**overrides)
+
+
+def test_pin_memory():
+    batch = make_batch()
+    pinned = batch.pin_memory()
+    if not torch.cuda.is_available():
+        assert pinned is batch  # documented no-op without CUDA
+        return
+    for name in ("input_ids", "labels", "loss_mask", "cu_seqlens"):
+        assert getattr(pinned, name).is_pinned()
+        assert torch.equal(getattr(pinned, name), getattr(batch, name))
+    assert (pinned.active_tokens, pinned.active_sequences) == (3, 2)
+
+
+# ---------------------------------------------------------------------------------------------
+# Synthetic loader
+# ---------------------------------------------------------------------------------------------
+
+
+def test_synthetic_loader_shapes_and_schedule():
+    T, N, vocab, count = 256, 16, 1000, 6
+    batches = list(packed_batch_loader(count, T, vocab, N, seed=3))
+    assert len(batches) == count
+    smallest = max(N, T // 8)
+    for i, batch in enumerate(batches):
+        assert_batch_invariants(batch, T, N, second_half_loss=True)
+        expected_L = round(T + (smallest - T) * i / (count - 1))
+        assert batch.active_tokens == expected_L
+        assert batch.active_sequences == max(1, round(N * expected_L / T))
+        assert int(batch.input_ids.max()) < vocab
+    # A graph captured on the first batch sees the largest shapes.
+    assert (batches[0].active_tokens, batches[0].active_sequences) == (T, N)
+    assert batches[-1].active_tokens == smallest
+
+
+def test_synthetic_loader_is_seeded():
+    first = list(packed_batch_loader(3, 128, 50, 8, seed=1))
+    again = list(packed_batch_loader(3, 128, 50, 8, seed=1))
+    other = list(packed_batch_loader(3, 128, 50, 8, seed=2))
+    for a, b in zip(first, again):
+        assert torch.equal(a.input_ids, b.input_ids) and torch.equal(a.cu_seqlens, b.cu_seqlens)
+    assert not all(torch.equal(a.input_ids, b.input_ids) for a, b in zip(first, other))
+
+
+def test_synthetic_loader_single_batch_is_full():
+    (batch,) = packed_batch_loader(1, 64, 10, 64)
+    assert_batch_invariants(batch, 64, 64, second_half_loss=True)
+    assert (batch.active_tokens, batch.active_sequences, batch.max_seqlen) == (64, 64, 1)
+
+
+@pytest.mark.parametrize(
+    ("args", "kwargs", "error", "match"),
+    [
+        ((0, 64, 10, 4), {}, ValueError, r"num_batches must be an int >= 1, got 0"),
+        ((2, 0, 10, 4), {}, ValueError, r"token_capacity must be an int >= 1, got 0"),
+        ((2, 64, 10, 65), {}, ValueError, r"sequence_capacity must be an int <= 64, got 65"),
+        ((2, 64, 0, 4), {}, ValueError, r"vocab_size must be an int >= 1, got 0"),
+        ((2, 64.0, 10, 4), {}, TypeError, r"token_capacity must be an int, got 64.0"),
+        ((2, 64, 10, True), {}, TypeError, r"sequence_capacity must be an int, got True"),
+        ((2, 64, 10, 4), {"seed": -1}, ValueError, r"seed must be an int >= 0, got -1"),
+    ],
+)
+def test_synthetic_loader_rejects_bad_arguments(args, kwargs, error, match):
+    with pytest.raises(error, match=match):
+        packed_batch_loader(*args, **kwargs)  # raises on call, before the first batch
+
+
+# ---------------------------------------------------------------------------------------------
+# Corpora
+# ---------------------------------------------------------------------------------------------
+
+
+def test_text_files_sorted_and_exact():
+    documents = list(text_files(TINY_CORPUS))
+    names = ["a.txt", "b.txt", "nested/c.txt"]
+    assert documents == [(TINY_CORPUS / name).read_text(encoding="utf-8") for name in names]
+    assert list(text_files(TINY_CORPUS, pattern="*.md")) == [
+        (TINY_CORPUS / "notes.md").read_text(encoding="utf-8")
+    ]
+
+
+def test_text_files_errors(tmp_path):
+    with pytest.raises(FileNotFoundError, match=r"folder='.*missing': no such folder"):
+        text_files(tmp_path / "missing")
+    with pytest.raises(FileNotFoundError, match=r"folder='.*a.txt': no such folder"):
+        text_files(TINY_CORPUS / "a.txt")
+    with pytest.raises(FileNotFoundError, match=r"matches pattern='\*\*/\*.rst'"):
+        text_files(TINY_CORPUS, pattern="**/*.rst")
+    with pytest.raises(
+        ValueError, match=r"pattern must be a non-empty relative glob pattern, got ''"
+    ):
+        text_files(TINY_CORPUS, pattern="")
+    with pytest.raises(TypeError, match=r"folder must be a str or os.PathLike, got int"):
+        text_files(3)
+    (tmp_path / "latin1.txt").write_bytes("caf\xe9".encode("latin-1"))
+    with pytest.raises(ValueError, match=r"latin1.txt' is not valid UTF-8"):
+        list(text_files(tmp_path))
+
+
+def test_jsonl_texts_skips_blank_lines_and_nulls():
+    expected = [
+        json.loads(line)["text"]
+        for line in TINY_JSONL.read_text(encoding="utf-8").splitlines()
+        if line.strip() and json.loads(line)["text"] is not None
+    ]
+    assert len(expected) == 3
+    assert list(jsonl_texts(TINY_JSONL)) == expected
+
+
+def test_jsonl_texts_errors(tmp_path):
+    with pytest.raises(FileNotFoundError, match=r"path='.*nope.jsonl': no such file"):
+        jsonl_texts(tmp_path / "nope.jsonl")
+    # A wrong field fails at call time, from the first record.
+    with pytest.raises(ValueError, match=r"field='body' is missing from line 1 .*\['id', 'text'\]"):
+        jsonl_texts(TINY_JSONL, field="body")
+    broken = tmp_path / "broken.jsonl"
+    broken.write_text('{"text": "ok"}\n{"text": \n', encoding="utf-8")
+    with pytest.raises(ValueError, match=r"broken.jsonl' line 2 is not JSON"):
+        list(jsonl_texts(broken))
+    numbers = tmp_path / "numbers.jsonl"
+    numbers.write_text('{"text": "ok"}\n{"text": 7}\n', encoding="utf-8")
+    with pytest.raises(TypeError, match=r"field='text' on line 2 .* must be a string, got int"):
+        list(jsonl_texts(numbers))
+
+
+def test_parquet_texts_streams_rows_in_order(parquet_path):
+    expected = [text for text in PARQUET_TEXTS if text is not None]
+    assert list(parquet_texts(parquet_path, batch_size=1)) == expected
+    assert list(parquet_texts(parquet_path)) == expected
+
+
+def test_parquet_texts_errors(parquet_path, tmp_path):
+    with pytest.raises(FileNotFoundError, match=r"path='.*nope.parquet': no such file"):
+        parquet_texts(tmp_path / "nope.parquet")
+    with pytest.raises(ValueError, match=r"column='body' is not in .*columns: \['text', 'id'\]"):
+        parquet_texts(parquet_path, column="body")
+    with pytest.raises(TypeError, match=r"column='id' of .* must hold strings, got int64"):
+        parquet_texts(parquet_path, column="id")
+    with pytest.raises(ValueError, match=r"batch_size must be an int >= 1, got 0"):
+        parquet_texts(parquet_path, batch_size=0)
+
+
+def test_python_stdlib_corpus_is_real_source():
+    documents = list(python_stdlib_corpus())
+    assert len(documents) > 300
+    assert all(isinstance(document, str) and document.strip() for document in documents)
+    assert sum("def " in document for document in documents) > 200
+    assert documents == list(python_stdlib_corpus())  # deterministic order
+    assert list(python_stdlib_corpus(limit=5)) == documents[:5]
+    assert list(python_stdlib_corpus(limit=0)) == []
+
+    stdlib = Path(sysconfig.get_paths()["stdlib"])
+    contents = set(documents)
+    assert (stdlib / "os.py").read_text(encoding="utf-8") in contents
+    # Test suites are left out (some distributions ship none; then there is nothing to check).
+    test_files = [
+        path
+        for path in sorted((stdlib / "test").glob("test_*.py"))[:20]
+        if path.stat().st_size > 2000
+    ]
+    assert not any(path.read_bytes().decode("utf-8", "replace") in contents for path in test_files)
+
+
+def test_python_stdlib_corpus_rejects_bad_limit():
+    with pytest.raises(ValueError, match=r"limit must be an int >= 0, got -1"):
+        python_stdlib_corpus(limit=-1)
+    with pytest.raises(TypeError, match=r"limit must be an int, got '3'"):
+        python_stdlib_corpus(limit="3")
+
+
+# ---------------------------------------------------------------------------------------------
+# Tokenizers
+# ---------------------------------------------------------------------------------------------
+
+ROUND_TRIP_TEXTS = [
+    "def f(x):\n    return x + 1\n",
+    "  leading spaces, tabs\tand\r\nCRLF\n\n",
+    "Un café ☕, 日本語, emoji 🚀 and a literal <|endoftext|> marker",
+    "",
+]
+
+
+def test_default_tokenizer_round_trips_and_caches(small_bpe, small_cache, monkeypatch):
+    assert isinstance(small_bpe, Tokenizer)
+    python = f"py{sys.version_info.major}.{sys.version_info.minor}"
+    assert small_bpe.name == f"stdlib-bpe-{python}-vocab512-100000B"
+    cached = small_cache / small_bpe.name / "tokenizer.json"
+    assert cached.is_file()
+    assert 257 <= small_bpe.vocab_size <= 512
+    for text in ROUND_TRIP_TEXTS:
+        ids = small_bpe.encode(text)
+        assert all(0 <= token < small_bpe.vocab_size for token in ids)
+        assert small_bpe.decode(ids) == text
+    assert small_bpe.encode_batch(ROUND_TRIP_TEXTS) == [
+        small_bpe.encode(t) for t in ROUND_TRIP_TEXTS
+    ]
+    # BPE merges make code shorter than its bytes.
+    source = next(python_stdlib_corpus())
+    assert len(small_bpe.encode(source)) < 0.6 * len(source.encode("utf-8"))
+
+    # A second load reads the cache instead of training.
+    monkeypatch.setenv("ATTN_GYM_LITE_CACHE", str(small_cache))
+    monkeypatch.setattr(data, "_train_stdlib_bpe", lambda *args: pytest.fail("retrained"))
+    again = load_tokenizer(vocab_size=512, max_training_bytes=100_000)
+    assert again.encode(ROUND_TRIP_TEXTS[2]) == small_bpe.encode(ROUND_TRIP_TEXTS[2])
+    # ... and loading that file by path gives the same tokenizer.
+    by_path = load_tokenizer(cached)
+    assert by_path.vocab_size == small_bpe.vocab_size
+    assert by_path.encode(source) == small_bpe.encode(source)
+
+
+def test_load_tokenizer_errors(tmp_path, monkeypatch):
+    with pytest.raises(FileNotFoundError, match=r"spec='.*missing.json': no such file"):
+        load_tokenizer(tmp_path / "missing.json")
+    with pytest.raises(ValueError, match=r"only apply to the default tokenizer .*spec='x.json'"):
+        load_tokenizer("x.json", vocab_size=1000)
+    with pytest.raises(ValueError, match=r"vocab_size must be an int >= 257, got 100"):
+        load_tokenizer(vocab_size=100)
+    with pytest.raises(ValueError, match=r"max_training_bytes must be an int >= 1, got 0"):
+        load_tokenizer(max_training_bytes=0)
+    with pytest.raises(TypeError, match=r"spec must be a str or os.PathLike, got int"):
+        load_tokenizer(123)
+    monkeypatch.setitem(sys.modules, "tiktoken", None)  # as if tiktoken were not installed
+    with pytest.raises(ValueError, match=r"spec='tiktoken:gpt2' needs tiktoken"):
+        load_tokenizer("tiktoken:gpt2")
+
+
+def test_tiktoken_specs(monkeypatch):
+    tiktoken = pytest.importorskip("tiktoken")
+    with pytest.raises(ValueError, match=r"spec='tiktoken:nope': unknown encoding"):
+        load_tokenizer("tiktoken:nope")
+
+    def offline(name):
+        raise ConnectionError("no network")
+
+    monkeypatch.setattr(tiktoken, "get_encoding", offline)
+    with pytest.raises(RuntimeError, match=r"spec='tiktoken:gpt2': could not load the encoding"):
+        load_tokenizer("tiktoken:gpt2")
+
+    # An encoding built locally stands in for a downloaded one.
+    local = tiktoken.Encoding(
+        name="local-bytes",
+        pat_str=r"\S+|\s+",
+        mergeable_ranks={bytes([i]): i for i in range(256)},
+        special_tokens={},
+    )
+    monkeypatch.setattr(tiktoken, "list_encoding_names", lambda: ["local-bytes"])
+    monkeypatch.setattr(tiktoken, "get_encoding", lambda name: local)
+    tokenizer = load_tokenizer("tiktoken:local-bytes")
+    assert isinstance(tokenizer, Tokenizer)
+    assert (tokenizer.name, tokenizer.vocab_size) == ("tiktoken:local-bytes", 256)
+    text = ROUND_TRIP_TEXTS[2]
+    assert tokenizer.encode(text) == list(text.encode("utf-8"))  # special text stays ordinary
+    assert tokenizer.encode_batch([text, "ab"]) == [list(text.encode("utf-8")), [97, 98]]
+    assert tokenizer.decode(tokenizer.encode(text)) == text
+
+
+# ---------------------------------------------------------------------------------------------
+# Real-text loader
+# ---------------------------------------------------------------------------------------------
+
+
+def test_real_text_loader_on_fixture_corpus(small_bpe, parquet_path):
+    documents = tiny_documents(parquet_path)
+    T, N, longest = 32, 4, 12
+    batches = list(
+        real_text_loader(T, N, corpus=documents, tokenizer=small_bpe, max_document_tokens=longest)
+    )
+    pieces = expected_pieces(documents, small_bpe, longest)
+    assert_packing(batches, pieces, T, N)
+    assert max(map(len, pieces)) == longest  # some documents were split
+    assert any(batch.active_sequences > 1 for batch in batches)  # and some packed together
+    # Re-running gives identical batches.
+    again = real_text_loader(
+        T, N, corpus=documents, tokenizer=small_bpe, max_document_tokens=longest
+    )
+    for first, second in zip(batches, again, strict=True):
+        assert torch.equal(first.input_ids, second.input_ids)
+        assert torch.equal(first.cu_seqlens, second.cu_seqlens)
+
+
+def test_real_text_loader_on_stdlib_with_tokenizer_path(small_bpe, small_cache):
+    tokenizer_path = small_cache / small_bpe.name / "tokenizer.json"
+    documents = list(python_stdlib_corpus(limit=12))
+    T, N = 1024, 8
+    batches = list(real_text_loader(T, N, corpus=iter(documents), tokenizer=str(tokenizer_path)))
+    assert_packing(batches, expected_pieces(documents, small_bpe, T), T, N)
+
+
+def test_real_text_loader_splits_long_documents_exactly():
+    batches = list(
+        real_text_loader(
+            16, 4, corpus=["a" * 25], tokenizer=ByteTokenizer(), max_document_tokens=10
+        )
+    )
+    # Pieces of 10, 10, 5 tokens; the second 10 does not fit next to the first (10 + 10 > 16).
+    assert [batch.cu_seqlens.tolist() for batch in batches] == [
+        [0, 10, 10, 10, 10],
+        [0, 10, 15, 15, 15],
+    ]
+    assert [(b.active_tokens, b.active_sequences, b.max_seqlen) for b in batches] == [
+        (10, 1, 10),
+        (15, 2, 10),
+    ]
+    # Each piece is its own sequence: its last token has no target.
+    assert batches[1].loss_mask.tolist() == [True] * 9 + [False] + [True] * 4 + [False] * 2
+
+
+def test_real_text_loader_respects_sequence_capacity_and_num_batches():
+    corpus = [f"d{i}" for i in range(10)]
+    batches = list(real_text_loader(64, 3, corpus=corpus, tokenizer=ByteTokenizer()))
+    assert [batch.active_sequences for batch in batches] == [3, 3, 3, 1]
+    assert_packing(batches, [list(doc.encode()) for doc in corpus], 64, 3)
+    assert (
+        len(list(real_text_loader(64, 3, corpus=corpus, tokenizer=ByteTokenizer(), num_batches=2)))
+        == 2
+    )
+
+
+def test_real_text_loader_min_document_tokens():
+    corpus = ["a", "bc", "", "def"]
+    kept = [batch for batch in real_text_loader(8, 4, corpus=corpus, tokenizer=ByteTokenizer())]
+    assert [s for b in kept for s in sequences_of(b)] == [list(b"bc"), list(b"def")]
+    kept_all = real_text_loader(
+        8, 4, corpus=corpus, tokenizer=ByteTokenizer(), min_document_tokens=1
+    )
+    assert [s for b in kept_all for s in sequences_of(b)] == [list(b"a"), list(b"bc"), list(b"def")]
+    assert list(real_text_loader(8, 4, corpus=[], tokenizer=ByteTokenizer())) == []
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_real_text_loader_random_cases(seed):
+    """Random corpora and capacities, including empty documents and T = 1."""
+    rng = random.Random(seed)
+    token_capacity = rng.randint(1, 48)
+    sequence_capacity = rng.randint(1, token_capacity)
+    longest = rng.randint(1, token_capacity)
+    minimum = rng.randint(1, 3)
+    alphabet = "ab \né日🚀"  # 1- to 4-byte UTF-8 characters
+    documents = [
+        "".join(rng.choices(alphabet, k=rng.randint(0, 40))) for _ in range(rng.randint(0, 12))
+    ]
+    tokenizer = ByteTokenizer()
+    batches = list(
+        real_text_loader(
+            token_capacity,
+            sequence_capacity,
+            corpus=documents,
+            tokenizer=tokenizer,
+            max_document_tokens=longest,
+            min_document_tokens=minimum,
+        )
+    )
+    pieces = expected_pieces(documents, tokenizer, longest, minimum)
+    if pieces:
+        assert_packing(batches, pieces, token_capacity, sequence_capacity)
+    else:
+        assert batches == []
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "match"),
+    [
+        ({"token_capacity": 0}, ValueError, r"token_capacity must be an int >= 1, got 0"),
+        ({"sequence_capacity": 65}, ValueError, r"sequence_capacity must be an int <= 64, got 65"),
+        (
+            {"max_document_tokens": 65},
+            ValueError,
+            r"max_document_tokens must be an int <= 64, got 65",
+        ),
+        ({"max_document_tokens": 0}, ValueError, r"max_document_tokens must be an int >= 1, got 0"),
+        ({"num_batches": 0}, ValueError, r"num_batches must be an int >= 1, got 0"),
+        ({"min_document_tokens": 0}, ValueError, r"min_document_tokens must be an int >= 1, got 0"),
+        (
+            {"corpus": "one document"},
+            TypeError,
+            r"corpus must be an iterable of document strings, got str",
+        ),
+        ({"corpus": 5}, TypeError, r"corpus must be an iterable of document strings, got int"),
+        ({"tokenizer": object()}, TypeError, r"tokenizer must have name, vocab_size, .*got object"),
+        (
+            {"tokenizer": "missing/tokenizer.json"},
+            FileNotFoundError,
+            r"spec='missing/tokenizer.json'",
+        ),
+    ],
+)
+def test_real_text_loader_rejects_bad_arguments(kwargs, error, match):
+    arguments = {
+        "token_capacity": 64,
+        "sequence_capacity": 4,
+        "corpus": ["x y"],
+        "tokenizer": ByteTokenizer(),
+    }
+    arguments |= kwargs
+    with pytest.raises(error, match=match):
+        real_text_loader(
+            arguments.pop("token_capacity"), arguments.pop("sequence_capacity"), **arguments
+        )
