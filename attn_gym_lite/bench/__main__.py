@@ -23,7 +23,8 @@ def main(
     if suite not in SUITES:
         raise typer.BadParameter(f"SUITE must be one of {', '.join(SUITES)}, got {suite!r}")
     if not torch.cuda.is_available():
-        raise typer.BadParameter("benchmarks record GPU measurements; no CUDA device is available")
+        typer.echo("error: benchmarks record GPU measurements; no CUDA device is available", err=True)
+        raise typer.Exit(code=1)
     record = {"suite": suite, "provenance": provenance(), **SUITES[suite]()}
     out.mkdir(parents=True, exist_ok=True)
     path = out / f"{suite.replace('-', '_')}.json"

@@ -1,0 +1,74 @@
+"""The benchmark CLI's provenance, the recorded results, and the figures drawn from them."""
+
+import json
+import subprocess
+import sys
+
+import matplotlib
+import pytest
+import torch
+
+from attn_gym_lite.bench.provenance import provenance
+from attn_gym_lite.bench.suites import SUITES
+from attn_gym_lite.plots import plot_hello_world, plot_packed_batch, plot_training_loop
+from attn_gym_lite.results import RESULTS_ROOT, banner, load_result, provenance_line
+
+RECORDED = sorted(RESULTS_ROOT.glob("*/*.json"))
+PROVENANCE_KEYS = {"gpu", "driver", "cuda", "torch", "triton", "python", "date", "command", "commit"}
+
+
+def test_provenance_has_every_field():
+    record = provenance()
+    assert set(record) == PROVENANCE_KEYS
+    assert record["torch"] == torch.__version__
+    assert record["command"].startswith("python -m attn_gym_lite.bench")
+
+
+@pytest.mark.parametrize("path", RECORDED, ids=lambda p: f"{p.parent.name}/{p.name}")
+def test_recorded_results_come_from_the_cli_on_a_gpu(path):
+    record = json.loads(path.read_text())
+    p = record["provenance"]
+    assert set(p) == PROVENANCE_KEYS
+    assert p["gpu"]["name"] and p["gpu"]["sm_count"] > 0 and p["cuda"]
+    assert p["command"].startswith(f"python -m attn_gym_lite.bench {record['suite']} --out ")
+    assert record["suite"] in SUITES and path.stem == record["suite"].replace("-", "_")
+    assert p["commit"], "a recording must name the commit it measured"
+
+
+def test_there_are_recordings_for_the_book():
+    for suite in ("hello-world", "training-loop", "pitfalls"):
+        assert load_result(suite)["suite"] == suite
+
+
+def test_load_result_names_what_exists():
+    with pytest.raises(FileNotFoundError, match="no recording .*nope.json; recorded for 'h200'"):
+        load_result("nope")
+
+
+def test_banner_and_provenance_line():
+    record = load_result("hello-world")
+    line = provenance_line(record)
+    assert record["provenance"]["gpu"]["name"] in line and record["provenance"]["torch"] in line
+    if not torch.cuda.is_available():
+        assert banner(record, "the timings").startswith("CPU mode: no CUDA device here, so the timings did not run.")
+
+
+def test_figures_draw_from_recordings():
+    matplotlib.use("Agg")
+    fig = plot_hello_world(load_result("hello-world"))
+    bars = [p.get_height() for ax in fig.axes for p in ax.patches]
+    runs = load_result("hello-world")["runs"]
+    assert bars == [v for r in runs for v in (r["eager_wall_us"], r["replay_wall_us"])]
+    fig = plot_training_loop(load_result("training-loop"))
+    assert len(fig.axes[0].lines) == 2
+    ax = plot_packed_batch(torch.tensor([0, 3, 7, 7], dtype=torch.int32), 10)
+    assert [p.get_width() for p in ax.patches] == [3, 4, 3]  # two sequences, then 3 rows of padding
+
+
+def test_cli_refuses_without_cuda(tmp_path):
+    if torch.cuda.is_available():
+        pytest.skip("checks the CPU-only refusal")
+    done = subprocess.run([sys.executable, "-m", "attn_gym_lite.bench", "hello-world", "--out", str(tmp_path)],
+                          capture_output=True, text=True)
+    assert done.returncode != 0 and "no CUDA device is available" in done.stderr
+    assert not list(tmp_path.iterdir())

@@ -1,0 +1,101 @@
+"""VarLenAttention and PackedLM against independent computations."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from attn_gym_lite.attention import varlen_attention_reference
+from attn_gym_lite.modules import PackedLM, VarLenAttention
+from attn_gym_lite.ragged import cu_seqlens_from_lengths, pad_cu_seqlens
+
+
+def test_varlen_attention_module_equals_per_document_computation():
+    torch.manual_seed(0)
+    module = VarLenAttention(16, 4, causal=True).double()
+    lengths = [5, 1, 9]
+    cu = cu_seqlens_from_lengths(lengths)
+    x = torch.randn(15, 16, dtype=torch.float64)
+    out = module(x, cu, 9)
+    # Each document alone, through plain matmuls and SDPA: documents must not see each other.
+    for start, end in zip(cu[:-1].tolist(), cu[1:].tolist()):
+        qkv = x[start:end] @ module.qkv.weight.T
+        q, k, v = qkv.view(end - start, 3, 4, 4).permute(1, 2, 0, 3)
+        attn = F.scaled_dot_product_attention(q, k, v, is_causal=True).permute(1, 0, 2).reshape(end - start, 16)
+        torch.testing.assert_close(out[start:end], attn @ module.out_proj.weight.T)
+
+
+def nan_on_inactive_rows(q, k, v, cu_seqlens, max_seqlen, *, causal=False):
+    """Like torch's varlen_attn at padded capacity: inactive output rows and their q/k/v
+    gradients are NaN."""
+    out = varlen_attention_reference(q, k, v, cu_seqlens, causal=causal)
+    inactive = torch.arange(q.shape[0]) >= cu_seqlens[-1]
+    poison = (q + k + v) * torch.where(inactive, float("nan"), 0.0)[:, None, None]
+    return torch.where(inactive[:, None, None], out + poison, out)
+
+
+@pytest.mark.parametrize("masked", [True, False])
+def test_mask_inactive_capacity_stops_undefined_attention_rows(monkeypatch, masked):
+    monkeypatch.setattr("attn_gym_lite.modules.varlen_attention", nan_on_inactive_rows)
+    torch.manual_seed(0)
+    module = VarLenAttention(8, 2, mask_inactive_capacity=masked).double()
+    x = torch.randn(8, 8, dtype=torch.float64)  # rows 5..7 are inactive capacity
+    out = module(x, pad_cu_seqlens(cu_seqlens_from_lengths([3, 2]), 4), 3)
+    grads = torch.autograd.grad(out.sum(), tuple(module.parameters()))
+    # The exact computation: only the 5 real rows, no capacity at all.
+    exact = VarLenAttention(8, 2).double()
+    exact.load_state_dict(module.state_dict())
+    exact_out = exact(x[:5], cu_seqlens_from_lengths([3, 2]), 3)
+    exact_grads = torch.autograd.grad(exact_out.sum(), tuple(exact.parameters()))
+    if masked:
+        assert torch.equal(out[5:], torch.zeros_like(out[5:])), "inactive output rows must be zero"
+        torch.testing.assert_close(out[:5], exact_out)
+        for g, e in zip(grads, exact_grads):
+            torch.testing.assert_close(g, e)
+    else:  # the masks matter: without them the NaN reaches every weight gradient
+        assert all(g.isnan().any() for g in grads)
+
+
+def test_dim_must_divide_into_heads():
+    with pytest.raises(ValueError, match="dim must be a positive multiple of num_heads, got dim=10, num_heads=4"):
+        VarLenAttention(10, 4)
+
+
+def test_packed_lm_loss_is_masked_mean_cross_entropy():
+    torch.manual_seed(0)
+    model = PackedLM(50, 16, 2).double()
+    cu = pad_cu_seqlens(cu_seqlens_from_lengths([4, 3]), 3)
+    ids = torch.randint(50, (10,))
+    labels = torch.randint(50, (10,))
+    mask = torch.tensor([1, 1, 1, 0, 1, 1, 0, 0, 0, 0], dtype=torch.bool)
+    loss = model.loss(ids, labels, mask, cu, 4)
+    logits = model(ids, cu, 4)
+    expected = sum(F.cross_entropy(logits[t], labels[t]) for t in range(10) if mask[t]) / int(mask.sum())
+    torch.testing.assert_close(loss.double(), expected)
+    # An empty mask gives 0, not NaN.
+    assert model.loss(ids, labels, torch.zeros(10, dtype=torch.bool), cu, 4).item() == 0.0
+
+
+def test_packed_lm_attention_is_causal_within_documents():
+    torch.manual_seed(0)
+    model = PackedLM(50, 16, 2).double()
+    cu = cu_seqlens_from_lengths([4, 4])
+    ids = torch.randint(50, (8,))
+    changed = ids.clone()
+    changed[7] = (ids[7] + 1) % 50  # the last token of the second document
+    a, b = model(ids, cu, 4), model(changed, cu, 4)
+    torch.testing.assert_close(a[:7], b[:7])  # nothing before it may see it
+    assert not torch.allclose(a[7], b[7])
+
+
+@pytest.mark.gpu
+def test_cuda_module_matches_cpu_reference():
+    torch.manual_seed(0)
+    module = VarLenAttention(256, 4, causal=True, mask_inactive_capacity=True)
+    cu = pad_cu_seqlens(cu_seqlens_from_lengths([100, 1, 400]), 8)
+    x = torch.randn(600, 256)
+    expected = module(x, cu, 400)  # CPU: reference path, float32
+    cuda = VarLenAttention(256, 4, causal=True, mask_inactive_capacity=True, device="cuda", dtype=torch.bfloat16)
+    cuda.load_state_dict(module.state_dict())
+    out = cuda(x.cuda().bfloat16(), cu.cuda(), 400)
+    torch.testing.assert_close(out.float().cpu(), expected, atol=3e-2, rtol=3e-2)
+    assert torch.equal(out[501:].float().cpu(), torch.zeros(99, 256))
