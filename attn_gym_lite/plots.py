@@ -56,7 +56,8 @@ def plot_hello_world(recorded: dict, live: dict | None = None):
 
 
 def plot_training_loop(recorded: dict, live: dict | None = None):
-    """Loss per step (eager and graph, same batches) and step time, recorded and live.
+    """Loss per step (eager and graph, same batches; faint: per step, bold: running mean) and
+    step time, recorded and live.
 
     Returns: the matplotlib ``Figure``.
     """
@@ -65,7 +66,13 @@ def plot_training_loop(recorded: dict, live: dict | None = None):
     for name, record, style in [("recorded", recorded, "-")] + ([("live", live, ":")] if live else []):
         for mode, colour in (("eager", "tab:red"), ("graph", "tab:blue")):
             if mode in record:
-                loss_ax.plot(record[mode]["losses"], style, color=colour, label=f"{mode} ({name})", alpha=0.8)
+                losses = np.asarray(record[mode]["losses"])
+                loss_ax.plot(losses, style, color=colour, alpha=0.25, linewidth=0.8)
+                # Batches differ (a test file, a parser): a running mean shows the trend.
+                window = max(1, min(20, len(losses) // 5))
+                trend = np.convolve(losses, np.ones(window) / window, mode="valid")
+                loss_ax.plot(np.arange(window - 1, len(losses)), trend, style, color=colour,
+                             label=f"{mode} ({name}), {window}-step mean")
                 if record[mode]["step_us"] is not None:
                     labels.append(f"{mode}\n{name}")
                     values.append(record[mode]["step_us"] / 1e3)

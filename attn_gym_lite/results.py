@@ -49,8 +49,8 @@ def banner(record: dict, not_run: str) -> str:
         not_run: what this machine did not run, e.g. ``"the graph replay timings"``.
     """
     if torch.cuda.is_available():
-        return f"Live run on {torch.cuda.get_device_name()}, beside the recording from: {provenance_line(record)}"
+        return f"Live run on {torch.cuda.get_device_name()}, beside the recording from:\n  {provenance_line(record)}"
     return (
-        f"CPU mode: no CUDA device here, so {not_run} did not run. "
-        f"Showing the recording from: {provenance_line(record)}"
+        f"CPU mode: no CUDA device here, so {not_run} did not run.\n"
+        f"Showing the recording from:\n  {provenance_line(record)}"
     )

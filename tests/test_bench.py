@@ -60,7 +60,10 @@ def test_figures_draw_from_recordings():
     runs = load_result("hello-world")["runs"]
     assert bars == [v for r in runs for v in (r["eager_wall_us"], r["replay_wall_us"])]
     fig = plot_training_loop(load_result("training-loop"))
-    assert len(fig.axes[0].lines) == 2
+    assert len(fig.axes[0].lines) == 4  # per step and running mean, for eager and graph
+    eager = load_result("training-loop")["eager"]["losses"]
+    assert list(fig.axes[0].lines[0].get_ydata()) == eager
+    assert fig.axes[0].lines[1].get_ydata()[0] == pytest.approx(sum(eager[:20]) / 20)
     ax = plot_packed_batch(torch.tensor([0, 3, 7, 7], dtype=torch.int32), 10)
     assert [p.get_width() for p in ax.patches] == [3, 4, 3]  # two sequences, then 3 rows of padding
 
