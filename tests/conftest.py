@@ -1,13 +1,18 @@
-"""Shared test set-up: CPU-safe plotting, and the ``gpu`` marker that skips without CUDA."""
+"""Shared test set-up: CPU-safe plotting, Triton's interpreter without a GPU, and the ``gpu``
+marker that skips without CUDA."""
 
 import os
 
-import pytest
 import torch
 
 os.environ.setdefault("MPLBACKEND", "Agg")
+# Without a GPU, Triton kernels run on CPU tensors through the interpreter. It must be set before
+# any kernel is defined, i.e. before the test modules import attn_gym_lite's kernels.
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
-requires_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+import pytest  # noqa: E402
+
 
 def pytest_collection_modifyitems(items):
     for item in items:
