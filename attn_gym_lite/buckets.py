@@ -1,0 +1,340 @@
+"""Graph buckets: a few CUDA graphs of different token capacity sharing one memory pool.
+
+One graph captured at token capacity ``T`` runs every token-parallel op (projections, norms, the
+loss) on all ``T`` rows, however few are real: at ``L = T / 16`` a projection does 16x the needed
+work. Capturing a handful of capacities and replaying the smallest one that holds ``L`` removes
+most of that tax, *if* the graphs do not multiply memory. The recipe (vLLM's, applied to training):
+
+* capture the largest capacity first, every graph into one pool
+  (``torch.cuda.graph_pool_handle()``): intermediates of a smaller graph reuse blocks the larger
+  one freed, since buckets never run at the same time;
+* give every graph the same static inputs and outputs: prefix views ``[:capacity]`` of one set of
+  max-sized backing buffers, so the addresses a bucket reads and writes are shared;
+* choose the bucket on the host from the active-token count the loader already knows; reading
+  ``cu_seqlens[-1]`` for it would be a device-to-host sync.
+
+Sharing a pool shares lifetimes: an output is valid only until the next replay of *any* bucket.
+``GraphBuckets`` makes that explicit (``copy_out=True``) or checks it (``debug=True``).
+
+Source: the seed article, sections "Could we use more than one graph?", "Pools and Pools of
+Memory" and "Crossing graph boundaries".
+"""
+
+from __future__ import annotations
+
+import bisect
+import itertools
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from .graphs import capture_graph
+
+Tensor = torch.Tensor
+
+
+# ---------------------------------------------------------------------------------------------
+# Choosing the capacities from data
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class BucketPlan:
+    """Capacities chosen by :func:`plan_buckets`.
+
+    Attributes:
+        capacities: ascending token capacities; the last one holds every sample.
+        expected_padded_rows: mean over the samples of ``bucket(L) - L`` (tokens per batch).
+        expected_fill: mean real fraction of the replayed rows, ``sum L / sum bucket(L)``.
+    """
+
+    capacities: tuple[int, ...]
+    expected_padded_rows: float
+    expected_fill: float
+
+
+def plan_buckets(active_token_samples: Sequence[int], k: int, *, align: int = 128) -> BucketPlan:
+    """Choose ``k`` token capacities that minimise the expected padded rows for a measured
+    distribution of active tokens ``L``.
+
+    Every capacity is a multiple of ``align`` (kernels like tiles of 64 or 128 rows). An optimal
+    set only ever uses capacities equal to some sample rounded up to ``align``, so an exact
+    dynamic program over those sorted candidates finds it in ``O(k m^2)`` for ``m`` distinct
+    candidates: ``best[b][j]`` is the least padding that covers every sample up to candidate
+    ``j`` with ``b`` buckets, the top one at candidate ``j``.
+
+    Args:
+        active_token_samples: observed ``L`` per batch (ints >= 0, at least one).
+        k: number of buckets (>= 1); fewer are returned when there are fewer distinct candidates.
+        align: capacity granularity in tokens (>= 1).
+
+    Returns:
+        A :class:`BucketPlan`.
+
+    Raises:
+        ValueError: empty or negative samples, ``k < 1``, ``align < 1``.
+    """
+    samples = np.asarray(list(active_token_samples), dtype=np.int64)
+    if samples.size == 0 or samples.ndim != 1:
+        raise ValueError(f"plan_buckets: active_token_samples must be a non-empty 1-D list of ints, got {samples.shape}")
+    if (samples < 0).any():
+        raise ValueError(f"plan_buckets: active_token_samples must be >= 0, got min {samples.min()}")
+    if not isinstance(k, int) or k < 1:
+        raise ValueError(f"plan_buckets: k must be an int >= 1, got {k!r}")
+    if not isinstance(align, int) or align < 1:
+        raise ValueError(f"plan_buckets: align must be an int >= 1, got {align!r}")
+
+    # A batch with L = 0 still needs a graph to replay: round it up to one tile.
+    rounded = np.maximum(-(-samples // align) * align, align)
+    candidates, counts = np.unique(rounded, return_counts=True)
+    sums = np.array([samples[rounded == c].sum() for c in candidates])
+    # Padding if candidates i..j (inclusive) are all served by candidate j:
+    #   cost(i, j) = c_j * count(i..j) - sum(i..j), from prefix sums.
+    count_prefix = np.concatenate(([0], np.cumsum(counts)))
+    sum_prefix = np.concatenate(([0], np.cumsum(sums)))
+
+    def cost(i: int, j: int) -> int:
+        return int(candidates[j] * (count_prefix[j + 1] - count_prefix[i]) - (sum_prefix[j + 1] - sum_prefix[i]))
+
+    m = len(candidates)
+    buckets = min(k, m)
+    best = [[cost(0, j) for j in range(m)]]
+    choice = [[-1] * m]
+    for _ in range(1, buckets):
+        previous = best[-1]
+        row, back = [], []
+        for j in range(m):
+            # The bucket below the top one sits at candidate i - 1 < j.
+            options = [(previous[i - 1] + cost(i, j), i - 1) for i in range(1, j + 1)]
+            value, arg = min(options) if options else (previous[j], -1)
+            row.append(value)
+            back.append(arg)
+        best.append(row)
+        choice.append(back)
+
+    capacities, j = [], m - 1
+    for b in range(buckets - 1, -1, -1):
+        capacities.append(int(candidates[j]))
+        j = choice[b][j]
+        if j < 0:
+            break
+    capacities.reverse()
+    padded = best[buckets - 1][m - 1]
+    total = int(samples.sum())
+    return BucketPlan(tuple(capacities), padded / samples.size, total / (total + padded) if total + padded else 1.0)
+
+
+# ---------------------------------------------------------------------------------------------
+# Capturing and replaying the buckets
+# ---------------------------------------------------------------------------------------------
+
+
+class StaleOutputError(RuntimeError):
+    """An output of an older replay was read after a newer replay overwrote it."""
+
+
+class _Guarded(Tensor):
+    """A view of a graph output that refuses to be used once a newer replay has happened."""
+
+    @classmethod
+    def wrap(cls, tensor: Tensor, owner: GraphBuckets, generation: int) -> Tensor:
+        guarded = tensor.as_subclass(cls)
+        guarded._owner, guarded._generation = owner, generation
+        return guarded
+
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        for value in itertools.chain(args, (kwargs or {}).values()):
+            for item in value if isinstance(value, (list, tuple)) else (value,):
+                if isinstance(item, _Guarded) and item._generation != item._owner.generation:
+                    raise StaleOutputError(
+                        f"GraphBuckets: this output came from replay #{item._generation}, but replay "
+                        f"#{item._owner.generation} has since overwritten it; clone() outputs you keep, "
+                        "or construct GraphBuckets with copy_out=True"
+                    )
+        with torch._C.DisableTorchFunctionSubclass():
+            return func(*args, **(kwargs or {}))
+
+
+class GraphBuckets:
+    """One CUDA graph per token capacity, captured largest first into one shared pool.
+
+    Args:
+        fn: ``fn(inputs) -> outputs``: ``inputs`` maps names to tensors (token inputs as
+            ``[capacity, ...]`` prefix views, fixed inputs whole); ``outputs`` is a tensor or a
+            tuple of tensors. An output whose first dimension follows the capacity (``T_max`` in
+            the largest bucket, ``capacity`` in the others) is a *token output*; any other output
+            must have the same shape in every bucket (e.g. a loss, parameter gradients).
+        capacities: token capacities (positive ints, any order; duplicates are dropped).
+        token_inputs: name -> template tensor ``[T_max, ...]`` (shape and dtype; values unused).
+            ``T_max`` must equal the largest capacity.
+        fixed_inputs: name -> template tensor shared by every bucket (e.g. ``cu_seqlens [N + 1]``).
+        token_outputs: one bool per output, overriding the rule above (for a fixed output whose
+            first dimension happens to equal ``T_max``).
+        copy_out: ``replay`` returns clones the caller owns instead of views of the shared
+            output buffers.
+        debug: ``replay`` returns guarded views that raise :class:`StaleOutputError` when used
+            after a later replay (costs a Python check per op on them; for debugging).
+        warmup: eager calls per bucket before its capture.
+
+    Raises:
+        ValueError: bad capacities, a token input whose first dimension is not the largest
+            capacity, or outputs whose shapes differ between buckets in another way.
+        RuntimeError: CUDA is not available.
+    """
+
+    def __init__(
+        self,
+        fn: Callable[[dict[str, Tensor]], Tensor | tuple[Tensor, ...]],
+        capacities: Sequence[int],
+        *,
+        token_inputs: Mapping[str, Tensor],
+        fixed_inputs: Mapping[str, Tensor] | None = None,
+        token_outputs: Sequence[bool] | None = None,
+        copy_out: bool = False,
+        debug: bool = False,
+        warmup: int = 3,
+    ) -> None:
+        if not torch.cuda.is_available():
+            raise RuntimeError("GraphBuckets: CUDA graphs need a CUDA device; none is available")
+        self.capacities = _check_capacities(capacities)
+        largest = self.capacities[-1]
+        for name, template in token_inputs.items():
+            if template.dim() == 0 or template.shape[0] != largest:
+                raise ValueError(
+                    f"GraphBuckets: token input {name!r} must have first dimension T_max = {largest} "
+                    f"(the largest capacity), got shape {tuple(template.shape)}"
+                )
+        self.copy_out, self.debug = copy_out, debug
+        self.generation = 0
+        # One set of backing buffers, allocated outside the pool: every bucket sees prefix views.
+        self.token_inputs = {n: torch.empty_like(t, device="cuda") for n, t in token_inputs.items()}
+        self.fixed_inputs = {n: torch.empty_like(t, device="cuda") for n, t in (fixed_inputs or {}).items()}
+        self.pool = torch.cuda.graph_pool_handle()
+        self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
+        self._outputs: tuple[Tensor, ...] = ()
+        self._token_output = None if token_outputs is None else tuple(bool(t) for t in token_outputs)
+        self.returns_tuple = True
+        for capacity in reversed(self.capacities):  # largest first
+            self._capture(fn, capacity, warmup)
+
+    def inputs(self, capacity: int) -> dict[str, Tensor]:
+        """The views bucket ``capacity`` reads: token inputs ``[:capacity]``, fixed inputs whole."""
+        views = {name: buffer[:capacity] for name, buffer in self.token_inputs.items()}
+        views.update(self.fixed_inputs)
+        return views
+
+    def _capture(self, fn, capacity: int, warmup: int) -> None:
+        views = self.inputs(capacity)
+        if not self._outputs:  # largest bucket: size the output buffers from one eager call
+            probe = fn(views)
+            self.returns_tuple = isinstance(probe, tuple)
+            probe = probe if self.returns_tuple else (probe,)
+            self._outputs = tuple(torch.empty_like(t.detach()) for t in probe)
+            if self._token_output is None:
+                self._token_output = tuple(t.dim() > 0 and t.shape[0] == capacity for t in probe)
+            elif len(self._token_output) != len(probe):
+                raise ValueError(
+                    f"GraphBuckets: token_outputs has {len(self._token_output)} entries but fn "
+                    f"returned {len(probe)} outputs"
+                )
+            del probe
+
+        def captured() -> None:
+            result = fn(views)
+            result = result if isinstance(result, tuple) else (result,)
+            if len(result) != len(self._outputs):
+                raise ValueError(
+                    f"GraphBuckets: fn returned {len(result)} outputs at capacity {capacity}, "
+                    f"but {len(self._outputs)} at the largest capacity"
+                )
+            for index, (value, buffer, token) in enumerate(zip(result, self._outputs, self._token_output)):
+                target = buffer[:capacity] if token else buffer
+                if value.shape != target.shape:
+                    raise ValueError(
+                        f"GraphBuckets: output {index} has shape {tuple(value.shape)} at capacity "
+                        f"{capacity}; expected {tuple(target.shape)}"
+                    )
+                # The graph writes its result into the shared buffer, so every bucket's output
+                # lives at one address outside the pool.
+                target.copy_(value)
+
+        graph, _ = capture_graph(captured, warmup=warmup, pool=self.pool)
+        self.graphs[capacity] = graph
+
+    def replay(
+        self, batch: Mapping[str, Tensor], active_tokens: int
+    ) -> Tensor | tuple[Tensor, ...]:
+        """Copy ``batch`` into the bucket for ``active_tokens`` and replay it.
+
+        Args:
+            batch: every token input (first dimension ``>= capacity``, typically ``T_max``:
+                only the first ``capacity`` rows are copied) and every fixed input, with the
+                templates' dtypes; host tensors should be pinned for an asynchronous copy.
+            active_tokens: ``L`` for this batch, as a host int.
+
+        Returns:
+            The outputs (token outputs cut to the bucket's capacity), valid until the next
+            ``replay`` unless ``copy_out`` is set.
+
+        Raises:
+            ValueError: unknown or missing names, or ``active_tokens`` out of range.
+        """
+        capacity = select_bucket(self.capacities, active_tokens)
+        expected = set(self.token_inputs) | set(self.fixed_inputs)
+        if set(batch) != expected:
+            raise ValueError(f"GraphBuckets.replay: batch must have exactly the inputs {sorted(expected)}, got {sorted(batch)}")
+        for name, buffer in self.token_inputs.items():
+            buffer[:capacity].copy_(batch[name][:capacity], non_blocking=True)
+        for name, buffer in self.fixed_inputs.items():
+            buffer.copy_(batch[name], non_blocking=True)
+        self.graphs[capacity].replay()
+        self.generation += 1
+        outputs = tuple(
+            buffer[:capacity] if token else buffer for buffer, token in zip(self._outputs, self._token_output)
+        )
+        if self.copy_out:
+            outputs = tuple(t.clone() for t in outputs)
+        elif self.debug:
+            outputs = tuple(_Guarded.wrap(t, self, self.generation) for t in outputs)
+        return outputs if self.returns_tuple else outputs[0]
+
+
+def private_pool_bytes(pool) -> int:
+    """Bytes the caching allocator has reserved for graph pool ``pool`` (a
+    ``torch.cuda.graph_pool_handle()`` or ``graph.pool()``), summed over its segments in
+    ``torch.cuda.memory_snapshot()``. Eager only (the snapshot is a host call)."""
+    return sum(
+        segment["total_size"]
+        for segment in torch.cuda.memory_snapshot()
+        if tuple(segment.get("segment_pool_id", ())) == tuple(pool)
+    )
+
+
+def select_bucket(capacities: Sequence[int], active_tokens: int) -> int:
+    """The smallest of the ascending ``capacities`` that is ``>= active_tokens``.
+
+    ``active_tokens`` is the host-side ``L`` the loader already knows: reading
+    ``cu_seqlens[-1]`` to dispatch would sync with the device.
+
+    Raises:
+        ValueError: ``active_tokens`` is not an int >= 0, or exceeds the largest capacity.
+    """
+    if not isinstance(active_tokens, int) or isinstance(active_tokens, bool) or active_tokens < 0:
+        raise ValueError(f"select_bucket: active_tokens must be an int >= 0, got {active_tokens!r}")
+    index = bisect.bisect_left(capacities, active_tokens)
+    if index == len(capacities):
+        raise ValueError(
+            f"select_bucket: active_tokens = {active_tokens} exceeds the largest captured capacity "
+            f"{capacities[-1]}; capacities are {list(capacities)}"
+        )
+    return capacities[index]
+
+
+def _check_capacities(capacities: Sequence[int]) -> tuple[int, ...]:
+    values = list(capacities)
+    if not values or not all(isinstance(c, int) and not isinstance(c, bool) and c > 0 for c in values):
+        raise ValueError(f"GraphBuckets: capacities must be a non-empty list of positive ints, got {values!r}")
+    return tuple(sorted(set(values)))

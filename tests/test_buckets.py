@@ -1,0 +1,148 @@
+"""Graph buckets: plan_buckets against brute force, selection, the lifetime guard; on the GPU,
+every bucket against eager and the shared pool's memory."""
+
+import itertools
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from attn_gym_lite.buckets import (
+    GraphBuckets,
+    StaleOutputError,
+    _Guarded,
+    plan_buckets,
+    private_pool_bytes,
+    select_bucket,
+)
+
+
+def brute_force(samples, k, align):
+    """Try every set of at most k aligned capacities that covers the largest sample."""
+    top = max(-(-max(samples) // align) * align, align)
+    grid = range(align, top + 1, align)
+    best = None
+    for size in range(1, k + 1):
+        for chosen in itertools.combinations(grid, size):
+            if chosen[-1] != top:
+                continue
+            padding = sum(min(c for c in chosen if c >= s) - s for s in samples)
+            best = padding if best is None else min(best, padding)
+    return best
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    samples=st.lists(st.integers(0, 40), min_size=1, max_size=12),
+    k=st.integers(1, 4),
+    align=st.sampled_from([1, 4, 8]),
+)
+def test_plan_buckets_is_optimal(samples, k, align):
+    plan = plan_buckets(samples, k, align=align)
+    assert all(c % align == 0 for c in plan.capacities)
+    assert list(plan.capacities) == sorted(set(plan.capacities)) and len(plan.capacities) <= k
+    assert plan.capacities[-1] >= max(samples)
+    padding = sum(select_bucket(plan.capacities, s) - s for s in samples)
+    assert padding == pytest.approx(plan.expected_padded_rows * len(samples))
+    assert padding == brute_force(samples, k, align)
+
+
+def test_plan_buckets_hand_example():
+    # L in {100, 200, 900, 1000}, align 128: one bucket at 1024 pads 924+824+124+24 = 1896;
+    # two buckets {256, 1024} pad 156+56+124+24 = 360.
+    one = plan_buckets([100, 200, 900, 1000], 1)
+    two = plan_buckets([100, 200, 900, 1000], 2)
+    assert one.capacities == (1024,) and one.expected_padded_rows == 1896 / 4
+    assert two.capacities == (256, 1024) and two.expected_padded_rows == 360 / 4
+    assert two.expected_fill == pytest.approx(2200 / 2560)
+
+
+def test_plan_buckets_errors():
+    with pytest.raises(ValueError, match="non-empty"):
+        plan_buckets([], 2)
+    with pytest.raises(ValueError, match="must be >= 0, got min -3"):
+        plan_buckets([4, -3], 2)
+    with pytest.raises(ValueError, match="k must be an int >= 1, got 0"):
+        plan_buckets([4], 0)
+    with pytest.raises(ValueError, match="align must be an int >= 1, got 0"):
+        plan_buckets([4], 1, align=0)
+
+
+def test_select_bucket_picks_the_smallest_that_fits():
+    capacities = (512, 1024, 4096)
+    assert [select_bucket(capacities, n) for n in (0, 512, 513, 1024, 4096)] == [512, 512, 1024, 1024, 4096]
+    with pytest.raises(ValueError, match="active_tokens = 4097 exceeds the largest captured capacity 4096"):
+        select_bucket(capacities, 4097)
+    with pytest.raises(ValueError, match="active_tokens must be an int >= 0, got -1"):
+        select_bucket(capacities, -1)
+
+
+def test_guard_raises_only_after_a_newer_replay():
+    class Owner:
+        generation = 1
+
+    owner = Owner()
+    out = _Guarded.wrap(torch.arange(4.0), owner, generation=1)
+    assert (out * 2).sum().item() == 12.0
+    owner.generation = 2
+    with pytest.raises(StaleOutputError, match="came from replay #1, but replay #2 has since overwritten it"):
+        out + 1
+
+
+# --- GPU ---------------------------------------------------------------------------------------
+
+
+def _block(dim, device="cuda"):
+    torch.manual_seed(0)
+    return torch.nn.Sequential(
+        torch.nn.Linear(dim, 4 * dim), torch.nn.GELU(), torch.nn.Linear(4 * dim, dim)
+    ).to(device=device, dtype=torch.bfloat16)
+
+
+@pytest.mark.gpu
+def test_each_bucket_matches_eager_and_guards_lifetimes():
+    dim, capacities = 256, (256, 512, 1024)
+    model = _block(dim)
+    params = tuple(model.parameters())
+
+    def step(inputs):
+        y = model(inputs["x"])
+        loss = (y.float() * inputs["w"][: y.shape[0], None]).sum()
+        return (y, loss, *torch.autograd.grad(loss, params))
+
+    template = {"x": torch.zeros(1024, dim, dtype=torch.bfloat16)}
+    buckets = GraphBuckets(step, capacities, token_inputs=template,
+                           fixed_inputs={"w": torch.zeros(1024)}, debug=True)
+    assert sorted(buckets.graphs) == list(capacities)
+    for active in (100, 300, 700, 1024):
+        x = torch.randn(1024, dim, dtype=torch.bfloat16).pin_memory()
+        w = torch.randn(1024).pin_memory()
+        outputs = buckets.replay({"x": x, "w": w}, active)
+        capacity = select_bucket(capacities, active)
+        expected = step({"x": x[:capacity].cuda(), "w": w.cuda()})
+        assert outputs[0].shape[0] == capacity
+        for got, want in zip(outputs, expected):
+            torch.testing.assert_close(got.as_subclass(torch.Tensor), want, atol=2e-2, rtol=2e-2)
+    stale = outputs[1]
+    buckets.replay({"x": x, "w": w}, 50)
+    with pytest.raises(StaleOutputError):
+        stale.item()
+    with pytest.raises(ValueError, match="exceeds the largest captured capacity 1024"):
+        buckets.replay({"x": x, "w": w}, 1025)
+
+
+@pytest.mark.gpu
+def test_shared_pool_costs_no_more_than_the_largest_graph():
+    from attn_gym_lite.graphs import capture_graph
+
+    dim = 1024
+    model = _block(dim)
+    x = torch.zeros(4096, dim, device="cuda", dtype=torch.bfloat16)
+    single, _ = capture_graph(lambda: model(x))
+    single_bytes = private_pool_bytes(single.pool())
+    buckets = GraphBuckets(lambda i: model(i["x"]), (512, 1024, 2048, 4096), token_inputs={"x": x})
+    shared_bytes = private_pool_bytes(buckets.pool)
+    assert single_bytes > 0
+    assert shared_bytes <= 1.05 * single_bytes, (shared_bytes, single_bytes)
