@@ -83,3 +83,40 @@ def plot_training_loop(recorded: dict, live: dict | None = None):
     time_ax.set(ylabel="ms per training step", title="step time (wall clock)")
     fig.tight_layout()
     return fig
+
+
+def plot_bucket_compute(recorded: dict, live: list[dict] | None = None):
+    """Forward + backward replay time versus active tokens ``L``: one graph at ``T`` (flat) versus
+    the bucket that fits ``L``. ``recorded`` is the ``buckets`` result; ``live`` a ``compute()``
+    list from this machine.
+
+    Returns: the matplotlib ``Figure``.
+    """
+    fig, ax = plt.subplots(figsize=(7, 3.5))
+    for name, points, style in [("recorded", recorded["compute"], "-")] + ([("live", live, ":")] if live else []):
+        ls = [p["L"] for p in points]
+        ax.plot(ls, [p["one_graph_us"] / 1e3 for p in points], style + "o", color="tab:red", label=f"one graph at T ({name})")
+        ax.plot(ls, [p["bucket_us"] / 1e3 for p in points], style + "o", color="tab:blue", label=f"smallest bucket >= L ({name})")
+    ax.set(xscale="log", yscale="log", xlabel="active tokens L", ylabel="ms per fwd+bwd replay",
+           title="the projection tax, and what buckets take back")
+    ax.legend()
+    fig.tight_layout()
+    return fig
+
+
+def plot_padding_versus_buckets(plans: list, samples_mean: float):
+    """Expected padded rows (as a fraction of all replayed rows) versus the number of buckets,
+    for a list of :class:`attn_gym_lite.buckets.BucketPlan` with k = 1, 2, ...
+
+    Returns: the matplotlib ``Figure``.
+    """
+    fig, ax = plt.subplots(figsize=(6, 3.2))
+    ks = range(1, len(plans) + 1)
+    ax.plot(ks, [1 - p.expected_fill for p in plans], "o-")
+    for k, plan in zip(ks, plans):
+        ax.annotate(",".join(str(c) for c in plan.capacities), (k, 1 - plan.expected_fill),
+                    textcoords="offset points", xytext=(4, 6), fontsize=7)
+    ax.set(xlabel="buckets k", ylabel="padding / replayed rows", xticks=list(ks),
+           title=f"plan_buckets on the loader's L (mean {samples_mean:.0f} tokens)")
+    fig.tight_layout()
+    return fig

@@ -12,6 +12,7 @@ from itertools import islice
 import torch
 
 from ..data import load_tokenizer, real_text_loader
+from .buckets import buckets_suite
 from ..graphs import capture_graph
 from ..modules import PackedLM, VarLenAttention
 from ..pitfalls import PITFALLS, run_pitfall
@@ -115,4 +116,5 @@ SUITES = {
     "hello-world": hello_world_suite,
     "training-loop": training_loop,
     "pitfalls": pitfalls_suite,
+    "buckets": buckets_suite,
 }

@@ -1,0 +1,246 @@
+"""Benchmark suite ``buckets``: memory and compute of graph buckets versus one graph.
+
+* memory: each configuration in a fresh process (so earlier allocations cannot hide in the
+  caching allocator), after capture: allocated, reserved and graph-private MiB;
+* compute: forward + backward replay time of a block with large projections, one graph at ``T``
+  versus the bucket that fits ``L``, as ``L`` falls from ``T`` to ``T / 16``;
+* lifetime: an output kept across a replay of another bucket, and the debug guard;
+* optimizer boundary: eager fused Adam on the graph's gradients versus a captured Adam step;
+* training: a :class:`PackedLM` trained on the real-text loader from one graph and from buckets
+  chosen by :func:`plan_buckets` on the loader's own ``L`` distribution, same batches, same
+  initial weights: losses and step time per batch.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from itertools import islice
+
+import torch
+from torch import nn
+
+from ..buckets import GraphBuckets, plan_buckets, private_pool_bytes, select_bucket
+from ..data import load_tokenizer, real_text_loader
+from ..graphs import capture_graph
+from ..modules import PackedLM
+from .timing import cuda_event_us, median
+
+MIB = 2**20
+CONFIGS = ("one graph", "shared buckets", "independent graphs", "torch.compile reduce-overhead")
+
+
+def _projections(dim: int) -> nn.Module:
+    """The seed's two-projection bf16 core."""
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(dim, dim, bias=False), nn.Linear(dim, dim, bias=False)).to("cuda", torch.bfloat16)
+
+
+def memory_point(config: str, token_capacity: int, dim: int, k: int) -> dict:
+    """Capture ``config`` in this process and report its memory (MiB). Run it in a fresh one."""
+    core = _projections(dim)
+    capacities = [token_capacity >> i for i in range(k)][::-1]
+    x = torch.zeros(token_capacity, dim, device="cuda", dtype=torch.bfloat16)
+    pools = []
+    keep = []
+    if config == "one graph":
+        graph, out = capture_graph(lambda: core(x))
+        pools, keep = [graph.pool()], [graph, out]
+    elif config == "shared buckets":
+        buckets = GraphBuckets(lambda inputs: core(inputs["x"]), capacities, token_inputs={"x": x})
+        pools, keep = [buckets.pool], [buckets]
+    elif config == "independent graphs":
+        for capacity in reversed(capacities):
+            view = x[:capacity]
+            graph, out = capture_graph(lambda view=view: core(view))
+            pools.append(graph.pool())
+            keep += [graph, out]
+    elif config == "torch.compile reduce-overhead":
+        compiled = torch.compile(core, mode="reduce-overhead", dynamic=False)
+        for capacity in reversed(capacities):
+            for _ in range(3):  # CUDA Graph Trees record on the third call of a shape
+                keep.append(compiled(x[:capacity]).clone())
+    else:
+        raise ValueError(f"memory_point: config must be one of {CONFIGS}, got {config!r}")
+    torch.cuda.synchronize()
+    snapshot = torch.cuda.memory_snapshot()
+    if pools:
+        private = sum(private_pool_bytes(pool) for pool in pools)
+    else:  # CUDA Graph Trees own their pool: count every segment that is not the default pool's
+        private = sum(s["total_size"] for s in snapshot if tuple(s.get("segment_pool_id", (0, 0))) != (0, 0))
+    return {
+        "config": config, "T": token_capacity, "dim": dim, "capacities": capacities,
+        "allocated_mib": torch.cuda.memory_allocated() / MIB,
+        "reserved_mib": torch.cuda.memory_reserved() / MIB,
+        "private_pool_mib": private / MIB,
+    }
+
+
+def memory(token_capacity: int, dim: int, k: int = 4) -> list[dict]:
+    """Every configuration of :data:`CONFIGS`, each in a fresh Python process."""
+    points = []
+    for config in CONFIGS:
+        code = (
+            "import json, sys; from attn_gym_lite.bench.buckets import memory_point; "
+            f"print(json.dumps(memory_point({config!r}, {token_capacity}, {dim}, {k})))"
+        )
+        done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+        if done.returncode != 0:
+            raise RuntimeError(f"memory point {config!r} failed:\n{done.stderr[-2000:]}")
+        points.append(json.loads(done.stdout.strip().splitlines()[-1]))
+    return points
+
+
+def compute(token_capacity: int = 8192, dim: int = 4096, iters: int = 30) -> list[dict]:
+    """Forward + backward replay time (median µs) of a one-graph block at ``T`` versus the
+    bucket for ``L``, buckets at ``T, T/2, ..., T/16``."""
+    torch.manual_seed(0)
+    block = nn.Sequential(nn.Linear(dim, 4 * dim, bias=False), nn.GELU(), nn.Linear(4 * dim, dim, bias=False))
+    block = block.to("cuda", torch.bfloat16)
+    params = tuple(block.parameters())
+
+    def step(inputs):
+        y = block(inputs["x"])
+        return torch.autograd.grad(y.float().square().mean(), params)
+
+    capacities = [token_capacity >> i for i in range(5)][::-1]
+    x = torch.randn(token_capacity, dim, device="cuda", dtype=torch.bfloat16)
+    buckets = GraphBuckets(step, capacities, token_inputs={"x": x})
+    one = GraphBuckets(step, [token_capacity], token_inputs={"x": x})
+    batch = {"x": x}
+    points = []
+    for active in capacities[::-1]:
+        bucket_us = median(cuda_event_us(lambda: buckets.replay(batch, active), iters))
+        one_us = median(cuda_event_us(lambda: one.replay(batch, active), iters))
+        points.append({"L": active, "bucket": select_bucket(buckets.capacities, active),
+                       "bucket_us": bucket_us, "one_graph_us": one_us})
+    return points
+
+
+def training(token_capacity: int = 4096, sequence_capacity: int = 32, dim: int = 1024, num_heads: int = 8,
+             steps: int = 200, k: int = 4, lr: float = 1e-3) -> dict:
+    """One graph versus buckets planned from the loader's own ``L``, on the same batches."""
+    tokenizer = load_tokenizer()
+    loader = real_text_loader(token_capacity, sequence_capacity, tokenizer=tokenizer, max_document_tokens=1024)
+    batches = [b.pin_memory() for b in islice(loader, steps)]
+    plan = plan_buckets([b.active_tokens for b in batches], k, align=256)
+    runs = {}
+    for name, capacities in (("one graph", [token_capacity]), ("buckets", list(plan.capacities))):
+        if capacities[-1] != token_capacity:  # the top bucket must hold a full batch
+            capacities = [*capacities[:-1], token_capacity]
+        torch.manual_seed(0)
+        model = PackedLM(tokenizer.vocab_size, dim, num_heads, device="cuda", dtype=torch.bfloat16)
+        params = tuple(model.parameters())
+        optimizer = torch.optim.Adam(params, lr=lr, fused=True)
+
+        def step(inputs, model=model, params=params):
+            capacity = inputs["input_ids"].shape[0]
+            loss = model.loss(inputs["input_ids"], inputs["labels"], inputs["loss_mask"], inputs["cu_seqlens"], capacity)
+            return (loss, *torch.autograd.grad(loss, params))
+
+        first = batches[0]
+        graphs = GraphBuckets(
+            step, capacities,
+            token_inputs={"input_ids": first.input_ids, "labels": first.labels, "loss_mask": first.loss_mask},
+            fixed_inputs={"cu_seqlens": first.cu_seqlens},
+            token_outputs=[False] * (1 + len(params)),
+        )
+        losses, times = [], []
+        for batch in batches:
+            start = torch.cuda.Event(enable_timing=True)
+            end = torch.cuda.Event(enable_timing=True)
+            start.record()
+            loss, *grads = graphs.replay(
+                {"input_ids": batch.input_ids, "labels": batch.labels, "loss_mask": batch.loss_mask,
+                 "cu_seqlens": batch.cu_seqlens}, batch.active_tokens)
+            for p, g in zip(params, grads):
+                p.grad = g
+            optimizer.step()
+            end.record()
+            losses.append(loss.clone())
+            times.append((start, end))
+        torch.cuda.synchronize()
+        runs[name] = {"capacities": capacities, "losses": torch.stack(losses).tolist(),
+                      "step_us": [s.elapsed_time(e) * 1e3 for s, e in times[5:]]}
+    return {
+        "config": {"T": token_capacity, "N": sequence_capacity, "dim": dim, "num_heads": num_heads,
+                   "steps": steps, "k": k, "tokenizer": tokenizer.name},
+        "active_tokens": [b.active_tokens for b in batches],
+        "plan": {"capacities": list(plan.capacities), "expected_padded_rows": plan.expected_padded_rows,
+                 "expected_fill": plan.expected_fill},
+        **runs,
+    }
+
+
+def lifetime() -> dict:
+    """The shared-pool hazard, then the guard: an output kept across a replay of another bucket."""
+    core = _projections(256)
+    x = torch.randn(1024, 256, device="cuda", dtype=torch.bfloat16)
+    buckets = GraphBuckets(lambda inputs: core(inputs["x"]), [512, 1024], token_inputs={"x": x})
+    first = buckets.replay({"x": x}, 1000)
+    kept_value = first[:512].clone()
+    buckets.replay({"x": torch.randn_like(x)}, 300)  # the small bucket writes the same addresses
+    overwritten = (first[:512] - kept_value).abs().max().item()
+    guarded = GraphBuckets(lambda inputs: core(inputs["x"]), [512, 1024], token_inputs={"x": x}, debug=True)
+    old = guarded.replay({"x": x}, 1000)
+    guarded.replay({"x": x}, 300)
+    try:
+        old.sum()
+        message = None
+    except RuntimeError as error:
+        message = f"{type(error).__name__}: {error}"
+    return {"kept_output_changed_by": overwritten, "guard_error": message}
+
+
+def optimizer_boundary(token_capacity: int = 4096, dim: int = 1024, num_heads: int = 8, iters: int = 30) -> dict:
+    """Forward + backward graph, then Adam: eager fused step on the graph's gradients versus the
+    step captured as a second graph (``capturable=True``). Median µs and peak MiB of each."""
+    tokenizer = load_tokenizer()
+    batch = next(real_text_loader(token_capacity, 32, tokenizer=tokenizer, max_document_tokens=1024)).pin_memory()
+    results = {}
+    for mode in ("eager fused Adam", "captured Adam"):
+        torch.manual_seed(0)
+        model = PackedLM(tokenizer.vocab_size, dim, num_heads, device="cuda", dtype=torch.bfloat16)
+        params = tuple(model.parameters())
+        optimizer = torch.optim.Adam(params, lr=1e-4, fused=True, capturable=mode == "captured Adam")
+        static = {k: getattr(batch, k).cuda() for k in ("input_ids", "labels", "loss_mask", "cu_seqlens")}
+
+        def forward_backward():
+            loss = model.loss(static["input_ids"], static["labels"], static["loss_mask"], static["cu_seqlens"], token_capacity)
+            return (loss, *torch.autograd.grad(loss, params))
+
+        graph, (loss, *grads) = capture_graph(forward_backward)
+        for p, g in zip(params, grads):
+            p.grad = g  # fixed addresses: the graph rewrites them on every replay
+        if mode == "captured Adam":
+            optimizer_graph, _ = capture_graph(optimizer.step)
+
+            def train_step():
+                graph.replay()
+                optimizer_graph.replay()
+        else:
+            def train_step():
+                graph.replay()
+                optimizer.step()
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        step_us = median(cuda_event_us(train_step, iters))
+        results[mode] = {"step_us": step_us, "peak_allocated_mib": torch.cuda.max_memory_allocated() / MIB}
+    return {"config": {"T": token_capacity, "dim": dim, "num_heads": num_heads}, **results}
+
+
+def buckets_suite() -> dict:
+    """Memory at the seed's size and a larger one, compute, the lifetime hazard, the optimizer
+    boundary, and the training run."""
+    start = time.perf_counter()
+    record = {
+        "memory": memory(1024, 4096) + memory(8192, 4096),
+        "compute": compute(),
+        "lifetime": lifetime(),
+        "optimizer_boundary": optimizer_boundary(),
+        "training": training(),
+    }
+    record["suite_seconds"] = time.perf_counter() - start
+    return record
