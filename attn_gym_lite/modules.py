@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .attention import varlen_attention
-from .ragged import active_token_mask
+from .masking import active_token_mask, mask_inactive_token_gradients, mask_inactive_tokens
 
 Tensor = torch.Tensor
 
@@ -26,12 +26,16 @@ class VarLenAttention(nn.Module):
         num_heads: attention heads; head dim is ``dim // num_heads`` (the CUDA path supports the
             head dims FlashAttention-2 does, e.g. 64 and 128).
         causal: causal attention within each sequence.
-        mask_inactive_capacity: make rows past ``L`` harmless. torch's ``varlen_attn`` leaves
-            those output rows unspecified and returns NaN gradients for them; with this flag the
-            attention output's inactive rows are set to zero and the QKV gradient's inactive rows
-            are dropped (``torch.where`` selects, so even NaN cannot leak into the projection's
-            weight gradient ``X^T dY``). Needed whenever ``L < T``, i.e. under a graph captured at
-            token capacity.
+        mask_inactive_capacity: make rows past ``L`` harmless, with the masks of
+            :mod:`attn_gym_lite.masking` placed by its rule (mask where inactive rows can mix,
+            reduce, or become undefined): a value mask on the input, because the QKV weight
+            gradient ``Xᵀ∇Y`` sums over every row and the rows past ``L`` may hold anything; a
+            gradient barrier on the QKV projection's output, because torch's ``varlen_attn``
+            returns undefined (NaN) q/k/v gradients for those rows; a value mask on the attention
+            output, whose rows past ``L`` are undefined, before the output projection reads them.
+            The output's inactive rows are then 0 and the gradients equal those of the exact
+            computation on the ``L`` real rows alone. Needed whenever ``L < T``, i.e. under a
+            graph captured at token capacity.
 
     Shapes: ``forward(x [T, dim], cu_seqlens int32 [N + 1], max_seqlen int) -> [T, dim]``.
 
@@ -62,17 +66,18 @@ class VarLenAttention(nn.Module):
 
     def forward(self, x: Tensor, cu_seqlens: Tensor, max_seqlen: int) -> Tensor:
         tokens = x.shape[0]
-        qkv = self.qkv(x).view(tokens, 3, self.num_heads, self.head_dim)
         active = None
         if self.mask_inactive_capacity:
             # Built on the device from cu_seqlens[-1]: a captured graph rebuilds it every replay.
-            active = active_token_mask(tokens, cu_seqlens)
-            # Forward value unchanged; backward keeps only the active rows' gradient.
-            qkv = torch.where(active[:, None, None, None], qkv, qkv.detach())
+            active = active_token_mask(x, cu_seqlens)
+            x = mask_inactive_tokens(x, active)
+        qkv = self.qkv(x).view(tokens, 3, self.num_heads, self.head_dim)
+        if active is not None:
+            qkv = mask_inactive_token_gradients(qkv, active)
         q, k, v = qkv.unbind(dim=1)
         attn = varlen_attention(q, k, v, cu_seqlens, max_seqlen, causal=self.causal)
         if active is not None:
-            attn = torch.where(active[:, None, None], attn, 0)
+            attn = mask_inactive_tokens(attn, active)
         return self.out_proj(attn.reshape(tokens, self.dim))
 
 

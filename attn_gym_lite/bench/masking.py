@@ -1,0 +1,134 @@
+"""Benchmark suite ``masking``: what the inactive rows do without masks, and what masks cost.
+
+* ``varlen_attn_repro``: torch's ``varlen_attn`` at padded capacity (``VarLenAttention``, bf16,
+  finite inputs everywhere): non-finite entries in every gradient without masks and the largest
+  difference to the exact computation on the ``L`` real rows with masks, once with memory as the
+  allocator hands it out and once with uninitialized memory read as NaN;
+* ``block_ablation``: :class:`~attn_gym_lite.block.ShortConvAttentionBlock` with NaN in the
+  inactive input rows, with all masks, none, and each one left out: which gradients go wrong;
+* ``mask_cost``: forward + backward replay time of the block from one CUDA graph with and without
+  masks (median of CUDA-event timings), at a realistic size and a few ``L``.
+
+Every comparison is :func:`attn_gym_lite.exactness.compare_gradients`; the suite needs CUDA.
+"""
+
+from __future__ import annotations
+
+from contextlib import nullcontext
+
+import torch
+
+from ..block import MASK_SITES, ShortConvAttentionBlock
+from ..exactness import compare_gradients, exact_gradients, gradients_at_capacity
+from ..graphs import capture_graph
+from ..masking import uninitialized_memory_as_nan
+from ..modules import VarLenAttention
+from ..ragged import cu_seqlens_from_lengths, pad_cu_seqlens, zipf_lengths
+from .timing import cuda_event_us, median
+
+MEMORY_MODES = ("as allocated", "uninitialized as NaN")
+
+
+def _packed_batch(
+    token_capacity: int, sequence_capacity: int, active_tokens: int, active_sequences: int, dim: int, seed: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``x``, ``target`` (bf16 ``[T, dim]``, random in every row) and ``cu_seqlens`` (Zipf lengths)."""
+    generator = torch.Generator().manual_seed(seed)
+    lengths = zipf_lengths(active_tokens, active_sequences, generator=generator)
+    cu_seqlens = pad_cu_seqlens(cu_seqlens_from_lengths(lengths), sequence_capacity)
+    x, target = (torch.randn(token_capacity, dim, generator=generator) for _ in range(2))
+    return x.to("cuda", torch.bfloat16), target.to("cuda", torch.bfloat16), cu_seqlens.cuda()
+
+
+def varlen_attn_repro(
+    token_capacity: int = 4096, sequence_capacity: int = 32, active_tokens: int = 3000,
+    active_sequences: int = 16, dim: int = 1024, num_heads: int = 8, seed: int = 0,
+) -> dict:
+    """``VarLenAttention`` (causal, bf16) with and without ``mask_inactive_capacity``, versus the
+    exact computation on the real rows. The inactive rows hold ordinary random values: any NaN
+    comes from torch's ``varlen_attn`` leaving rows past ``L`` undefined (pytorch#176793)."""
+    x, target, cu_seqlens = _packed_batch(token_capacity, sequence_capacity, active_tokens, active_sequences, dim, seed)
+    runs = []
+    for memory in MEMORY_MODES:
+        for masks in (False, True):
+            torch.manual_seed(seed)
+            module = VarLenAttention(dim, num_heads, causal=True, mask_inactive_capacity=masks,
+                                     device="cuda", dtype=torch.bfloat16)
+            with uninitialized_memory_as_nan() if memory == "uninitialized as NaN" else nullcontext():
+                report = compare_gradients(
+                    gradients_at_capacity(module, x, target, cu_seqlens, token_capacity),
+                    exact_gradients(module, x, target, cu_seqlens),
+                )
+            runs.append({"memory": memory, "masks": masks, **report})
+    return {
+        "config": {"T": token_capacity, "N": sequence_capacity, "L": active_tokens, "M": active_sequences,
+                   "dim": dim, "num_heads": num_heads, "causal": True, "dtype": "bfloat16", "seed": seed},
+        "runs": runs,
+    }
+
+
+def block_ablation(
+    token_capacity: int = 2048, sequence_capacity: int = 32, active_tokens: int = 1500,
+    active_sequences: int = 16, dim: int = 512, num_heads: int = 4, seed: int = 0,
+) -> dict:
+    """The block with NaN in the inactive rows of its input and target, undefined memory read as
+    NaN, and each set of masks: all, none, all but one."""
+    x, target, cu_seqlens = _packed_batch(token_capacity, sequence_capacity, active_tokens, active_sequences, dim, seed)
+    x[active_tokens:] = float("nan")
+    target[active_tokens:] = float("nan")
+    variants = [("all", MASK_SITES), ("none", ())]
+    variants += [(f"without {site}", tuple(s for s in MASK_SITES if s != site)) for site in MASK_SITES]
+    runs = []
+    for name, masks in variants:
+        torch.manual_seed(seed)
+        module = ShortConvAttentionBlock(dim, num_heads, masks=masks, device="cuda", dtype=torch.bfloat16)
+        with uninitialized_memory_as_nan():
+            report = compare_gradients(
+                gradients_at_capacity(module, x, target, cu_seqlens, token_capacity),
+                exact_gradients(module, x, target, cu_seqlens),
+            )
+        runs.append({"variant": name, "masks": list(masks), **report})
+    return {
+        "config": {"T": token_capacity, "N": sequence_capacity, "L": active_tokens, "M": active_sequences,
+                   "dim": dim, "num_heads": num_heads, "dtype": "bfloat16", "fill": "nan", "seed": seed},
+        "runs": runs,
+    }
+
+
+def mask_cost(
+    token_capacity: int = 8192, sequence_capacity: int = 64, dim: int = 2048, num_heads: int = 16,
+    active_tokens: tuple[int, ...] = (8192, 4096, 1024), iters: int = 50, seed: int = 0,
+) -> dict:
+    """Block forward + backward (input and parameter gradients) replayed from one CUDA graph per
+    variant, captured at ``T`` with ``max_seqlen = T``; new layouts (``N`` Zipf lengths summing
+    to ``L``) are copied into the static buffers. Median µs of ``iters`` CUDA-event timings."""
+    generator = torch.Generator().manual_seed(seed)
+    static_x = torch.randn(token_capacity, dim, generator=generator).to("cuda", torch.bfloat16)
+    static_target = torch.randn(token_capacity, dim, generator=generator).to("cuda", torch.bfloat16)
+    static_cu = torch.zeros(sequence_capacity + 1, dtype=torch.int32, device="cuda")
+    static_cu[1:] = token_capacity  # capture with one full sequence; replays bring their own
+    graphs = {}
+    for name, masks in (("masked", MASK_SITES), ("unmasked", ())):
+        torch.manual_seed(seed)
+        module = ShortConvAttentionBlock(dim, num_heads, masks=masks, device="cuda", dtype=torch.bfloat16)
+        graphs[name] = capture_graph(
+            lambda module=module: gradients_at_capacity(module, static_x, static_target, static_cu, token_capacity)
+        )[0]
+    points = []
+    for active in active_tokens:
+        lengths = zipf_lengths(active, min(sequence_capacity, active), generator=generator)
+        static_cu.copy_(pad_cu_seqlens(cu_seqlens_from_lengths(lengths), sequence_capacity))
+        timings = {name: median(cuda_event_us(graph.replay, iters)) for name, graph in graphs.items()}
+        points.append({"L": active, "M": len(lengths), "masked_us": timings["masked"],
+                       "unmasked_us": timings["unmasked"], "ratio": timings["masked"] / timings["unmasked"]})
+    return {
+        "config": {"T": token_capacity, "N": sequence_capacity, "dim": dim, "num_heads": num_heads,
+                   "kernel_size": 4, "max_seqlen": token_capacity, "dtype": "bfloat16", "iters": iters,
+                   "seed": seed, "lengths": "Zipf(1.2)"},
+        "points": points,
+    }
+
+
+def masking_suite() -> dict:
+    """All three parts; under a minute on an H200."""
+    return {"varlen_attn_repro": varlen_attn_repro(), "block_ablation": block_ablation(), "mask_cost": mask_cost()}

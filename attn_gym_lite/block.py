@@ -1,0 +1,138 @@
+"""A token-mixing block with a short convolution and packed attention, masked exactly where needed.
+
+::
+
+    x ─► [input: value mask] ─► RMSNorm ─► QKV projection ─► [qkv_grad: gradient barrier]
+      ─► short conv (ragged) ─► SiLU ─► causal varlen attention (ragged)
+      ─► [attention_output: value mask] ─► RMSNorm ─► output projection ─► + x
+
+The shape of a linear-attention layer (Mamba, DeltaNet, KDA: projections, short convolution, a
+ragged token mixer, a norm, an output projection) with softmax attention as the mixer. Its three
+masks follow one rule, *mask where inactive rows can mix, reduce, or become undefined, and
+nowhere else*:
+
+============================  =================  ================================================
+site (``MASK_SITES`` name)    kind               why exactly here
+============================  =================  ================================================
+``input``                     value mask         the input's rows past ``L`` may hold anything
+                                                 (NaN, Inf, stale data) and the first norm's
+                                                 gain gradient and the QKV weight gradient both
+                                                 sum over every row: ``NaN * 0 = NaN``
+``qkv_grad``                  gradient barrier   the short convolution's backward leaves the
+                                                 inactive rows of its input gradient undefined;
+                                                 the QKV weight gradient ``hᵀ∇qkv`` would sum them
+``attention_output``          value mask         varlen attention leaves its inactive output rows
+                                                 undefined, and the output norm's gain gradient
+                                                 and the output projection's weight gradient sum
+                                                 over every row
+============================  =================  ================================================
+
+Nowhere else: the norms, projections and SiLU are token-parallel in the forward pass (an inactive
+row only ever changes itself); the short convolution and the attention are ragged (their active
+rows read only active rows, and their weight gradients, if any, sum over active rows only), so
+their inactive inputs need no cleaning; and the undefined q/k/v gradients that attention returns
+for inactive rows stop inside the short convolution's backward, which reads only active rows. The
+block's output rows past ``L`` are exactly 0 and, with a loss that selects active rows, every
+gradient equals the one computed on the ``L`` real rows alone (``tests/test_block.py`` proves it).
+
+Source: the seed article, section "Correctness tangent" (mask placement in a KDA-style module).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .attention import varlen_attention
+from .masking import active_token_mask, mask_inactive_token_gradients, mask_inactive_tokens
+from .short_conv import ShortConv
+
+Tensor = torch.Tensor
+
+__all__ = ["MASK_SITES", "ShortConvAttentionBlock"]
+
+#: Where :class:`ShortConvAttentionBlock` masks, in forward order.
+MASK_SITES = ("input", "qkv_grad", "attention_output")
+
+
+class ShortConvAttentionBlock(nn.Module):
+    """Pre-norm residual block: QKV projection, ragged short convolution, causal varlen attention.
+
+    Args:
+        dim: model width, a positive multiple of ``num_heads``.
+        num_heads: attention heads; head dim ``dim // num_heads`` (the CUDA path needs a
+            FlashAttention head dim, e.g. 64 or 128).
+        kernel_size: width ``W`` of the short convolution over the ``3 * dim`` QKV channels.
+        masks: which of :data:`MASK_SITES` to apply. The default, all of them, is what training
+            at padded capacity needs; leave sites out only to see what each one prevents (the
+            "Masking" chapter does).
+        device, dtype: of the parameters.
+
+    Shapes: ``forward(x [T, dim], cu_seqlens int32 [N + 1], max_seqlen int) -> [T, dim]``, in
+    the parameters' dtype. ``max_seqlen`` bounds the longest sequence (the CUDA path sizes its grid
+    from it; under a graph pass ``T``).
+
+    Raises:
+        ValueError: ``dim`` is not a positive multiple of ``num_heads``, or ``masks`` names a site
+            not in :data:`MASK_SITES`.
+        TypeError: ``masks`` is a string rather than a collection of site names.
+
+    Capturable on CUDA with a fixed ``max_seqlen``: nothing in ``forward`` reads the device.
+    Source: seed article, section "Correctness tangent"; flash-linear-attention's layers.
+    """
+
+    def __init__(
+        self,
+        dim: int,
+        num_heads: int,
+        *,
+        kernel_size: int = 4,
+        masks: Iterable[str] = MASK_SITES,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
+    ) -> None:
+        super().__init__()
+        integers = all(isinstance(v, int) and not isinstance(v, bool) for v in (dim, num_heads))
+        if not integers or num_heads < 1 or dim < 1 or dim % num_heads:
+            raise ValueError(
+                f"ShortConvAttentionBlock: dim must be a positive multiple of num_heads, "
+                f"got dim={dim!r}, num_heads={num_heads!r}"
+            )
+        if isinstance(masks, str):
+            raise TypeError(
+                f"ShortConvAttentionBlock: masks must be a collection of names from {MASK_SITES}, "
+                f"got the string {masks!r}"
+            )
+        masks = frozenset(masks)
+        unknown = sorted(masks - set(MASK_SITES))
+        if unknown:
+            raise ValueError(
+                f"ShortConvAttentionBlock: masks must be names from {MASK_SITES}, got unknown {unknown}"
+            )
+        self.dim, self.num_heads, self.head_dim = dim, num_heads, dim // num_heads
+        self.masks = masks
+        factory = {"device": device, "dtype": dtype}
+        self.norm_in = nn.RMSNorm(dim, **factory)
+        self.qkv = nn.Linear(dim, 3 * dim, bias=False, **factory)
+        self.conv = ShortConv(3 * dim, kernel_size, **factory)
+        self.norm_out = nn.RMSNorm(dim, **factory)
+        self.out_proj = nn.Linear(dim, dim, bias=False, **factory)
+
+    def forward(self, x: Tensor, cu_seqlens: Tensor, max_seqlen: int) -> Tensor:
+        tokens = x.shape[0]
+        # One mask per forward, from the device value cu_seqlens[-1]; every site below reuses it.
+        active = active_token_mask(x, cu_seqlens)
+        if "input" in self.masks:
+            x = mask_inactive_tokens(x, active)
+        qkv = self.qkv(self.norm_in(x))
+        if "qkv_grad" in self.masks:
+            qkv = mask_inactive_token_gradients(qkv, active)
+        qkv = F.silu(self.conv(qkv, cu_seqlens))
+        q, k, v = qkv.view(tokens, 3, self.num_heads, self.head_dim).unbind(dim=1)
+        attn = varlen_attention(q, k, v, cu_seqlens, max_seqlen, causal=True)
+        if "attention_output" in self.masks:
+            attn = mask_inactive_tokens(attn, active)
+        return x + self.out_proj(self.norm_out(attn.reshape(tokens, self.dim)))

@@ -1,0 +1,199 @@
+"""Is training at padded capacity exact? Gradients at capacity ``T`` versus on the ``L`` real rows.
+
+The claim the "Masking" chapter proves: with the masks in the right places, one training step on
+a packed batch padded to capacity ``T`` gives *the same* loss and gradients as the same step on
+exactly the ``L = cu_seqlens[-1]`` real rows, with no capacity at all, whatever the ``T - L``
+inactive rows hold. Three functions make the comparison, for any module called as
+``module(x [T, D_in], cu_seqlens, max_seqlen) -> [T, D_out]`` (``VarLenAttention``,
+``ShortConvAttentionBlock``):
+
+* :func:`gradients_at_capacity`: loss and gradients at capacity; device work only, so it can be
+  captured in a CUDA graph and replayed with new batches;
+* :func:`exact_gradients`: the same on ``x[:L]`` with the unpadded ``cu_seqlens``;
+* :func:`compare_gradients`: per gradient, the non-finite entries at capacity and the largest
+  difference to the exact one, as a JSON-ready dict.
+
+The loss is the inner product of the output with a target, over the active rows:
+``Σ_{t<L} ⟨y_t, target_t⟩`` (a stand-in for any per-token loss; its gradient with respect to
+``y`` is the target). Gradients are taken for every parameter and for the input; the exact input
+gradient is extended with zeros to ``T`` rows, since a row that does not exist gets no gradient.
+
+Source: seed article, section "Correctness tangent"; the test layout follows the chapter's
+"proof" (``tests/test_block.py``).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+from .masking import active_token_mask, mask_inactive_tokens
+from .ragged import max_seqlen as longest_sequence
+from .ragged import validate_cu_seqlens
+
+Tensor = torch.Tensor
+
+__all__ = ["capacity_loss", "compare_gradients", "exact_gradients", "gradients_at_capacity"]
+
+
+def capacity_loss(y: Tensor, target: Tensor, active: Tensor) -> Tensor:
+    """``Σ_{t active} ⟨y_t, target_t⟩``: a loss that selects the active rows, in float32 or wider.
+
+    Both factors are value-masked first (:func:`~attn_gym_lite.masking.mask_inactive_tokens`):
+    a sum over rows is a reduction, and ``y * 0`` is NaN where ``y`` is NaN. The gradient it sends
+    back to ``y``'s inactive rows is exactly 0. A zero gradient into an inactive row is all a loss
+    mask can do: it does not clean the gradients of the parameters that produced the row.
+
+    Args:
+        y: ``[T, D]`` output, floating.
+        target: ``[T, D]`` on ``y``'s device, any floating dtype; its inactive rows may hold anything.
+        active: bool ``[T]`` (:func:`~attn_gym_lite.masking.active_token_mask`).
+
+    Returns:
+        0-d tensor in ``promote(y.dtype, float32)``. Capturable.
+
+    Raises:
+        The errors of :func:`~attn_gym_lite.masking.mask_inactive_tokens`; ValueError if ``target``'s
+        shape differs from ``y``'s.
+    """
+    if isinstance(y, Tensor) and isinstance(target, Tensor) and target.shape != y.shape:
+        raise ValueError(f"capacity_loss: target must have y's shape {tuple(y.shape)}, got {tuple(target.shape)}")
+    accumulate = torch.promote_types(y.dtype, torch.float32)
+    y, target = mask_inactive_tokens(y, active), mask_inactive_tokens(target, active)
+    return (y.to(accumulate) * target.to(accumulate)).sum()
+
+
+def _differentiable_inputs(
+    function: str, module: nn.Module, x: Tensor
+) -> tuple[Tensor, list[str], list[Tensor]]:
+    """A fresh leaf for ``x``, the gradient names (``"input"``, then parameters) and parameters."""
+    if not isinstance(module, nn.Module):
+        raise TypeError(f"{function}: module must be a torch.nn.Module, got {type(module).__name__}")
+    if not isinstance(x, Tensor):
+        raise TypeError(f"{function}: x must be a floating torch.Tensor of shape [T, D], got {type(x).__name__}")
+    if x.ndim != 2 or not x.dtype.is_floating_point:
+        raise ValueError(
+            f"{function}: x must be a floating tensor of shape [T, D], got {x.dtype} of shape {tuple(x.shape)}"
+        )
+    named = list(module.named_parameters())
+    return x.detach().requires_grad_(), ["input", *(n for n, _ in named)], [p for _, p in named]
+
+
+def gradients_at_capacity(
+    module: nn.Module, x: Tensor, target: Tensor, cu_seqlens: Tensor, max_seqlen: int
+) -> tuple[Tensor, dict[str, Tensor]]:
+    """Loss and gradients of one step at token capacity ``T``.
+
+    Args:
+        module: called as ``module(x, cu_seqlens, max_seqlen)``, returning ``[T, D_out]``.
+        x: ``[T, D_in]`` floating input; all ``T`` rows are fed to the module.
+        target: ``[T, D_out]`` (:func:`capacity_loss`).
+        cu_seqlens: int32 ``[N + 1]``, ``[0, ..., L, L, L]``.
+        max_seqlen: the bound passed to the module (under a graph: ``T``).
+
+    Returns:
+        ``(loss, gradients)``: the 0-d :func:`capacity_loss`, and ``{"input": ∇x [T, D_in],
+        parameter name: ∇p}`` in ``module.named_parameters()`` order. Parameters the loss does not
+        reach get a zero gradient.
+
+    Raises:
+        TypeError: ``module`` is not an ``nn.Module``.
+        ValueError: ``x`` is not a floating 2-D tensor; the errors of :func:`capacity_loss`.
+
+    Capturable: no host reads (the loss selects rows with a device mask), so a CUDA graph of this
+    call can be replayed with new batches copied into ``x``, ``target`` and ``cu_seqlens``.
+    """
+    leaf, names, parameters = _differentiable_inputs("gradients_at_capacity", module, x)
+    active = active_token_mask(leaf, cu_seqlens)
+    loss = capacity_loss(module(leaf, cu_seqlens, max_seqlen), target, active)
+    grads = torch.autograd.grad(loss, [leaf, *parameters], allow_unused=True, materialize_grads=True)
+    return loss, dict(zip(names, grads))
+
+
+def exact_gradients(
+    module: nn.Module, x: Tensor, target: Tensor, cu_seqlens: Tensor
+) -> tuple[Tensor, dict[str, Tensor]]:
+    """The same step as :func:`gradients_at_capacity` on exactly the ``L`` real rows.
+
+    The module sees ``x[:L]`` and ``cu_seqlens`` cut after its first ``L`` entry (no empty tail
+    slots), with ``max_seqlen`` the exact longest sequence. With ``L = 0`` there is nothing to run:
+    the loss is a sum over no tokens, so it and every gradient are 0.
+
+    Args:
+        module, x, target, cu_seqlens: as for :func:`gradients_at_capacity` (``x`` and ``target``
+            still at capacity ``T``; only their first ``L`` rows are read).
+
+    Returns:
+        ``(loss, gradients)`` keyed like :func:`gradients_at_capacity`; ``gradients["input"]``
+        has ``T`` rows, zero past ``L``.
+
+    Raises:
+        The errors of :func:`~attn_gym_lite.ragged.validate_cu_seqlens` (with ``T = x.shape[0]``)
+        and of :func:`gradients_at_capacity`.
+
+    Eager only: reads ``cu_seqlens`` on the host.
+    """
+    leaf, names, parameters = _differentiable_inputs("exact_gradients", module, x)
+    validate_cu_seqlens(cu_seqlens, leaf.shape[0])
+    bounds = cu_seqlens.tolist()
+    active_tokens = bounds[-1]
+    zeros = [torch.zeros_like(t) for t in (leaf, *parameters)]
+    if active_tokens == 0:
+        return leaf.new_zeros((), dtype=torch.promote_types(leaf.dtype, torch.float32)), dict(zip(names, zeros))
+    exact_cu = cu_seqlens[: bounds.index(active_tokens) + 1]
+    loss, grads = gradients_at_capacity(
+        module, leaf[:active_tokens], target[:active_tokens], exact_cu, longest_sequence(exact_cu)
+    )
+    zeros[0][:active_tokens] = grads.pop("input")
+    return loss, {"input": zeros[0], **grads}
+
+
+def _max_abs(t: Tensor) -> float:
+    return float(t.abs().max()) if t.numel() else 0.0
+
+
+def compare_gradients(
+    at_capacity: tuple[Tensor, dict[str, Tensor]], exact: tuple[Tensor, dict[str, Tensor]]
+) -> dict:
+    """Per gradient: non-finite entries at capacity and the largest difference to the exact one.
+
+    Args:
+        at_capacity: the result of :func:`gradients_at_capacity`.
+        exact: the result of :func:`exact_gradients` for the same module and batch.
+
+    Returns:
+        JSON-ready ``{"loss_at_capacity": float, "loss_exact": float, "gradients": {name:
+        {"nonfinite": int, "max_abs_diff": float | None, "max_abs_exact": float}}}``.
+        ``max_abs_diff`` is ``None`` when the gradient at capacity has non-finite entries (the
+        difference is then not a number); differences are computed in float64, on the CPU.
+
+    Raises:
+        ValueError: the two results do not name the same gradients with the same shapes.
+
+    Eager only (reads values on the host).
+    """
+    (loss, grads), (exact_loss, exact_grads) = at_capacity, exact
+    shapes = {k: tuple(v.shape) for k, v in grads.items()}
+    exact_shapes = {k: tuple(v.shape) for k, v in exact_grads.items()}
+    if shapes != exact_shapes:
+        raise ValueError(
+            "compare_gradients: at_capacity and exact must have the same gradient names and shapes, "
+            f"got {shapes} and {exact_shapes}"
+        )
+    report = {}
+    for name, grad in grads.items():
+        grad, reference = grad.detach().double().cpu(), exact_grads[name].detach().double().cpu()
+        nonfinite = int((~grad.isfinite()).sum())
+        report[name] = {
+            "nonfinite": nonfinite,
+            "max_abs_diff": None if nonfinite else _max_abs(grad - reference),
+            "max_abs_exact": _max_abs(reference),
+        }
+    loss_value = float(loss.detach())
+    return {
+        "loss_at_capacity": loss_value if math.isfinite(loss_value) else None,
+        "loss_exact": float(exact_loss.detach()),
+        "gradients": report,
+    }

@@ -1,0 +1,233 @@
+"""A ragged causal depthwise short convolution: each sequence starts from a blank history.
+
+Linear-attention layers (Mamba, DeltaNet, KDA) run a short causal convolution over their
+projections before the token mixer: every channel ``c`` of token ``t`` becomes a weighted sum of
+the same channel at tokens ``t - W + 1 .. t``, with a kernel width ``W`` of about 4. On a packed
+batch the window must stop at the start of the token's own sequence, as if each sequence were
+zero-padded on the left: the first tokens of a document must never see the end of the previous
+one. With the weight stored as ``[D, W]`` (``nn.Conv1d(D, D, W, groups=D)``'s weight without its
+middle dimension) and ``s_t`` the first row of token ``t``'s sequence::
+
+    y[t, c] = Σ_{k=0}^{W-1} w[c, k] · x[t - (W-1) + k, c]      over the taps with t - (W-1) + k >= s_t
+
+This module builds it from tensor ops only, so it is capturable: each token's position within its
+sequence comes from ``cu_seqlens`` on the device (``searchsorted``), and every tap that would
+cross a sequence start is *selected away* with ``torch.where``, which stays exact when the other
+rows hold NaN. It then follows the contract of a real ragged kernel, which only launches work
+for the ``L = cu_seqlens[-1]`` active rows:
+
+* forward: output rows ``L..T-1`` are **undefined** (uninitialized memory);
+* backward: the input-gradient rows ``L..T-1`` are **undefined** too, and the weight gradient
+  sums over active rows only.
+
+Active rows of the output and of both gradients are exact functions of the active rows of the
+inputs and of the output gradient, whatever the inactive rows hold. The undefined rows are why
+the block of :mod:`attn_gym_lite.block` needs a gradient barrier between its QKV projection and
+this convolution (see the "Masking" chapter).
+
+Source: the short convolution of Mamba (Gu & Dao, 2023) and of flash-linear-attention's
+``ShortConvolution``; seed article, section "Correctness tangent".
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+Tensor = torch.Tensor
+
+__all__ = ["ShortConv", "short_conv", "short_conv_reference"]
+
+
+def _check_short_conv_arguments(x: object, weight: object, cu_seqlens: object) -> None:
+    """Metadata checks only (types, dtypes, shapes, devices), so they are safe inside capture."""
+    if not isinstance(x, Tensor):
+        raise TypeError(f"short_conv: x must be a torch.Tensor of shape [T, D], got {type(x).__name__}")
+    if not isinstance(weight, Tensor):
+        raise TypeError(f"short_conv: weight must be a torch.Tensor of shape [D, W], got {type(weight).__name__}")
+    if not isinstance(cu_seqlens, Tensor):
+        raise TypeError(
+            f"short_conv: cu_seqlens must be an int32 torch.Tensor of shape [N + 1], got {type(cu_seqlens).__name__}"
+        )
+    if not x.dtype.is_floating_point:
+        raise TypeError(f"short_conv: x must have a floating dtype, got {x.dtype}")
+    if weight.dtype != x.dtype:
+        raise TypeError(f"short_conv: weight must have x's dtype {x.dtype}, got {weight.dtype}")
+    if cu_seqlens.dtype != torch.int32:
+        raise TypeError(f"short_conv: cu_seqlens must have dtype torch.int32, got {cu_seqlens.dtype}")
+    if x.ndim != 2:
+        raise ValueError(f"short_conv: x must have shape [T, D], got {tuple(x.shape)}")
+    if weight.ndim != 2 or weight.shape[0] != x.shape[1] or weight.shape[1] < 1:
+        raise ValueError(
+            f"short_conv: weight must have shape [D, W] = [{x.shape[1]}, W >= 1], got {tuple(weight.shape)}"
+        )
+    if cu_seqlens.ndim != 1 or cu_seqlens.numel() < 2:
+        raise ValueError(
+            f"short_conv: cu_seqlens must be 1-D with shape [N + 1], N >= 1, got {tuple(cu_seqlens.shape)}"
+        )
+    for name, tensor in (("weight", weight), ("cu_seqlens", cu_seqlens)):
+        if tensor.device != x.device:
+            raise ValueError(f"short_conv: {name} must be on x's device {x.device}, got {tensor.device}")
+
+
+def _positions_in_sequence(cu_seqlens: Tensor, token_capacity: int) -> Tensor:
+    """``[T]`` int32: row ``t``'s offset from the first row of its sequence, on the device.
+
+    Rows ``t >= L`` fall past every boundary and count from ``L``, as if the inactive rows were one
+    more sequence; so no tap of an active row ever reaches an inactive one and vice versa.
+    """
+    rows = torch.arange(token_capacity, device=cu_seqlens.device, dtype=torch.int32)
+    # right=True skips over repeated boundaries (empty sequences) to the last one <= t.
+    sequence = torch.searchsorted(cu_seqlens, rows, right=True) - 1
+    return rows - cu_seqlens[sequence]
+
+
+def _shift_down(x: Tensor, rows: int) -> Tensor:
+    """``out[t] = x[t - rows]``, zero for ``t < rows``."""
+    return F.pad(x, (0, 0, rows, 0))[: x.shape[0]]
+
+
+def _shift_up(x: Tensor, rows: int) -> Tensor:
+    """``out[t] = x[t + rows]``, zero for ``t >= T - rows``."""
+    return F.pad(x, (0, 0, 0, rows))[rows:]
+
+
+class _RaggedShortConv(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x: Tensor, weight: Tensor, cu_seqlens: Tensor) -> Tensor:
+        tokens, width = x.shape[0], weight.shape[1]
+        position = _positions_in_sequence(cu_seqlens, tokens)
+        active = torch.arange(tokens, device=x.device, dtype=torch.int32) < cu_seqlens[-1]
+        # Accumulate in at least float32, as a kernel would in registers.
+        accumulate = torch.promote_types(x.dtype, torch.float32)
+        w = weight.to(accumulate)
+        y = x * w[:, width - 1]
+        for lag in range(1, width):
+            # Tap `lag` rows back, only where that row is in the same sequence.
+            tap = torch.where((position >= lag)[:, None], _shift_down(x, lag), 0)
+            y = y + tap * w[:, width - 1 - lag]
+        ctx.save_for_backward(x, weight, position, active)
+        # A ragged kernel writes only the active rows; the rest is whatever memory it was given.
+        return torch.where(active[:, None], y.to(x.dtype), torch.empty_like(x))
+
+    @staticmethod
+    def backward(ctx, grad_y: Tensor) -> tuple[Tensor, Tensor, None]:
+        x, weight, position, active = ctx.saved_tensors
+        width = weight.shape[1]
+        accumulate = torch.promote_types(x.dtype, torch.float32)
+        w = weight.to(accumulate)
+        grad_y = grad_y.to(accumulate)
+        grad_x = grad_y * w[:, width - 1]
+        grad_w = [None] * width
+        # The weight gradient sums over active rows only, selected after the product: an inactive
+        # row's gradient or input may be NaN, and NaN * 0 would still be NaN.
+        grad_w[width - 1] = torch.where(active[:, None], grad_y * x, 0).sum(0)
+        for lag in range(1, width):
+            # Input row u feeds output row u + lag iff that row is `lag` or more into the same
+            # sequence; for an active u that output row is active too.
+            same_sequence = (position >= lag)[:, None]
+            feeds = _shift_up(same_sequence, lag)
+            grad_x = grad_x + torch.where(feeds, _shift_up(grad_y, lag), 0) * w[:, width - 1 - lag]
+            taps = torch.where(same_sequence & active[:, None], grad_y * _shift_down(x, lag), 0)
+            grad_w[width - 1 - lag] = taps.sum(0)
+        grad_weight = torch.stack(grad_w, dim=1).to(weight.dtype)
+        # Like a kernel launched over the active rows only: inactive input-gradient rows are never
+        # written, so they hold whatever the allocator returned (see the module docstring).
+        return torch.where(active[:, None], grad_x.to(x.dtype), torch.empty_like(x)), grad_weight, None
+
+
+def short_conv(x: Tensor, weight: Tensor, cu_seqlens: Tensor) -> Tensor:
+    """Causal depthwise convolution within each packed sequence, restarting at every boundary.
+
+    Args:
+        x: ``[T, D]`` floating tensor (``T`` token capacity, ``D`` channels).
+        weight: ``[D, W]`` in ``x``'s dtype and device; ``weight[:, W-1]`` multiplies the current
+            token, ``weight[:, W-1-j]`` the token ``j`` rows back.
+        cu_seqlens: int32 ``[N + 1]`` prefix sums ``[0, ..., L, L, L]`` on ``x``'s device.
+
+    Returns:
+        ``[T, D]`` in ``x``'s dtype. Rows ``0..L-1`` are exact; rows ``L..T-1`` are undefined.
+
+    Backward: ``∇x`` rows ``0..L-1`` are exact and rows ``L..T-1`` **undefined** (stop them with
+    :func:`attn_gym_lite.masking.mask_inactive_token_gradients` before they reach a weight
+    gradient); ``∇weight`` sums over active rows only (accumulated in float32). ``cu_seqlens``
+    gets no gradient.
+
+    Raises:
+        TypeError: an argument is not a tensor, ``x`` is not floating, ``weight``'s dtype differs
+            from ``x``'s, or ``cu_seqlens`` is not int32.
+        ValueError: shapes are not ``[T, D]``, ``[D, W >= 1]``, ``[N + 1 >= 2]``, or the tensors
+            are on different devices.
+
+    Capturable (tensor ops only, no host read), ``W`` elementwise passes in each direction.
+    Undefined ``cu_seqlens`` (not starting at 0, decreasing, ``L > T``) gives undefined results:
+    validate batches eagerly with :func:`attn_gym_lite.ragged.validate_cu_seqlens`.
+    Source: Mamba's short convolution; flash-linear-attention's ``ShortConvolution``.
+    """
+    _check_short_conv_arguments(x, weight, cu_seqlens)
+    return _RaggedShortConv.apply(x, weight, cu_seqlens)
+
+
+def short_conv_reference(x: Tensor, weight: Tensor, cu_seqlens: Tensor) -> Tensor:
+    """:func:`short_conv` computed one sequence at a time with ``F.conv1d`` (left zero padding).
+
+    Same arguments and result as :func:`short_conv`, except that inactive rows ``L..T-1`` are 0
+    and the backward (plain autograd) gives them a zero gradient. Eager only: it reads
+    ``cu_seqlens`` on the host. Differentiable in ``x`` and ``weight``.
+
+    Raises:
+        The errors of :func:`short_conv`.
+
+    Source: ``torch.nn.Conv1d`` with ``groups=D`` and ``padding=W-1``, truncated to the causal part.
+    """
+    _check_short_conv_arguments(x, weight, cu_seqlens)
+    channels, width = weight.shape
+    out = torch.zeros_like(x)
+    bounds = cu_seqlens.tolist()
+    for start, end in zip(bounds[:-1], bounds[1:]):
+        if end > start:
+            sequence = x[start:end].T[None]  # [1, D, length]
+            full = F.conv1d(sequence, weight[:, None, :], padding=width - 1, groups=channels)
+            out[start:end] = full[0, :, : end - start].T
+    return out
+
+
+class ShortConv(nn.Module):
+    """:func:`short_conv` with its own ``[dim, kernel_size]`` weight.
+
+    Args:
+        dim: channels ``D`` (int >= 1).
+        kernel_size: ``W`` (int >= 1), 4 in most linear-attention layers.
+        device, dtype: of the weight.
+
+    The weight is initialised like ``nn.Conv1d(dim, dim, kernel_size, groups=dim)``'s: uniform in
+    ``±1/sqrt(kernel_size)``.
+
+    Shapes: ``forward(x [T, dim], cu_seqlens int32 [N + 1]) -> [T, dim]`` with rows past ``L``
+    undefined, as :func:`short_conv`.
+
+    Raises:
+        ValueError: ``dim`` or ``kernel_size`` is not a positive int.
+    """
+
+    def __init__(
+        self,
+        dim: int,
+        kernel_size: int = 4,
+        *,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
+    ) -> None:
+        super().__init__()
+        for name, value in (("dim", dim), ("kernel_size", kernel_size)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"ShortConv: {name} must be an int >= 1, got {value!r}")
+        self.weight = nn.Parameter(torch.empty(dim, kernel_size, device=device, dtype=dtype))
+        bound = 1 / math.sqrt(kernel_size)
+        nn.init.uniform_(self.weight, -bound, bound)
+
+    def forward(self, x: Tensor, cu_seqlens: Tensor) -> Tensor:
+        return short_conv(x, self.weight, cu_seqlens)

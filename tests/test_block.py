@@ -1,0 +1,205 @@
+"""ShortConvAttentionBlock: the computation it claims, and the proof that training it at padded
+capacity gives exactly the gradients of training on the L real rows, with each mask necessary."""
+
+from unittest import mock
+
+import pytest
+import torch
+import torch.nn.functional as F
+from hypothesis import given
+from hypothesis import strategies as st
+from test_masking import (
+    EDGE_LAYOUTS,
+    FAST,
+    FILLS,
+    assert_exact,
+    attention_with_undefined_capacity,
+    calling,
+    contaminated,
+    fill_inactive,
+    padded_and_exact,
+    ragged_layouts,
+)
+from test_short_conv import naive_short_conv
+
+from attn_gym_lite.block import MASK_SITES, ShortConvAttentionBlock
+from attn_gym_lite.exactness import compare_gradients, exact_gradients, gradients_at_capacity
+from attn_gym_lite.masking import uninitialized_memory_as_nan
+from attn_gym_lite.ragged import cu_seqlens_from_lengths, pad_cu_seqlens
+
+#: torch's varlen_attn contract (rows past L of the output and of ∇q/∇k/∇v undefined) on the CPU.
+TORCH_CONTRACT = mock.patch("attn_gym_lite.block.varlen_attention", calling(attention_with_undefined_capacity))
+
+
+def block(masks=MASK_SITES, seed=0):
+    torch.manual_seed(seed)
+    module = ShortConvAttentionBlock(8, 2, masks=masks, dtype=torch.float64)
+    with torch.no_grad():  # non-trivial norm gains, so their gradients are tested for real
+        module.norm_in.weight.uniform_(0.5, 1.5)
+        module.norm_out.weight.uniform_(0.5, 1.5)
+    return module
+
+
+def test_block_computes_the_documented_composition_per_document():
+    module = block()
+    cu = cu_seqlens_from_lengths([5, 1, 7])
+    x = torch.randn(13, 8, dtype=torch.float64)
+    out = module(x, cu, 7)
+    for start, end in zip(cu[:-1].tolist(), cu[1:].tolist()):
+        # Each document alone, from plain functional ops and a token loop for the convolution.
+        xs = x[start:end]
+        qkv = F.rms_norm(xs, (8,), module.norm_in.weight) @ module.qkv.weight.T
+        qkv = F.silu(naive_short_conv(qkv, module.conv.weight, torch.tensor([0, end - start])))
+        q, k, v = qkv.view(end - start, 3, 2, 4).permute(1, 2, 0, 3)
+        attn = F.scaled_dot_product_attention(q, k, v, is_causal=True).permute(1, 0, 2).reshape(end - start, 8)
+        expected = xs + F.rms_norm(attn, (8,), module.norm_out.weight) @ module.out_proj.weight.T
+        torch.testing.assert_close(out[start:end], expected, rtol=1e-12, atol=1e-12)
+
+
+@FAST
+@given(layout=ragged_layouts(max_tokens=14), fill=st.sampled_from(FILLS))
+def test_padded_capacity_gives_the_exact_gradients(layout, fill):
+    tokens, cu = layout
+    torch.manual_seed(1)
+    x = fill_inactive(torch.randn(tokens, 8, dtype=torch.float64), cu, fill)
+    target = fill_inactive(torch.randn(tokens, 8, dtype=torch.float64), cu, fill)
+    with TORCH_CONTRACT, uninitialized_memory_as_nan():
+        assert_exact(padded_and_exact(block(), x, target, cu, tokens), rtol=1e-10)
+        if int(cu[-1]) < tokens:  # the same test without the masks shows the contamination
+            assert contaminated(padded_and_exact(block(masks=()), x, target, cu, tokens), rtol=1e-10)
+
+
+@pytest.mark.parametrize("layout", EDGE_LAYOUTS.values(), ids=EDGE_LAYOUTS.keys())
+@pytest.mark.parametrize("fill", FILLS)
+def test_edge_layouts_are_exact(layout, fill):
+    tokens, cu = layout
+    torch.manual_seed(2)
+    x = fill_inactive(torch.randn(tokens, 8, dtype=torch.float64), cu, fill)
+    target = fill_inactive(torch.randn(tokens, 8, dtype=torch.float64), cu, fill)
+    with TORCH_CONTRACT, uninitialized_memory_as_nan():
+        report = padded_and_exact(block(), x, target, cu, tokens)
+    assert_exact(report, rtol=1e-10)
+
+
+#: Drop one mask, and exactly these gradients go wrong (NaN in the inactive input rows).
+WITHOUT_ONE_MASK = {
+    "input": {"input", "norm_in.weight", "qkv.weight"},  # NaN rows reach both reductions
+    "qkv_grad": {"norm_in.weight", "qkv.weight"},  # the conv's undefined ∇input reaches them
+    "attention_output": {"norm_out.weight", "out_proj.weight"},  # undefined attention rows
+}
+
+
+@pytest.mark.parametrize("dropped", MASK_SITES)
+def test_every_mask_is_necessary(dropped):
+    tokens, cu = EDGE_LAYOUTS["M<N"]
+    torch.manual_seed(3)
+    x = fill_inactive(torch.randn(tokens, 8, dtype=torch.float64), cu, "nan")
+    target = fill_inactive(torch.randn(tokens, 8, dtype=torch.float64), cu, "nan")
+    with TORCH_CONTRACT, uninitialized_memory_as_nan():
+        report = padded_and_exact(block(masks=set(MASK_SITES) - {dropped}), x, target, cu, tokens)
+    assert contaminated(report, rtol=1e-10) == WITHOUT_ONE_MASK[dropped]
+
+
+def test_output_rows_past_L_are_zero():
+    tokens, cu = EDGE_LAYOUTS["M<N"]
+    x = fill_inactive(torch.randn(tokens, 8, dtype=torch.float64), cu, "nan")
+    with TORCH_CONTRACT, uninitialized_memory_as_nan():
+        out = block()(x, cu, tokens)
+    assert torch.equal(out[7:], torch.zeros_like(out[7:]))
+
+
+def test_bad_configuration_is_named():
+    with pytest.raises(ValueError, match="dim must be a positive multiple of num_heads, got dim=10, num_heads=4"):
+        ShortConvAttentionBlock(10, 4)
+    with pytest.raises(ValueError, match=r"masks must be names from .*got unknown \['output'\]"):
+        ShortConvAttentionBlock(8, 2, masks=["input", "output"])
+    with pytest.raises(TypeError, match="masks must be a collection of names.*got the string 'input'"):
+        ShortConvAttentionBlock(8, 2, masks="input")
+
+
+# ---------------------------------------------------------------------------------------------
+# GPU: torch's varlen_attn in bf16, eagerly and under graph replay with new layouts
+
+GPU_LAYOUTS = {
+    "L=T": [100, 28, 128],
+    "L=0": [0],
+    "M<N": [37, 0, 1, 90, 3],
+    "one long": [201],
+    "many short": [5] * 30,
+}
+GPU_TOKENS, GPU_SLOTS, GPU_DIM, GPU_HEADS = 256, 32, 128, 2
+BF16_RTOL = 5e-2  # bf16 has 8 mantissa bits; gradients reduce over up to T rows
+
+
+def gpu_block(masks=MASK_SITES):
+    torch.manual_seed(0)
+    return ShortConvAttentionBlock(GPU_DIM, GPU_HEADS, masks=masks, device="cuda", dtype=torch.bfloat16)
+
+
+def gpu_batch(lengths, fill, seed=0):
+    generator = torch.Generator().manual_seed(seed)
+    cu = pad_cu_seqlens(cu_seqlens_from_lengths(lengths), GPU_SLOTS)
+    # Filled after the cast, so that "huge" is bf16's largest finite value, not an overflow to Inf.
+    x, target = (
+        fill_inactive(torch.randn(GPU_TOKENS, GPU_DIM, generator=generator).bfloat16(), cu, fill) for _ in range(2)
+    )
+    return x.cuda(), target.cuda(), cu.cuda()
+
+
+@pytest.mark.gpu
+def test_cuda_block_matches_the_float64_cpu_block():
+    cuda_module = gpu_block()
+    reference = ShortConvAttentionBlock(GPU_DIM, GPU_HEADS, dtype=torch.float64)
+    reference.load_state_dict({k: v.double().cpu() for k, v in cuda_module.state_dict().items()})
+    x, _, cu = gpu_batch(GPU_LAYOUTS["M<N"], "nan")
+    active = sum(GPU_LAYOUTS["M<N"])
+    out = cuda_module(x, cu, GPU_TOKENS)
+    expected = reference(x.double().cpu(), cu.cpu(), GPU_TOKENS)
+    torch.testing.assert_close(out[:active].double().cpu(), expected[:active], rtol=5e-2, atol=5e-2)
+    assert torch.equal(out[active:], torch.zeros_like(out[active:]))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("lengths", GPU_LAYOUTS.values(), ids=GPU_LAYOUTS.keys())
+@pytest.mark.parametrize("fill", FILLS)
+def test_cuda_padded_capacity_gives_the_exact_gradients(lengths, fill):
+    x, target, cu = gpu_batch(lengths, fill)
+    with uninitialized_memory_as_nan():
+        assert_exact(padded_and_exact(gpu_block(), x, target, cu, GPU_TOKENS), rtol=BF16_RTOL)
+        if sum(lengths) < GPU_TOKENS:
+            assert contaminated(padded_and_exact(gpu_block(masks=()), x, target, cu, GPU_TOKENS), BF16_RTOL)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("masks", [MASK_SITES, ()], ids=["masked", "unmasked"])
+def test_cuda_graph_replay_with_new_layouts_gives_the_exact_gradients(masks):
+    from attn_gym_lite.graphs import capture_graph
+
+    module = gpu_block(masks)
+    static_x, static_target, static_cu = gpu_batch(GPU_LAYOUTS["L=T"], "nan")
+    graph, (loss, grads) = capture_graph(
+        lambda: gradients_at_capacity(module, static_x, static_target, static_cu, GPU_TOKENS)
+    )
+    for seed, (name, lengths) in enumerate(GPU_LAYOUTS.items()):
+        x, target, cu = gpu_batch(lengths, "nan", seed=seed)
+        for static, new in ((static_x, x), (static_target, target), (static_cu, cu)):
+            static.copy_(new)
+        graph.replay()
+        report = compare_gradients((loss, grads), exact_gradients(module, x, target, cu))
+        if masks:
+            assert_exact(report, rtol=BF16_RTOL)
+        elif sum(lengths) < GPU_TOKENS:  # the NaN input rows reach the first reductions
+            assert {"norm_in.weight", "qkv.weight"} <= contaminated(report, BF16_RTOL), name
+
+
+@pytest.mark.gpu
+def test_cuda_every_mask_is_necessary_with_torch_varlen_attn():
+    from attn_gym_lite.bench.masking import block_ablation
+
+    result = block_ablation(token_capacity=256, sequence_capacity=8, active_tokens=200, active_sequences=5,
+                            dim=128, num_heads=2)
+    runs = {run["variant"]: run for run in result["runs"]}
+    assert_exact(runs["all"], rtol=BF16_RTOL)
+    assert contaminated(runs["none"], BF16_RTOL)
+    for site in MASK_SITES:
+        assert contaminated(runs[f"without {site}"], BF16_RTOL) == WITHOUT_ONE_MASK[site], site

@@ -1,0 +1,412 @@
+"""The masks of attn_gym_lite.masking, and the proof that each masked op is exact at capacity.
+
+The proof, for every op: fill the inactive rows of every input with NaN, +Inf or a huge value,
+compute the loss and every gradient at capacity T, and compare with the same computation on exactly
+the L real rows (attn_gym_lite.exactness). With the masks they match; without them the test asserts
+the contamination, so it shows that the masks matter. Layouts are random (hypothesis), with L = T,
+L = 0 and M < N among them. The helpers at the top are shared with test_block.py and
+test_short_conv.py.
+"""
+
+import math
+from unittest import mock
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from torch import nn
+
+from attn_gym_lite import masking, ragged
+from attn_gym_lite.attention import varlen_attention_reference
+from attn_gym_lite.exactness import capacity_loss, compare_gradients, exact_gradients, gradients_at_capacity
+from attn_gym_lite.masking import (
+    active_token_mask,
+    mask_inactive_token_gradients,
+    mask_inactive_tokens,
+    uninitialized_memory_as_nan,
+)
+from attn_gym_lite.modules import VarLenAttention
+from attn_gym_lite.ragged import cu_seqlens_from_lengths, pad_cu_seqlens
+from attn_gym_lite.short_conv import ShortConv
+
+FAST = settings(max_examples=30, deadline=None)
+FILLS = ("nan", "inf", "huge")
+
+
+# ---------------------------------------------------------------------------------------------
+# Shared helpers
+
+
+@st.composite
+def ragged_layouts(draw, max_tokens=12, max_sequences=5):
+    """``(T, cu_seqlens)``: N slots, L <= T tokens in M <= N sequences (empty ones included),
+    drawn so that L = T, L = 0 and partial fills all come up."""
+    tokens = draw(st.integers(1, max_tokens))
+    slots = draw(st.integers(1, max_sequences))
+    fill = draw(st.sampled_from(["full", "empty", "partial"]))
+    active = {"full": tokens, "empty": 0, "partial": draw(st.integers(0, tokens))}[fill]
+    used = draw(st.integers(1, slots))
+    cuts = sorted(draw(st.lists(st.integers(0, active), min_size=used - 1, max_size=used - 1)))
+    lengths = [b - a for a, b in zip([0, *cuts], [*cuts, active])]
+    return tokens, pad_cu_seqlens(cu_seqlens_from_lengths(lengths), slots)
+
+
+#: Fixed layouts that must always be covered: L = T, L = 0, and M < N with an empty slot inside.
+EDGE_LAYOUTS = {
+    "L=T": (10, pad_cu_seqlens(cu_seqlens_from_lengths([6, 4]), 2)),
+    "L=0": (7, pad_cu_seqlens(cu_seqlens_from_lengths([0]), 3)),
+    "M<N": (12, pad_cu_seqlens(cu_seqlens_from_lengths([4, 0, 3]), 6)),
+}
+
+
+def fill_value(fill, dtype):
+    return {"nan": math.nan, "inf": math.inf, "huge": torch.finfo(dtype).max}[fill]
+
+
+def fill_inactive(x, cu_seqlens, fill):
+    """A copy of ``x`` with rows ``L..T-1`` set to NaN, +Inf or the dtype's largest value."""
+    out = x.clone()
+    out[int(cu_seqlens[-1]):] = fill_value(fill, x.dtype)
+    return out
+
+
+def padded_and_exact(module, x, target, cu_seqlens, max_seqlen):
+    """``compare_gradients`` of one step at capacity against the exact step on the L real rows."""
+    return compare_gradients(
+        gradients_at_capacity(module, x, target, cu_seqlens, max_seqlen),
+        exact_gradients(module, x, target, cu_seqlens),
+    )
+
+
+def assert_exact(report, rtol):
+    """No non-finite gradient, and every gradient within ``rtol`` of the exact one's scale."""
+    for name, g in report["gradients"].items():
+        assert g["nonfinite"] == 0, f"{name}: {g['nonfinite']} non-finite entries"
+        assert g["max_abs_diff"] <= rtol * max(g["max_abs_exact"], 1e-3), (name, g)
+    assert report["loss_at_capacity"] == pytest.approx(report["loss_exact"], rel=rtol, abs=rtol)
+
+
+def contaminated(report, rtol):
+    """Names of the gradients that are non-finite or not within ``rtol`` of the exact ones."""
+    return {
+        name for name, g in report["gradients"].items()
+        if g["nonfinite"] or g["max_abs_diff"] > rtol * max(g["max_abs_exact"], 1e-3)
+    }
+
+
+def attention_with_undefined_capacity(q, k, v, cu_seqlens, max_seqlen, *, causal=False):
+    """torch's ``varlen_attn`` contract on the CPU: rows past L of the output and of the q/k/v
+    gradients are NaN (torch leaves them undefined); active rows are exact."""
+    out = varlen_attention_reference(q, k, v, cu_seqlens, causal=causal)
+    inactive = torch.arange(q.shape[0]) >= cu_seqlens[-1]
+    poison = (q + k + v) * torch.where(inactive, math.nan, 0.0)[:, None, None]
+    return torch.where(inactive[:, None, None], out + poison, out)
+
+
+# ---------------------------------------------------------------------------------------------
+# The primitives
+
+
+def test_active_token_mask_is_the_ragged_one():
+    # One source of truth: the masking module re-exports ragged's function, it does not copy it.
+    assert masking.active_token_mask is ragged.active_token_mask
+    assert torch.equal(active_token_mask(5, torch.tensor([0, 2, 3, 3], dtype=torch.int32)),
+                       torch.tensor([True, True, True, False, False]))
+
+
+@FAST
+@given(layout=ragged_layouts(), fill=st.sampled_from(FILLS), width=st.integers(1, 3))
+def test_mask_inactive_tokens_selects_values_and_gradients(layout, fill, width):
+    tokens, cu = layout
+    active_tokens = int(cu[-1])
+    x = fill_inactive(torch.randn(tokens, width, 2, dtype=torch.float64), cu, fill).requires_grad_()
+    active = active_token_mask(x, cu)
+    out = mask_inactive_tokens(x, active)
+    assert torch.equal(out[:active_tokens], x[:active_tokens])  # bit for bit
+    assert torch.equal(out[active_tokens:], torch.zeros_like(out[active_tokens:]))  # not NaN * 0
+    upstream = fill_inactive(torch.randn_like(x), cu, fill)
+    (grad,) = torch.autograd.grad(out, x, upstream)
+    assert torch.equal(grad[:active_tokens], upstream[:active_tokens])
+    assert torch.equal(grad[active_tokens:], torch.zeros_like(grad[active_tokens:]))
+
+
+@FAST
+@given(layout=ragged_layouts(), fill=st.sampled_from(FILLS))
+def test_gradient_barrier_is_identity_forward_and_selects_in_backward(layout, fill):
+    tokens, cu = layout
+    active_tokens = int(cu[-1])
+    x = fill_inactive(torch.randn(tokens, 3, dtype=torch.float64), cu, fill).requires_grad_()
+    out = mask_inactive_token_gradients(x, active_token_mask(x, cu))
+    assert out.data_ptr() == x.data_ptr(), "the barrier must not copy in the forward pass"
+    torch.testing.assert_close(out, x, rtol=0, atol=0, equal_nan=True)  # inactive rows untouched
+    upstream = fill_inactive(torch.randn_like(x), cu, fill)
+    (grad,) = torch.autograd.grad(out, x, upstream)
+    assert torch.equal(grad[:active_tokens], upstream[:active_tokens])
+    assert torch.equal(grad[active_tokens:], torch.zeros_like(grad[active_tokens:]))
+
+
+@pytest.mark.parametrize("function", [mask_inactive_tokens, mask_inactive_token_gradients])
+def test_masks_reject_bad_arguments(function):
+    x = torch.zeros(4, 2)
+    name = function.__name__
+    with pytest.raises(TypeError, match=f"{name}: active must have dtype torch.bool, got torch.int64"):
+        function(x, torch.ones(4, dtype=torch.int64))
+    with pytest.raises(ValueError, match=r"active must have shape \[T\] = \[4\] \(x's token dimension\), got \(3,\)"):
+        function(x, torch.ones(3, dtype=torch.bool))
+    with pytest.raises(ValueError, match="active must be on x's device cpu, got meta"):
+        function(x, torch.ones(4, dtype=torch.bool, device="meta"))
+    with pytest.raises(TypeError, match="x must be a torch.Tensor of shape \\[T, ...\\], got list"):
+        function([1.0], torch.ones(1, dtype=torch.bool))
+    with pytest.raises(TypeError, match="active must be a bool torch.Tensor of shape \\[T\\].*got list"):
+        function(x, [True] * 4)
+    with pytest.raises(ValueError, match="got a 0-d tensor"):
+        function(torch.tensor(1.0), torch.ones(1, dtype=torch.bool))
+
+
+@pytest.mark.parametrize("enabled", [False, True])
+@pytest.mark.parametrize("warn_only", [False, True])
+@pytest.mark.parametrize("filling", [False, True])
+def test_uninitialized_memory_as_nan_reveals_and_restores(enabled, warn_only, filling):
+    torch.use_deterministic_algorithms(enabled, warn_only=warn_only)
+    torch.utils.deterministic.fill_uninitialized_memory = filling
+    try:
+        with uninitialized_memory_as_nan():
+            assert torch.empty(64).isnan().all()
+            assert torch.empty_like(torch.zeros(3, dtype=torch.bfloat16)).isnan().all()
+            assert torch.empty(2, dtype=torch.int32).eq(torch.iinfo(torch.int32).max).all()
+        assert torch.are_deterministic_algorithms_enabled() is enabled
+        assert torch.is_deterministic_algorithms_warn_only_enabled() is warn_only
+        assert torch.utils.deterministic.fill_uninitialized_memory is filling
+    finally:
+        torch.use_deterministic_algorithms(False)
+        torch.utils.deterministic.fill_uninitialized_memory = True
+
+
+def test_nan_times_zero_is_why_masks_select():
+    # The arithmetic fact behind every mask here: multiplying by a 0/1 mask does not clean a row.
+    garbage = torch.tensor([math.nan, math.inf, -math.inf, 1e300], dtype=torch.float64)
+    assert (garbage * 0)[:3].isnan().all() and (garbage * 0)[3] == 0
+    keep = torch.zeros(4, dtype=torch.bool)
+    assert torch.equal(torch.where(keep, garbage, 0), torch.zeros(4, dtype=torch.float64))
+
+
+# ---------------------------------------------------------------------------------------------
+# The proof, op by op
+
+
+class _Projection(nn.Module):
+    """``Y = X W``, optionally behind a value mask: the smallest op whose weight gradient reduces
+    over every physical row."""
+
+    def __init__(self, masked):
+        super().__init__()
+        self.masked = masked
+        self.proj = nn.Linear(4, 3, bias=False, dtype=torch.float64)
+
+    def forward(self, x, cu_seqlens, max_seqlen):
+        if self.masked:
+            x = mask_inactive_tokens(x, active_token_mask(x, cu_seqlens))
+        return self.proj(x)
+
+
+@FAST
+@given(layout=ragged_layouts(), fill=st.sampled_from(FILLS))
+def test_value_mask_makes_a_projection_exact_at_capacity(layout, fill):
+    tokens, cu = layout
+    torch.manual_seed(0)
+    x = fill_inactive(torch.randn(tokens, 4, dtype=torch.float64), cu, fill)
+    target = fill_inactive(torch.randn(tokens, 3, dtype=torch.float64), cu, fill)
+    module = _Projection(masked=True)
+    assert_exact(padded_and_exact(module, x, target, cu, tokens), rtol=1e-12)
+    # Without the value mask ∇W = Xᵀ∇Y sums the inactive rows; ∇Y is exactly 0 there (the loss
+    # selects), but NaN * 0 and Inf * 0 are NaN. A huge finite value times an exact 0 is 0: finite
+    # garbage only hurts where its gradient is not exactly 0 (the next test and test_block.py).
+    module.masked = False
+    if fill != "huge" and int(cu[-1]) < tokens:
+        assert "proj.weight" in contaminated(padded_and_exact(module, x, target, cu, tokens), 1e-12)
+
+
+class _ProjectionIntoShortConv(nn.Module):
+    """value mask -> projection -> [gradient barrier] -> ragged short convolution."""
+
+    def __init__(self, barrier):
+        super().__init__()
+        self.barrier = barrier
+        self.proj = nn.Linear(4, 6, bias=False, dtype=torch.float64)
+        self.conv = ShortConv(6, 4, dtype=torch.float64)
+
+    def forward(self, x, cu_seqlens, max_seqlen):
+        active = active_token_mask(x, cu_seqlens)
+        h = self.proj(mask_inactive_tokens(x, active))
+        if self.barrier:
+            h = mask_inactive_token_gradients(h, active)
+        return self.conv(h, cu_seqlens)
+
+
+@FAST
+@given(layout=ragged_layouts(), fill=st.sampled_from(FILLS))
+def test_gradient_barrier_stops_undefined_short_conv_gradients(layout, fill):
+    tokens, cu = layout
+    torch.manual_seed(0)
+    x = fill_inactive(torch.randn(tokens, 4, dtype=torch.float64), cu, fill)
+    target = fill_inactive(torch.randn(tokens, 6, dtype=torch.float64), cu, fill)
+    module = _ProjectionIntoShortConv(barrier=True)
+    with uninitialized_memory_as_nan():  # undefined rows read as NaN, deterministically
+        assert_exact(padded_and_exact(module, x, target, cu, tokens), rtol=1e-12)
+        module.barrier = False
+        if int(cu[-1]) < tokens:  # the conv's undefined ∇input rows reach ∇W of the projection
+            assert contaminated(padded_and_exact(module, x, target, cu, tokens), 1e-12) == {"proj.weight"}
+
+
+def calling(attention):
+    """Patch target for a module's ``varlen_attention``: same call, another implementation."""
+    return lambda q, k, v, cu_seqlens, max_seqlen, *, causal=False: attention(
+        q, k, v, cu_seqlens, max_seqlen, causal=causal
+    )
+
+
+@FAST
+@given(layout=ragged_layouts(max_tokens=10), fill=st.sampled_from(FILLS), causal=st.booleans())
+def test_varlen_attention_module_is_exact_at_capacity(layout, fill, causal):
+    tokens, cu = layout
+    torch.manual_seed(0)
+    x = fill_inactive(torch.randn(tokens, 8, dtype=torch.float64), cu, fill)
+    target = fill_inactive(torch.randn(tokens, 8, dtype=torch.float64), cu, fill)
+    module = VarLenAttention(8, 2, causal=causal, mask_inactive_capacity=True).double()
+    assert_exact(padded_and_exact(module, x, target, cu, tokens), rtol=1e-10)
+    undefined = calling(attention_with_undefined_capacity)
+    with mock.patch("attn_gym_lite.modules.varlen_attention", undefined):
+        assert_exact(padded_and_exact(module, x, target, cu, tokens), rtol=1e-10)
+        # Without masks, torch's contract (undefined output rows and q/k/v gradients past L)
+        # reaches the output projection's weight gradient, whatever the input rows hold.
+        module.mask_inactive_capacity = False
+        if int(cu[-1]) < tokens:
+            assert "out_proj.weight" in contaminated(padded_and_exact(module, x, target, cu, tokens), 1e-10)
+
+
+@pytest.mark.parametrize("layout", EDGE_LAYOUTS.values(), ids=EDGE_LAYOUTS.keys())
+@pytest.mark.parametrize("fill", FILLS)
+def test_edge_layouts_through_the_projection_and_short_conv(layout, fill):
+    tokens, cu = layout
+    torch.manual_seed(0)
+    x = fill_inactive(torch.randn(tokens, 4, dtype=torch.float64), cu, fill)
+    target = fill_inactive(torch.randn(tokens, 6, dtype=torch.float64), cu, fill)
+    with uninitialized_memory_as_nan():
+        report = padded_and_exact(_ProjectionIntoShortConv(barrier=True), x, target, cu, tokens)
+    assert_exact(report, rtol=1e-12)
+    if int(cu[-1]) == 0:  # nothing is real: the loss and every gradient are exactly 0
+        assert report["loss_at_capacity"] == 0 and all(g["max_abs_exact"] == 0 for g in report["gradients"].values())
+
+
+# ---------------------------------------------------------------------------------------------
+# The comparison itself (attn_gym_lite.exactness)
+
+
+def test_capacity_loss_is_the_inner_product_over_active_rows():
+    cu = pad_cu_seqlens(cu_seqlens_from_lengths([2, 1]), 3)
+    y = torch.tensor([[1.0, 2.0], [3.0, 4.0], [5.0, 6.0], [math.nan, 1.0]], requires_grad=True)
+    target = torch.tensor([[1.0, 0.5], [2.0, -1.0], [0.0, 1.0], [1.0, math.inf]])
+    loss = capacity_loss(y, target, active_token_mask(y, cu))
+    assert loss.item() == 1 * 1 + 2 * 0.5 + 3 * 2 - 4 + 6  # = 10, by hand
+    (grad,) = torch.autograd.grad(loss, y)
+    assert torch.equal(grad, torch.tensor([[1.0, 0.5], [2.0, -1.0], [0.0, 1.0], [0.0, 0.0]]))
+    with pytest.raises(ValueError, match=r"capacity_loss: target must have y's shape \(4, 2\), got \(4, 3\)"):
+        capacity_loss(y, torch.zeros(4, 3), active_token_mask(y, cu))
+
+
+def test_exact_gradients_of_no_tokens_are_zero_and_comparisons_name_mismatches():
+    module = _Projection(masked=True)
+    x, target = torch.randn(5, 4, dtype=torch.float64), torch.randn(5, 3, dtype=torch.float64)
+    loss, grads = exact_gradients(module, x, target, pad_cu_seqlens(cu_seqlens_from_lengths([0]), 2))
+    assert loss.item() == 0 and set(grads) == {"input", "proj.weight"}
+    assert all(torch.equal(g, torch.zeros_like(g)) for g in grads.values())
+    with pytest.raises(ValueError, match="compare_gradients: at_capacity and exact must have the same gradient names"):
+        compare_gradients((loss, grads), (loss, {"input": grads["input"]}))
+    with pytest.raises(TypeError, match="gradients_at_capacity: module must be a torch.nn.Module, got builtin_"):
+        gradients_at_capacity(print, x, target, cu_seqlens_from_lengths([5]), 5)
+    with pytest.raises(ValueError, match=r"exact_gradients: x must be a floating tensor of shape \[T, D\], got torch.int64"):
+        exact_gradients(module, torch.zeros(5, 4, dtype=torch.int64), target, cu_seqlens_from_lengths([5]))
+
+
+# ---------------------------------------------------------------------------------------------
+# GPU: the masks inside a captured graph, replayed with new layouts
+
+
+@pytest.mark.gpu
+def test_masks_under_graph_replay_follow_the_new_layout():
+    from attn_gym_lite.graphs import capture_graph
+
+    tokens = 64
+    static_x = torch.randn(tokens, 8, device="cuda", requires_grad=True)
+    static_cu = torch.zeros(5, dtype=torch.int32, device="cuda")
+    upstream = torch.full((tokens, 8), math.nan, device="cuda")
+
+    def step():
+        active = active_token_mask(static_x, static_cu)
+        out = mask_inactive_token_gradients(mask_inactive_tokens(static_x, active) * 2, active)
+        (grad,) = torch.autograd.grad(out, static_x, torch.where(active[:, None], 1.0, upstream))
+        return out, grad
+
+    graph, (out, grad) = capture_graph(step)
+    for lengths in ([64], [10, 20], [0], [1, 0, 2, 3]):
+        static_cu.copy_(pad_cu_seqlens(cu_seqlens_from_lengths(lengths), 4))
+        with torch.no_grad():
+            static_x.copy_(fill_inactive(torch.randn(tokens, 8, device="cuda"), static_cu, "nan"))
+        graph.replay()
+        active_tokens = sum(lengths)
+        torch.testing.assert_close(out[:active_tokens], 2 * static_x.detach()[:active_tokens])
+        assert torch.equal(out[active_tokens:], torch.zeros_like(out[active_tokens:]))
+        assert torch.equal(grad[:active_tokens], torch.full_like(grad[:active_tokens], 2.0))
+        assert torch.equal(grad[active_tokens:], torch.zeros_like(grad[active_tokens:]))
+
+
+@pytest.mark.gpu
+def test_torch_varlen_attn_nan_gradients_at_padded_capacity_and_the_fix():
+    from attn_gym_lite.bench.masking import varlen_attn_repro
+
+    result = varlen_attn_repro(token_capacity=512, sequence_capacity=8, active_tokens=300, active_sequences=4,
+                               dim=256, num_heads=2)
+    runs = {(run["memory"], run["masks"]): run for run in result["runs"]}
+    for memory in ("as allocated", "uninitialized as NaN"):
+        assert_exact(runs[memory, True], rtol=5e-2)  # the masks make torch's path exact
+    # Finite inputs everywhere, yet torch's undefined output rows reach the output projection.
+    assert "out_proj.weight" in contaminated(runs["uninitialized as NaN", False], rtol=5e-2)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("fill", FILLS)
+def test_cuda_varlen_attention_module_is_exact_at_capacity_eagerly_and_replayed(fill):
+    from attn_gym_lite.graphs import capture_graph
+
+    tokens, slots, dim = 256, 16, 256
+    layouts = ([256], [0], [40, 0, 3, 100], [7] * 16)
+
+    def batch(lengths, seed):
+        generator = torch.Generator().manual_seed(seed)
+        cu = pad_cu_seqlens(cu_seqlens_from_lengths(lengths), slots)
+        x, target = (
+            fill_inactive(torch.randn(tokens, dim, generator=generator).bfloat16(), cu, fill) for _ in range(2)
+        )
+        return x.cuda(), target.cuda(), cu.cuda()
+
+    torch.manual_seed(0)
+    module = VarLenAttention(dim, 2, causal=True, mask_inactive_capacity=True, device="cuda", dtype=torch.bfloat16)
+    for seed, lengths in enumerate(layouts):
+        x, target, cu = batch(lengths, seed)
+        with uninitialized_memory_as_nan():
+            assert_exact(padded_and_exact(module, x, target, cu, tokens), rtol=5e-2)
+            module.mask_inactive_capacity = False
+            if sum(lengths) < tokens:
+                assert "out_proj.weight" in contaminated(padded_and_exact(module, x, target, cu, tokens), 5e-2)
+            module.mask_inactive_capacity = True
+    static_x, static_target, static_cu = batch(layouts[0], 0)
+    graph, (loss, grads) = capture_graph(
+        lambda: gradients_at_capacity(module, static_x, static_target, static_cu, tokens)
+    )
+    for seed, lengths in enumerate(layouts):
+        x, target, cu = batch(lengths, seed)
+        for static, new in ((static_x, x), (static_target, target), (static_cu, cu)):
+            static.copy_(new)
+        graph.replay()
+        assert_exact(compare_gradients((loss, grads), exact_gradients(module, x, target, cu)), rtol=5e-2)

@@ -1,0 +1,159 @@
+"""The ragged short convolution against a float64 loop over tokens: forward, backward, sequence
+restarts, and the rows it leaves undefined."""
+
+import math
+
+import pytest
+import torch
+from hypothesis import given
+from hypothesis import strategies as st
+from test_masking import EDGE_LAYOUTS, FAST, FILLS, fill_inactive, ragged_layouts
+
+from attn_gym_lite.masking import uninitialized_memory_as_nan
+from attn_gym_lite.ragged import cu_seqlens_from_lengths, pad_cu_seqlens
+from attn_gym_lite.short_conv import ShortConv, short_conv, short_conv_reference
+
+
+def naive_short_conv(x, weight, cu_seqlens):
+    """y[t, c] = Σ_k w[c, k] x[t - (W-1) + k, c] over the taps inside t's own sequence; rows past
+    L are 0. One token at a time, in float64, differentiable through plain indexing."""
+    x, weight = x.double(), weight.double()
+    width = weight.shape[1]
+    rows = [x.new_zeros(x.shape[1]) for _ in range(x.shape[0])]
+    bounds = cu_seqlens.tolist()
+    for start, end in zip(bounds[:-1], bounds[1:]):
+        for t in range(start, end):
+            for k in range(width):
+                source = t - (width - 1) + k
+                if source >= start:
+                    rows[t] = rows[t] + weight[:, k] * x[source]
+    return torch.stack(rows) if rows else x.new_zeros(0, x.shape[1])
+
+
+@FAST
+@given(layout=ragged_layouts(), fill=st.sampled_from(FILLS), width=st.integers(1, 5))
+def test_forward_and_backward_equal_the_token_loop_on_active_rows(layout, fill, width):
+    tokens, cu = layout
+    active = int(cu[-1])
+    x = fill_inactive(torch.randn(tokens, 3, dtype=torch.float64), cu, fill).requires_grad_()
+    weight = torch.randn(3, width, dtype=torch.float64, requires_grad=True)
+    upstream = fill_inactive(torch.randn(tokens, 3, dtype=torch.float64), cu, fill)
+    y = short_conv(x, weight, cu)
+    grad_x, grad_weight = torch.autograd.grad(y, (x, weight), upstream)
+    # The loop only ever reads active rows, and only the active rows of the gradient matter.
+    if active == 0:  # no real token: nothing to compute, nothing to learn
+        assert torch.equal(grad_weight, torch.zeros_like(grad_weight))
+        return
+    clean_x = x.detach()[:active].clone().requires_grad_()
+    expected = naive_short_conv(clean_x, weight, cu)
+    expected_grad_x, expected_grad_weight = torch.autograd.grad(expected, (clean_x, weight), upstream[:active])
+    torch.testing.assert_close(y[:active], expected, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(grad_x[:active], expected_grad_x, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(grad_weight, expected_grad_weight, rtol=1e-12, atol=1e-12)
+
+
+@FAST
+@given(layout=ragged_layouts(), width=st.integers(1, 5))
+def test_reference_equals_the_token_loop(layout, width):
+    tokens, cu = layout
+    x = torch.randn(tokens, 3, dtype=torch.float64)
+    weight = torch.randn(3, width, dtype=torch.float64)
+    expected = torch.cat((naive_short_conv(x[: int(cu[-1])], weight, cu), x.new_zeros(tokens - int(cu[-1]), 3)))
+    torch.testing.assert_close(short_conv_reference(x, weight, cu), expected, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("layout", EDGE_LAYOUTS.values(), ids=EDGE_LAYOUTS.keys())
+def test_inactive_output_and_input_gradient_rows_are_left_undefined(layout):
+    # What makes the block's gradient barrier necessary: like a kernel launched over the active
+    # rows only, the op never writes rows L..T-1 of its output or of ∇input. Here undefined
+    # memory reads as NaN, so those rows (and only those) are NaN, even for finite inputs.
+    tokens, cu = layout
+    active = int(cu[-1])
+    x = torch.randn(tokens, 4, requires_grad=True)
+    weight = torch.randn(4, 4, requires_grad=True)
+    with uninitialized_memory_as_nan():
+        y = short_conv(x, weight, cu)
+        grad_x, grad_weight = torch.autograd.grad(y, (x, weight), torch.ones_like(y))
+    for rows in (y, grad_x):
+        assert rows[:active].isfinite().all()
+        assert rows[active:].isnan().all()
+    assert grad_weight.isfinite().all()  # reduced over active rows only
+
+
+def test_documents_never_see_the_previous_document():
+    cu = pad_cu_seqlens(cu_seqlens_from_lengths([5, 3, 6]), 5)
+    x = torch.randn(16, 2, dtype=torch.float64)
+    weight = torch.randn(2, 4, dtype=torch.float64)
+    changed = x.clone()
+    changed[:8] += 100.0  # everything in documents 0 and 1
+    a, b = short_conv(x, weight, cu), short_conv(changed, weight, cu)
+    torch.testing.assert_close(a[8:14], b[8:14], rtol=0, atol=0)  # document 2 is untouched
+    assert not torch.allclose(a[5:8], b[5:8])
+    # The first token of a document is its own tap times the last weight column, nothing else.
+    torch.testing.assert_close(a[[0, 5, 8]], x[[0, 5, 8]] * weight[:, 3])
+
+
+def test_bad_arguments_are_named():
+    x, w = torch.zeros(4, 3), torch.zeros(3, 4)
+    cu = torch.tensor([0, 4], dtype=torch.int32)
+    with pytest.raises(TypeError, match="cu_seqlens must have dtype torch.int32, got torch.int64"):
+        short_conv(x, w, cu.long())
+    with pytest.raises(ValueError, match=r"weight must have shape \[D, W\] = \[3, W >= 1\], got \(4, 4\)"):
+        short_conv(x, torch.zeros(4, 4), cu)
+    with pytest.raises(TypeError, match="weight must have x's dtype torch.float32, got torch.float64"):
+        short_conv(x, w.double(), cu)
+    with pytest.raises(ValueError, match=r"x must have shape \[T, D\], got \(4,\)"):
+        short_conv(torch.zeros(4), w, cu)
+    with pytest.raises(TypeError, match="x must have a floating dtype, got torch.int64"):
+        short_conv(torch.zeros(4, 3, dtype=torch.int64), w, cu)
+    with pytest.raises(ValueError, match="cu_seqlens must be on x's device cpu, got meta"):
+        short_conv(x, w, cu.to("meta"))
+    with pytest.raises(ValueError, match="kernel_size must be an int >= 1, got 0"):
+        ShortConv(3, 0)
+
+
+def test_module_initialises_like_a_depthwise_conv1d():
+    torch.manual_seed(0)
+    conv = ShortConv(512, 4)
+    assert conv.weight.shape == (512, 4)
+    assert conv.weight.abs().max() <= 1 / math.sqrt(4)
+    assert conv.weight.std().item() == pytest.approx(1 / math.sqrt(4) / math.sqrt(3), rel=0.05)  # uniform
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_cuda_graph_replay_with_new_layouts_matches_the_reference(dtype):
+    from attn_gym_lite.graphs import capture_graph
+
+    tokens, channels = 256, 64
+    torch.manual_seed(0)
+    weight = torch.randn(channels, 4, device="cuda", dtype=dtype, requires_grad=True)
+    static_x = torch.zeros(tokens, channels, device="cuda", dtype=dtype, requires_grad=True)
+    static_upstream = torch.zeros(tokens, channels, device="cuda", dtype=dtype)
+    static_cu = torch.zeros(9, dtype=torch.int32, device="cuda")
+
+    def step():
+        y = short_conv(static_x, weight, static_cu)
+        return (y, *torch.autograd.grad(y, (static_x, weight), static_upstream))
+
+    graph, (y, grad_x, grad_weight) = capture_graph(step)
+    tolerance = {"rtol": 2e-2, "atol": 5e-2} if dtype == torch.bfloat16 else {"rtol": 1e-4, "atol": 1e-4}
+    for lengths in ([256], [100, 1, 60], [0], [3, 0, 7, 90, 2, 40, 1, 13]):
+        cu = pad_cu_seqlens(cu_seqlens_from_lengths(lengths), 8)
+        active = sum(lengths)
+        with torch.no_grad():
+            static_x.copy_(fill_inactive(torch.randn(tokens, channels, dtype=dtype), cu, "nan"))
+            static_upstream.copy_(fill_inactive(torch.randn(tokens, channels, dtype=dtype), cu, "inf"))
+        static_cu.copy_(cu)
+        graph.replay()
+        if active == 0:
+            assert torch.equal(grad_weight, torch.zeros_like(grad_weight))
+            continue
+        x64 = static_x.detach().double().cpu()[:active].requires_grad_()
+        w64 = weight.detach().double().cpu().requires_grad_()
+        expected = short_conv_reference(x64, w64, cu[: len(lengths) + 1])
+        e_grad_x, e_grad_w = torch.autograd.grad(expected, (x64, w64), static_upstream.double().cpu()[:active])
+        torch.testing.assert_close(y[:active].double().cpu(), expected, **tolerance)
+        torch.testing.assert_close(grad_x[:active].double().cpu(), e_grad_x, **tolerance)
+        torch.testing.assert_close(grad_weight.double().cpu(), e_grad_w, rtol=tolerance["rtol"],
+                                   atol=tolerance["atol"] * max(1.0, active ** 0.5))
