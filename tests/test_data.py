@@ -428,7 +428,7 @@ def test_default_tokenizer_round_trips_and_caches(small_bpe, small_cache, monkey
 
     # A second load reads the cache instead of training.
     monkeypatch.setenv("ATTN_GYM_LITE_CACHE", str(small_cache))
-    monkeypatch.setattr(data, "_train_stdlib_bpe", lambda *args: pytest.fail("retrained"))
+    monkeypatch.setattr(data.tokenizer, "_train_stdlib_bpe", lambda *args: pytest.fail("retrained"))
     again = load_tokenizer(vocab_size=512, max_training_bytes=100_000)
     assert again.encode(ROUND_TRIP_TEXTS[2]) == small_bpe.encode(ROUND_TRIP_TEXTS[2])
     # ... and loading that file by path gives the same tokenizer.

@@ -13,6 +13,8 @@ import torch
 
 from ..data import load_tokenizer, real_text_loader
 from .buckets import buckets_suite
+from .masking import masking_suite
+from .packing import packing_study_suite
 from ..graphs import capture_graph
 from ..modules import PackedLM, VarLenAttention
 from ..pitfalls import PITFALLS, run_pitfall
@@ -117,4 +119,6 @@ SUITES = {
     "training-loop": training_loop,
     "pitfalls": pitfalls_suite,
     "buckets": buckets_suite,
+    "masking": masking_suite,
+    "packing-study": packing_study_suite,
 }

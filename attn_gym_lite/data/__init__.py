@@ -1,0 +1,55 @@
+"""Data for fixed-capacity training: corpora, tokenizers, cutting, packing, loading, measuring.
+
+A CUDA graph replays fixed shapes, so every batch has the same capacity (``T`` token rows,
+``N`` sequence slots) and only its active part (``L`` tokens in ``M`` sequences) changes. Rows
+the loader leaves empty are padding the GPU computes for nothing; this subpackage makes the
+batches and measures how full they are. One concept per module:
+
+* :mod:`.batch`: :class:`PackedBatch`, the container a training loop copies into its static
+  buffers, and :func:`batch_from_pieces`;
+* :mod:`.corpora`: document strings from the stdlib (the offline default), text files, JSONL,
+  Parquet, or a streamed Hugging Face dataset;
+* :mod:`.tokenizer`: the :class:`Tokenizer` protocol, ``tokenizer.json`` and tiktoken
+  tokenizers, :func:`load_tokenizer`;
+* :mod:`.segment`: cutting long documents into pieces (the boundary rule);
+* :mod:`.packing`: the packing policies (:class:`InOrder`, :class:`FirstFit`,
+  :class:`BestFit`) and the bound on ``M`` each guarantees;
+* :mod:`.loader`: :func:`real_text_loader` (in order, one pass) and :class:`PackedLoader`
+  (any policy, shuffled, prefetched, pinned, resumable);
+* :mod:`.synthetic`: :func:`packed_batch_loader`, random batches of a prescribed shape;
+* :mod:`.study`: measuring a corpus and its packing, and choosing ``T``, ``N`` and ``B``;
+* :mod:`.figures`: the chapter's plots of those measurements.
+
+Everything here runs on the CPU and is deterministic.
+"""
+
+from .batch import PackedBatch, batch_from_pieces
+from .corpora import hf_dataset_texts, jsonl_texts, parquet_texts, python_stdlib_corpus, text_files
+from .loader import PackedLoader, real_text_loader
+from .packing import BestFit, FirstFit, InOrder, PackingPolicy
+from .segment import segment, segment_lengths
+from .synthetic import packed_batch_loader
+from .tokenizer import HFTokenizer, TiktokenTokenizer, Tokenizer, load_tokenizer
+
+__all__ = [
+    "PackedBatch",
+    "batch_from_pieces",
+    "packed_batch_loader",
+    "python_stdlib_corpus",
+    "text_files",
+    "jsonl_texts",
+    "parquet_texts",
+    "hf_dataset_texts",
+    "Tokenizer",
+    "HFTokenizer",
+    "TiktokenTokenizer",
+    "load_tokenizer",
+    "segment",
+    "segment_lengths",
+    "PackingPolicy",
+    "InOrder",
+    "FirstFit",
+    "BestFit",
+    "real_text_loader",
+    "PackedLoader",
+]

@@ -1,0 +1,220 @@
+"""The fixed-capacity batch every loader produces, and how sequences are laid into it.
+
+A CUDA graph replays fixed shapes, so every batch handed to it has the same *capacity*: ``T``
+token rows and ``N + 1`` ``cu_seqlens`` slots. What varies from step to step is how much of that
+capacity is *active*: ``L = cu_seqlens[-1]`` tokens in ``M`` non-empty sequences.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from attn_gym_lite.ragged import cu_seqlens_from_lengths, pad_cu_seqlens
+
+from ._validate import check_capacities, check_int
+
+__all__ = ["PackedBatch", "batch_from_pieces"]
+
+
+@dataclass(frozen=True, slots=True)
+class PackedBatch:
+    """One fixed-capacity packed batch on the CPU: ``T`` token rows, ``N`` sequence slots.
+
+    The first ``L`` rows hold ``M`` sequences back to back; rows ``L..T-1`` are padding
+    (input id 0, label 0, loss mask False). Only the active sizes change between batches, so a
+    CUDA graph captured on one batch's shapes can replay every batch after a ``copy_`` into its
+    static buffers.
+
+    Attributes:
+        input_ids: int64 ``[T]`` token ids.
+        labels: int64 ``[T]`` next-token targets within the same sequence:
+            ``labels[t] == input_ids[t + 1]`` wherever ``loss_mask[t]`` is True. Where there is
+            no target (a sequence's last token, padding) the label is 0.
+        loss_mask: bool ``[T]``, True where ``labels`` is a real target that the loss counts.
+        cu_seqlens: int32 ``[N + 1]`` prefix sums ``[0, ..., L, L, L]``; the unused tail repeats
+            ``L`` so that trailing slots describe empty sequences.
+        active_tokens: ``L = cu_seqlens[-1]`` (tokens), ``0 <= L <= T``.
+        active_sequences: ``M``, the number of non-empty sequences, ``0 <= M <= N``.
+        max_seqlen: ``S_max``, the longest active sequence (tokens).
+
+    Raises:
+        TypeError: a field has the wrong type or dtype.
+        ValueError: a field has the wrong shape or an out-of-range size.
+
+    Source: seed article, "A More Realistic Training Loop" (``PackedBatch``).
+    """
+
+    input_ids: Tensor
+    labels: Tensor
+    loss_mask: Tensor
+    cu_seqlens: Tensor
+    active_tokens: int
+    active_sequences: int
+    max_seqlen: int
+
+    def __post_init__(self) -> None:
+        # Shapes and dtypes only: reading tensor values here would sync if a caller built a
+        # batch from device tensors.
+        expected = {
+            "input_ids": torch.int64,
+            "labels": torch.int64,
+            "loss_mask": torch.bool,
+            "cu_seqlens": torch.int32,
+        }
+        for name, dtype in expected.items():
+            tensor = getattr(self, name)
+            if not isinstance(tensor, Tensor):
+                raise TypeError(f"PackedBatch.{name} must be a torch.Tensor, got {type(tensor)}")
+            if tensor.dtype != dtype or tensor.dim() != 1:
+                raise TypeError(
+                    f"PackedBatch.{name} must be a 1-D {dtype} tensor, "
+                    f"got {tensor.dtype} of shape {tuple(tensor.shape)}"
+                )
+        token_capacity = self.input_ids.shape[0]
+        for name in ("labels", "loss_mask"):
+            if getattr(self, name).shape[0] != token_capacity:
+                raise ValueError(
+                    f"PackedBatch.{name} must have T={token_capacity} rows like input_ids, "
+                    f"got {getattr(self, name).shape[0]}"
+                )
+        if self.cu_seqlens.shape[0] < 2:
+            raise ValueError(
+                "PackedBatch.cu_seqlens must have N + 1 >= 2 entries, "
+                f"got {self.cu_seqlens.shape[0]}"
+            )
+        check_int(
+            "PackedBatch.active_tokens", self.active_tokens, minimum=0, maximum=token_capacity
+        )
+        check_int(
+            "PackedBatch.active_sequences",
+            self.active_sequences,
+            minimum=0,
+            maximum=self.sequence_capacity,
+        )
+        check_int("PackedBatch.max_seqlen", self.max_seqlen, minimum=0, maximum=self.active_tokens)
+
+    @property
+    def token_capacity(self) -> int:
+        """``T``: rows of ``input_ids``/``labels``/``loss_mask``."""
+        return self.input_ids.shape[0]
+
+    @property
+    def sequence_capacity(self) -> int:
+        """``N``: sequence slots, ``cu_seqlens`` has ``N + 1`` entries."""
+        return self.cu_seqlens.shape[0] - 1
+
+    def pin_memory(self) -> PackedBatch:
+        """Return a copy whose tensors live in pinned (page-locked) host memory.
+
+        Pinned memory lets ``static.copy_(batch.x, non_blocking=True)`` run asynchronously.
+        Pinning needs a CUDA driver (some CPU-only torch builds raise), so without CUDA this
+        returns ``self`` unchanged: the same training code then runs in CPU mode.
+        """
+        if not torch.cuda.is_available():
+            return self
+        return dataclasses.replace(
+            self,
+            input_ids=self.input_ids.pin_memory(),
+            labels=self.labels.pin_memory(),
+            loss_mask=self.loss_mask.pin_memory(),
+            cu_seqlens=self.cu_seqlens.pin_memory(),
+        )
+
+
+def assemble(
+    active_ids: Tensor,
+    lengths: Sequence[int],
+    token_capacity: int,
+    sequence_capacity: int,
+    *,
+    loss_on_second_half: bool = False,
+) -> PackedBatch:
+    """Lay ``M`` sequences (``lengths``, each >= 1, summing to ``L``) into a capacity-T batch.
+
+    ``active_ids`` is int64 ``[L]``, the sequences back to back. With ``loss_on_second_half`` only
+    tokens in the second half of each sequence count (a prompt/response split).
+    """
+    active_tokens = active_ids.shape[0]
+    lengths_tensor = torch.tensor(lengths, dtype=torch.int32)
+    active_cu_seqlens = cu_seqlens_from_lengths(lengths_tensor)
+
+    input_ids = torch.zeros(token_capacity, dtype=torch.int64)
+    labels = torch.zeros(token_capacity, dtype=torch.int64)
+    loss_mask = torch.zeros(token_capacity, dtype=torch.bool)
+    input_ids[:active_tokens] = active_ids
+    # Shift by one over the whole active region, then cut at sequence ends: the target of a
+    # sequence's last token would be the next sequence's first token, which it must not predict.
+    labels[: active_tokens - 1] = active_ids[1:]
+    loss_mask[: active_tokens - 1] = True
+    last_tokens = active_cu_seqlens[1:].long() - 1
+    labels[last_tokens] = 0
+    loss_mask[last_tokens] = False
+    if loss_on_second_half:
+        starts = active_cu_seqlens[:-1].long()
+        response_starts = starts + lengths_tensor.long() // 2
+        positions = torch.arange(active_tokens)
+        per_token_start = torch.repeat_interleave(response_starts, lengths_tensor.long())
+        loss_mask[:active_tokens] &= positions >= per_token_start
+        labels[:active_tokens] *= loss_mask[:active_tokens]
+
+    return PackedBatch(
+        input_ids=input_ids,
+        labels=labels,
+        loss_mask=loss_mask,
+        cu_seqlens=pad_cu_seqlens(active_cu_seqlens, sequence_capacity),
+        active_tokens=active_tokens,
+        active_sequences=len(lengths),
+        max_seqlen=max(lengths),
+    )
+
+
+
+def batch_from_pieces(
+    pieces: Sequence[Sequence[int]], token_capacity: int, sequence_capacity: int
+) -> PackedBatch:
+    """Lay token-id sequences back to back into one batch of capacity ``T``, ``N``.
+
+    Each piece becomes one sequence, in the given order: ``cu_seqlens`` boundaries are the piece
+    boundaries, labels are next tokens within a piece, and the loss mask is False on each piece's
+    last token and on the padding rows ``L..T-1``.
+
+    Args:
+        pieces: ``M`` non-empty sequences of token ids (ints >= 0), ``1 <= M <= N``, whose
+            lengths sum to ``L <= T``.
+        token_capacity: ``T`` (tokens), >= 1.
+        sequence_capacity: ``N``, ``1 <= N <= T``.
+
+    Returns:
+        A :class:`PackedBatch` on the CPU (not pinned).
+
+    Raises:
+        TypeError: a capacity is not an int.
+        ValueError: no pieces, more than ``N`` pieces, an empty piece, or ``L > T``.
+    """
+    token_capacity, sequence_capacity = check_capacities(token_capacity, sequence_capacity)
+    lengths = [len(piece) for piece in pieces]
+    if not 1 <= len(lengths) <= sequence_capacity:
+        raise ValueError(
+            f"pieces must hold 1..sequence_capacity={sequence_capacity} sequences, "
+            f"got {len(lengths)}"
+        )
+    if min(lengths) == 0:
+        raise ValueError(f"pieces must be non-empty, got lengths {lengths}")
+    if sum(lengths) > token_capacity:
+        raise ValueError(
+            f"pieces must hold at most token_capacity={token_capacity} tokens, "
+            f"got {sum(lengths)} (lengths {lengths})"
+        )
+    # np.fromiter reads the ids straight into int64 storage, several times faster than
+    # torch.tensor(list) on the thousands of Python ints a batch holds.
+    active_ids = np.fromiter(
+        itertools.chain.from_iterable(pieces), dtype=np.int64, count=sum(lengths)
+    )
+    return assemble(torch.from_numpy(active_ids), lengths, token_capacity, sequence_capacity)

@@ -1,0 +1,550 @@
+"""Loaders: documents → tokens → pieces → a packing policy → :class:`PackedBatch`.
+
+* :func:`real_text_loader`: one pass in corpus order with the in-order policy, in the caller's
+  thread. It is the foundation's loader, kept exactly as it was (the recorded training results
+  were made with it).
+* :class:`PackedLoader`: the loader for training runs: any policy (default: best-fit with the
+  seed article's 32-candidate buffer), a seeded shuffle buffer, several epochs, background
+  prefetch into pinned memory, and ``state_dict()`` / ``load_state_dict()`` so that a resumed
+  run continues on exactly the batch it would have seen next.
+"""
+
+from __future__ import annotations
+
+import copy
+import itertools
+import os
+import queue
+import random
+import threading
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from typing import TypeVar
+
+from ._validate import check_capacities, check_int
+from .batch import PackedBatch, batch_from_pieces
+from .corpora import python_stdlib_corpus
+from .packing import BestFit, InOrder, PackingPolicy
+from .segment import segment
+from .tokenizer import ENCODE_BATCH_SIZE, Tokenizer, resolve_tokenizer
+
+__all__ = ["real_text_loader", "PackedLoader"]
+
+def _tokenized_pieces(
+    documents: Iterable[str],
+    tokenizer: Tokenizer,
+    max_piece_tokens: int,
+    min_document_tokens: int,
+) -> Iterator[list[int]]:
+    """Tokenize documents in chunks; yield each kept document as pieces of <= max tokens."""
+    documents = iter(documents)
+    while chunk := list(itertools.islice(documents, ENCODE_BATCH_SIZE)):
+        for ids in tokenizer.encode_batch(chunk):
+            if len(ids) >= min_document_tokens:
+                yield from segment(ids, max_piece_tokens)
+
+
+def real_text_loader(
+    token_capacity: int,
+    sequence_capacity: int,
+    *,
+    corpus: Iterable[str] | None = None,
+    tokenizer: Tokenizer | str | os.PathLike[str] | None = None,
+    max_document_tokens: int | None = None,
+    num_batches: int | None = None,
+    min_document_tokens: int = 2,
+) -> Iterator[PackedBatch]:
+    """Tokenize documents and pack them, greedily and in order, into fixed-capacity batches.
+
+    Each document (after tokenization) becomes one sequence; one longer than
+    ``max_document_tokens`` becomes consecutive pieces of at most that many tokens
+    (:func:`~attn_gym_lite.data.segment`: no token lost or repeated), each piece its own
+    sequence. Pieces are packed by :class:`~attn_gym_lite.data.InOrder` with ``N`` as the cap:
+    a piece that does not fit the remaining ``T - L`` rows, or that would be the ``N + 1``-th
+    sequence, closes the batch and opens the next one (no reordering, so the corpus order is kept
+    and the output is deterministic). ``cu_seqlens`` boundaries are exactly the piece boundaries;
+    labels are next tokens within a piece, and the loss mask is False on each piece's last token
+    and on padding.
+
+    Args:
+        token_capacity: ``T`` (tokens), >= 1.
+        sequence_capacity: ``N``, ``1 <= N <= T``.
+        corpus: document strings (any iterable, read once); default
+            :func:`~attn_gym_lite.data.python_stdlib_corpus`.
+        tokenizer: a :class:`~attn_gym_lite.data.Tokenizer`, or a spec for
+            :func:`~attn_gym_lite.data.load_tokenizer`; default the stdlib byte-level BPE.
+        max_document_tokens: longest piece (tokens), ``1..T``; default ``T``.
+        num_batches: stop after this many batches (>= 1); default: until the corpus ends (the
+            last, partial batch is yielded too).
+        min_document_tokens: drop documents with fewer tokens (>= 1); the default 2 drops
+            documents too short to give one next-token target.
+
+    Yields:
+        :class:`PackedBatch` on the CPU, each with ``L <= T``, ``1 <= M <= N``.
+
+    Raises:
+        TypeError: an argument has the wrong type (e.g. ``corpus`` is a single str).
+        ValueError: a size is out of range (checked when called, not at the first batch).
+
+    Source: seed article, "A More Realistic Training Loop" (packed batches of capacity T, N),
+    here fed with real text.
+    """
+    token_capacity, sequence_capacity = check_capacities(token_capacity, sequence_capacity)
+    max_document_tokens = check_int(
+        "max_document_tokens",
+        token_capacity if max_document_tokens is None else max_document_tokens,
+        minimum=1,
+        maximum=token_capacity,
+    )
+    if num_batches is not None:
+        num_batches = check_int("num_batches", num_batches, minimum=1)
+    min_document_tokens = check_int("min_document_tokens", min_document_tokens, minimum=1)
+    if corpus is None:
+        corpus = python_stdlib_corpus()
+    elif isinstance(corpus, (str, bytes)) or not isinstance(corpus, Iterable):
+        raise TypeError(
+            f"corpus must be an iterable of document strings, got {type(corpus).__name__}"
+        )
+    tokenizer = resolve_tokenizer(tokenizer)
+
+    def batches() -> Iterator[PackedBatch]:
+        store: dict[int, list[int]] = {}  # stream position -> piece, until a batch takes it
+
+        def lengths() -> Iterator[int]:
+            pieces = _tokenized_pieces(corpus, tokenizer, max_document_tokens, min_document_tokens)
+            for position, piece in enumerate(pieces):
+                store[position] = piece
+                yield len(piece)
+
+        for positions in InOrder().batches(lengths(), token_capacity, sequence_capacity):
+            pieces = [store.pop(position) for position in positions]
+            yield batch_from_pieces(pieces, token_capacity, sequence_capacity)
+
+    return itertools.islice(batches(), num_batches)
+
+
+# ---------------------------------------------------------------------------------------------
+# The resumable loader
+# ---------------------------------------------------------------------------------------------
+
+Item = TypeVar("Item")
+
+
+def _in_background(items: Iterator[Item], depth: int) -> Iterator[Item]:
+    """Run ``items`` in a worker thread, ``depth`` items ahead of the consumer.
+
+    Tokenizing (Rust, which releases the GIL) and pinning overlap with the training step. An
+    exception in the worker is re-raised in the consumer; when the consumer stops early, the
+    worker stops after the item it is producing.
+    """
+    channel: queue.Queue[tuple[bool, object]] = queue.Queue(maxsize=depth)
+    stop = threading.Event()
+    finished = object()
+
+    def put(message: tuple[bool, object]) -> bool:
+        # A bounded wait, so the worker notices ``stop`` even while the queue is full.
+        while not stop.is_set():
+            try:
+                channel.put(message, timeout=0.05)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def work() -> None:
+        try:
+            for item in items:
+                if not put((True, item)):
+                    return
+            put((True, finished))
+        except BaseException as error:  # handed to the consumer, which re-raises it
+            put((False, error))
+
+    worker = threading.Thread(target=work, name="PackedLoader-prefetch", daemon=True)
+    worker.start()
+    try:
+        while True:
+            ok, item = channel.get()
+            if not ok:
+                raise item
+            if item is finished:
+                return
+            yield item
+    finally:
+        stop.set()
+        worker.join()
+
+
+def _rng_state_to_json(state: tuple) -> list:
+    version, internal, gauss_next = state
+    return [version, list(internal), gauss_next]
+
+
+def _rng_state_from_json(state: list) -> tuple:
+    version, internal, gauss_next = state
+    return (version, tuple(internal), gauss_next)
+
+
+_END = object()
+_STATE_KEYS = {"config", "epoch", "source_position", "shuffle", "rng", "pending", "batches"}
+
+
+class _PieceStream:
+    """Documents → seeded shuffle buffer → tokens → pieces, with every position recorded.
+
+    ``store`` holds each piece from the moment it is read until a batch takes it, keyed by its
+    stream position and in stream order: the policy's candidate buffer plus the pieces tokenized
+    but not yet handed over. Together with the corpus position, the shuffle buffer's document
+    indices and the random generator, that is the whole state (see :mod:`.packing` on why
+    re-feeding the unpacked pieces first reproduces the policy's future batches).
+    """
+
+    def __init__(self, loader: PackedLoader, state: dict) -> None:
+        self.loader = loader
+        self.epoch = state["epoch"]
+        self.source_position = state["source_position"]
+        self.batches = state["batches"]
+        self.rng = random.Random()
+        self.rng.setstate(_rng_state_from_json(state["rng"]))
+        self.store: dict[int, tuple[int, int, Sequence[int]]] = {}  # position: (doc, start, ids)
+        self.next_position = 0
+        self.pieces_this_epoch = 0
+        self.epoch_resumed = self.source_position > 0 or bool(state["pending"])
+
+        needed = set(state["shuffle"]) | {doc for doc, _, _ in state["pending"]}
+        documents = self._read(needed)
+        self.shuffle = [(doc, documents[doc]) for doc in state["shuffle"]]
+        pending_docs = sorted({doc for doc, _, _ in state["pending"]})
+        encoded = dict(zip(pending_docs, self._encode([documents[doc] for doc in pending_docs])))
+        for doc, start, stop in state["pending"]:
+            ids = encoded[doc][start:stop]
+            if len(ids) != stop - start:
+                raise ValueError(
+                    f"state piece (document {doc}, tokens {start}:{stop}) does not match the "
+                    f"corpus, which gives {len(encoded[doc])} tokens for that document: "
+                    "was the state saved with another corpus or tokenizer?"
+                )
+            self._add(doc, start, ids)
+        self.source: Iterator[object] | None = itertools.islice(
+            self._open(), self.source_position, None
+        )
+
+    def _open(self) -> Iterator[object]:
+        return iter(self.loader.corpus())
+
+    def _read(self, needed: set[int]) -> dict[int, object]:
+        """The documents with these corpus indices (reads the corpus from the start)."""
+        found: dict[int, object] = {}
+        if not needed:
+            return found
+        count = 0
+        for count, document in enumerate(self._open(), start=1):
+            if count - 1 in needed:
+                found[count - 1] = document
+                if len(found) == len(needed):
+                    return found
+        raise ValueError(
+            f"state refers to documents {sorted(needed - set(found))[:5]} but the corpus has "
+            f"only {count} documents: was the state saved with another corpus?"
+        )
+
+    def _encode(self, documents: list[object]) -> list[Sequence[int]]:
+        """Token ids per document: strings through the tokenizer (one batched call), lists or
+        tuples of token ids (a pre-tokenized corpus) as they are."""
+        texts = [document for document in documents if isinstance(document, str)]
+        encoded = iter(self.loader.tokenizer.encode_batch(texts) if texts else [])
+        ids = []
+        for document in documents:
+            if isinstance(document, str):
+                ids.append(next(encoded))
+            elif isinstance(document, (list, tuple)):
+                ids.append(document)
+            else:
+                raise TypeError(
+                    "corpus documents must be str or lists/tuples of token ids, "
+                    f"got {type(document).__name__}"
+                )
+        return ids
+
+    def _add(self, doc: int, start: int, ids: Sequence[int]) -> None:
+        self.store[self.next_position] = (doc, start, ids)
+        self.next_position += 1
+
+    def _next_document(self) -> tuple[int, object] | None:
+        """The next ``(corpus index, document)`` out of the shuffle buffer; None at the end of
+        the epoch."""
+        size = self.loader.shuffle_buffer
+        while self.source is not None and len(self.shuffle) < size:
+            document = next(self.source, _END)
+            if document is _END:
+                self.source = None
+            else:
+                self.shuffle.append((self.source_position, document))
+                self.source_position += 1
+        if not self.shuffle:
+            return None
+        # Swap the chosen document to the end and pop it: O(1), and deterministic because the
+        # buffer's order is part of the saved state.
+        index = self.rng.randrange(len(self.shuffle)) if size > 1 else 0
+        self.shuffle[index], self.shuffle[-1] = self.shuffle[-1], self.shuffle[index]
+        return self.shuffle.pop()
+
+    def _next_epoch(self) -> bool:
+        """Start the next epoch; False when the run is over (the state then stays at the end
+        of the last epoch, so a restored stream ends too)."""
+        # An epoch read from its start that gave no piece would give none the next time
+        # either: stop instead of looping forever.
+        empty = self.pieces_this_epoch == 0 and not self.epoch_resumed
+        epochs = self.loader.epochs
+        if empty or (epochs is not None and self.epoch + 1 >= epochs):
+            return False
+        self.epoch += 1
+        self.source_position, self.pieces_this_epoch, self.epoch_resumed = 0, 0, False
+        self.source = self._open()
+        return True
+
+    def lengths(self) -> Iterator[int]:
+        """Lengths of the restored pieces, then of each new piece as documents are read."""
+        for position in list(self.store):
+            yield len(self.store[position][2])
+        size = self.loader.max_piece_tokens
+        while True:
+            chunk = []
+            while len(chunk) < ENCODE_BATCH_SIZE:
+                if (document := self._next_document()) is None:
+                    break
+                chunk.append(document)
+            new_lengths = []
+            for (doc, _), ids in zip(chunk, self._encode([document for _, document in chunk])):
+                if len(ids) < self.loader.min_document_tokens:
+                    continue
+                start = 0
+                for piece in segment(ids, size):
+                    self._add(doc, start, piece)
+                    new_lengths.append(len(piece))
+                    start += len(piece)
+            self.pieces_this_epoch += len(new_lengths)
+            # Every piece of the chunk is in ``store`` before the first is handed over, so the
+            # saved state never misses a document the shuffle buffer has already released.
+            yield from new_lengths
+            if len(chunk) < ENCODE_BATCH_SIZE and not self._next_epoch():
+                return
+
+    def take(self, position: int) -> Sequence[int]:
+        return self.store.pop(position)[2]
+
+    def state(self) -> dict:
+        return {
+            "config": self.loader._config(),
+            "epoch": self.epoch,
+            "source_position": self.source_position,
+            "shuffle": [doc for doc, _ in self.shuffle],
+            "rng": _rng_state_to_json(self.rng.getstate()),
+            "pending": [[doc, start, start + len(ids)] for doc, start, ids in self.store.values()],
+            "batches": self.batches,
+        }
+
+
+class PackedLoader:
+    """Packed, fixed-capacity batches from a corpus, prefetched, pinned and resumable.
+
+    Pipeline: the corpus's documents pass through a seeded shuffle buffer, are tokenized in
+    chunks (documents given as lists of token ids, a pre-tokenized corpus, skip the tokenizer),
+    cut into pieces of at most ``max_piece_tokens``
+    (:func:`~attn_gym_lite.data.segment`), and packed by ``policy`` into batches of ``T`` token
+    rows and ``N`` sequence slots. Epochs follow each other without a break: pieces an epoch
+    leaves in the candidate buffer are packed with the next epoch's first pieces; the last epoch
+    ends with the buffer's leftovers (a partial batch).
+
+    Iterating yields :class:`PackedBatch` es. With ``prefetch >= 1`` a background thread
+    produces them ``prefetch`` batches ahead (tokenizing and pinning while the GPU trains); with
+    ``pin_memory`` they are in page-locked memory when CUDA is available, ready for
+    ``copy_(..., non_blocking=True)`` into a graph's static buffers.
+
+    Resuming: :meth:`state_dict` describes the position after the last batch the caller
+    received (not the prefetched ones): the corpus position, the shuffle buffer's document
+    indices, the random generator's state and the unpacked pieces as (document index, token
+    range). It is plain JSON-ready data. A new loader with the same arguments, after
+    :meth:`load_state_dict`, yields exactly the batches the first one would have yielded next.
+    Restoring re-reads the corpus up to the saved position (without tokenizing it), so the
+    corpus must be re-readable: a list of documents or a zero-argument function returning an
+    iterable of them, such as ``functools.partial(jsonl_texts, "data.jsonl")``.
+    A pass that runs to the end resets the position, so iterating again starts over.
+
+    Args:
+        token_capacity: ``T`` (tokens), >= 1.
+        sequence_capacity: ``N``, ``1 <= N <= T``; default the policy's guaranteed bound
+            (``min(B, T)`` for a buffer of ``B``; ``T`` in order), so that no batch is cut
+            short by the cap.
+        corpus: a zero-argument function returning documents, or a sequence of documents; a
+            document is a string or a list/tuple of token ids (already tokenized). Default
+            :func:`~attn_gym_lite.data.python_stdlib_corpus`.
+        tokenizer: a :class:`~attn_gym_lite.data.Tokenizer` or a
+            :func:`~attn_gym_lite.data.load_tokenizer` spec, for string documents (its name is
+            part of the saved state); default the stdlib BPE.
+        policy: a :class:`~attn_gym_lite.data.PackingPolicy`; default ``BestFit(32)``.
+        max_piece_tokens: ``S``, longest piece (tokens), ``1..T``; default ``T``.
+        min_document_tokens: drop documents with fewer tokens (>= 1).
+        shuffle_buffer: documents held for shuffling (>= 1); each one read is drawn at random
+            from this many (``1`` keeps the corpus order, and then ``seed`` has no effect).
+        seed: seed of the shuffle (>= 0). Same arguments and seed: same batches.
+        epochs: passes over the corpus (>= 1), or None to repeat it forever.
+        prefetch: batches produced ahead in a background thread (>= 0; 0: in the caller's
+            thread).
+        pin_memory: pin each batch (:meth:`PackedBatch.pin_memory`; without CUDA a no-op).
+
+    Raises:
+        TypeError, ValueError: an argument has the wrong type or range (checked here); a
+            document is neither a string nor a list/tuple (when reached).
+        FileNotFoundError: a tokenizer spec names a missing file.
+
+    Source: seed article, "Show me the data!" (look-ahead packing with a candidate buffer);
+    the state follows ``torch.utils.data``'s ``state_dict``/``load_state_dict`` convention.
+    """
+
+    def __init__(
+        self,
+        token_capacity: int,
+        sequence_capacity: int | None = None,
+        *,
+        corpus: Callable[[], Iterable[object]] | Sequence[object] | None = None,
+        tokenizer: Tokenizer | str | os.PathLike[str] | None = None,
+        policy: PackingPolicy | None = None,
+        max_piece_tokens: int | None = None,
+        min_document_tokens: int = 2,
+        shuffle_buffer: int = 1024,
+        seed: int = 0,
+        epochs: int | None = 1,
+        prefetch: int = 2,
+        pin_memory: bool = True,
+    ) -> None:
+        self.token_capacity = check_int("token_capacity", token_capacity, minimum=1)
+        if policy is None:
+            policy = BestFit(32)
+        elif not isinstance(policy, PackingPolicy):
+            raise TypeError(
+                f"policy must be a PackingPolicy (InOrder, FirstFit, BestFit), "
+                f"got {type(policy).__name__}"
+            )
+        self.policy = policy
+        if sequence_capacity is None:
+            sequence_capacity = policy.sequence_bound(self.token_capacity)
+        _, self.sequence_capacity = check_capacities(self.token_capacity, sequence_capacity)
+        self.max_piece_tokens = check_int(
+            "max_piece_tokens",
+            self.token_capacity if max_piece_tokens is None else max_piece_tokens,
+            minimum=1,
+            maximum=self.token_capacity,
+        )
+        self.min_document_tokens = check_int(
+            "min_document_tokens", min_document_tokens, minimum=1
+        )
+        self.shuffle_buffer = check_int("shuffle_buffer", shuffle_buffer, minimum=1)
+        self.seed = check_int("seed", seed, minimum=0)
+        self.epochs = None if epochs is None else check_int("epochs", epochs, minimum=1)
+        self.prefetch = check_int("prefetch", prefetch, minimum=0)
+        if not isinstance(pin_memory, bool):
+            raise TypeError(f"pin_memory must be a bool, got {type(pin_memory).__name__}")
+        self.pin_memory = pin_memory
+        self.corpus = self._corpus_function(corpus)
+        self.tokenizer = resolve_tokenizer(tokenizer)
+        self._state = self._initial_state()
+
+    @staticmethod
+    def _corpus_function(corpus: object) -> Callable[[], Iterable[object]]:
+        if corpus is None:
+            return python_stdlib_corpus
+        if callable(corpus):
+            return corpus
+        if isinstance(corpus, Sequence) and not isinstance(corpus, (str, bytes)):
+            return lambda: iter(corpus)
+        raise TypeError(
+            "corpus must be re-readable so that a saved position can be restored: a sequence "
+            "of documents or a zero-argument function returning an iterable of them (e.g. "
+            f"functools.partial(jsonl_texts, path)), got {type(corpus).__name__}"
+        )
+
+    def _config(self) -> dict:
+        return {
+            "token_capacity": self.token_capacity,
+            "sequence_capacity": self.sequence_capacity,
+            "policy": self.policy.label,
+            "max_piece_tokens": self.max_piece_tokens,
+            "min_document_tokens": self.min_document_tokens,
+            "shuffle_buffer": self.shuffle_buffer,
+            "seed": self.seed,
+            "epochs": self.epochs,
+            "tokenizer": self.tokenizer.name,
+        }
+
+    def _initial_state(self) -> dict:
+        return {
+            "config": self._config(),
+            "epoch": 0,
+            "source_position": 0,
+            "shuffle": [],
+            "rng": _rng_state_to_json(random.Random(self.seed).getstate()),
+            "pending": [],
+            "batches": 0,
+        }
+
+    def _produce(self, state: dict) -> Iterator[tuple[PackedBatch, dict]]:
+        stream = _PieceStream(self, state)
+        for positions in self.policy.batches(
+            stream.lengths(), self.token_capacity, self.sequence_capacity
+        ):
+            pieces = [stream.take(position) for position in positions]
+            batch = batch_from_pieces(pieces, self.token_capacity, self.sequence_capacity)
+            if self.pin_memory:
+                batch = batch.pin_memory()
+            stream.batches += 1
+            yield batch, stream.state()
+
+    def __iter__(self) -> Iterator[PackedBatch]:
+        produced = self._produce(self._state)
+        if self.prefetch:
+            produced = _in_background(produced, self.prefetch)
+        for batch, state in produced:
+            self._state = state
+            yield batch
+        self._state = self._initial_state()
+
+    def state_dict(self) -> dict:
+        """The position after the last batch handed out (JSON-ready; a fresh copy).
+
+        Keys: ``config`` (the arguments it is valid for), ``epoch``, ``source_position``
+        (documents read from the corpus this epoch), ``shuffle`` (corpus indices in the shuffle
+        buffer), ``rng`` (the shuffle's generator state), ``pending`` (unpacked pieces as
+        ``[document index, start, stop]`` token ranges, in stream order) and ``batches``
+        (batches handed out so far).
+        """
+        return copy.deepcopy(self._state)
+
+    def load_state_dict(self, state: dict) -> None:
+        """Continue from a :meth:`state_dict` at the next iteration.
+
+        Raises:
+            TypeError: ``state`` is not a dict.
+            ValueError: keys are missing, or ``state["config"]`` differs from this loader's
+                arguments (the message names the first difference).
+        """
+        if not isinstance(state, dict):
+            raise TypeError(f"state must be a dict from state_dict(), got {type(state).__name__}")
+        if missing := _STATE_KEYS - set(state):
+            raise ValueError(
+                f"state is missing keys {sorted(missing)}; expected {sorted(_STATE_KEYS)}"
+            )
+        for key, value in self._config().items():
+            if state["config"].get(key) != value:
+                raise ValueError(
+                    f"state was saved with {key}={state['config'].get(key)!r}, "
+                    f"but this loader has {key}={value!r}"
+                )
+        self._state = copy.deepcopy(state)
+
+    def __repr__(self) -> str:
+        return (
+            f"PackedLoader(T={self.token_capacity}, N={self.sequence_capacity}, "
+            f"policy={self.policy.label!r}, tokenizer={self.tokenizer.name!r}, "
+            f"batches handed out={self._state['batches']})"
+        )
+

@@ -1,0 +1,266 @@
+"""Tokenizers: what the loaders need from one, and where to get one.
+
+* :class:`Tokenizer`: the protocol (``name``, ``vocab_size``, ``encode``, ``encode_batch``,
+  ``decode``); any object with these members works;
+* :class:`HFTokenizer`: a ``tokenizer.json`` through Hugging Face ``tokenizers``;
+* :class:`TiktokenTokenizer`: an OpenAI ``tiktoken`` encoding, when tiktoken is installed;
+* :func:`load_tokenizer`: one of these by spec, or the default byte-level BPE trained (once,
+  then cached) on the standard-library corpus.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Protocol, runtime_checkable
+
+from ._validate import check_file, check_int
+from .corpora import python_stdlib_corpus
+
+__all__ = ["Tokenizer", "HFTokenizer", "TiktokenTokenizer", "load_tokenizer"]
+
+
+@runtime_checkable
+class Tokenizer(Protocol):
+    """What the loaders need from a tokenizer; any object with these members works.
+
+    Attributes:
+        name: a human-readable identifier (for plots and logs).
+        vocab_size: number of token ids; every id is in ``[0, vocab_size)``.
+    """
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def vocab_size(self) -> int: ...
+
+    def encode(self, text: str) -> list[int]:
+        """Token ids of ``text`` (no special tokens added)."""
+        ...
+
+    def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
+        """``[encode(text) for text in texts]``, usually faster (parallel)."""
+        ...
+
+    def decode(self, ids: Sequence[int]) -> str:
+        """Text of ``ids``; for byte-level tokenizers ``decode(encode(text)) == text``."""
+        ...
+
+
+class HFTokenizer:
+    """A Hugging Face ``tokenizers.Tokenizer`` behind the :class:`Tokenizer` protocol.
+
+    ``encode`` adds no special tokens (no BOS/EOS/CLS): packing marks document boundaries with
+    ``cu_seqlens`` instead. Source: HF ``tokenizers`` (``Tokenizer.encode``/``encode_batch``).
+    """
+
+    def __init__(self, tokenizer: object, name: str) -> None:
+        from tokenizers import Tokenizer as _HFTokenizer
+
+        if not isinstance(tokenizer, _HFTokenizer):
+            raise TypeError(f"tokenizer must be a tokenizers.Tokenizer, got {type(tokenizer)}")
+        self.backend = tokenizer
+        self.name = name
+        self.vocab_size = tokenizer.get_vocab_size(with_added_tokens=True)
+
+    def encode(self, text: str) -> list[int]:
+        return self.backend.encode(text, add_special_tokens=False).ids
+
+    def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
+        encodings = self.backend.encode_batch(list(texts), add_special_tokens=False)
+        return [encoding.ids for encoding in encodings]
+
+    def decode(self, ids: Sequence[int]) -> str:
+        # Keep special tokens: a document may contain "<|endoftext|>" as literal text.
+        return self.backend.decode(list(ids), skip_special_tokens=False)
+
+    def __repr__(self) -> str:
+        return f"HFTokenizer(name={self.name!r}, vocab_size={self.vocab_size})"
+
+
+class TiktokenTokenizer:
+    """A ``tiktoken`` encoding behind the :class:`Tokenizer` protocol.
+
+    Text is encoded with ``encode_ordinary``: special-token strings in a document are ordinary
+    text, never control tokens. Source: OpenAI ``tiktoken``.
+    """
+
+    def __init__(self, encoding: object) -> None:
+        self.backend = encoding
+        self.name = f"tiktoken:{encoding.name}"
+        self.vocab_size = encoding.n_vocab
+
+    def encode(self, text: str) -> list[int]:
+        return self.backend.encode_ordinary(text)
+
+    def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
+        return self.backend.encode_ordinary_batch(list(texts))
+
+    def decode(self, ids: Sequence[int]) -> str:
+        return self.backend.decode(list(ids))
+
+    def __repr__(self) -> str:
+        return f"TiktokenTokenizer(name={self.name!r}, vocab_size={self.vocab_size})"
+
+
+# Documents per encode_batch call: enough for the tokenizer's thread pool, small enough that
+# a loader's first batch arrives quickly.
+ENCODE_BATCH_SIZE = 64
+
+DEFAULT_VOCAB_SIZE = 8192
+DEFAULT_MAX_TRAINING_BYTES = 4_000_000
+END_OF_TEXT = "<|endoftext|>"
+
+
+def _cache_dir() -> Path:
+    """``$ATTN_GYM_LITE_CACHE`` if set, else ``~/.cache/attn_gym_lite``."""
+    configured = os.environ.get("ATTN_GYM_LITE_CACHE")
+    return Path(configured) if configured else Path.home() / ".cache" / "attn_gym_lite"
+
+
+def _train_stdlib_bpe(vocab_size: int, max_training_bytes: int) -> object:
+    """Train a byte-level BPE on the first ``max_training_bytes`` bytes of the stdlib corpus."""
+    from tokenizers import Tokenizer as _HFTokenizer
+    from tokenizers import decoders, models, pre_tokenizers, trainers
+
+    training_texts, size = [], 0
+    # Whole files, in corpus order, until the budget is reached (always at least one file).
+    for text in python_stdlib_corpus():
+        if training_texts and size + len(text.encode("utf-8")) > max_training_bytes:
+            break
+        training_texts.append(text)
+        size += len(text.encode("utf-8"))
+
+    tokenizer = _HFTokenizer(models.BPE())
+    # Byte-level pre-tokenization maps every byte to a symbol, so any text encodes (no unknown
+    # token) and decoding restores it exactly.
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=[END_OF_TEXT],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tokenizer.train_from_iterator(training_texts, trainer=trainer)
+    return tokenizer
+
+
+def _default_tokenizer(vocab_size: int, max_training_bytes: int) -> HFTokenizer:
+    from tokenizers import Tokenizer as _HFTokenizer
+
+    python = f"py{sys.version_info.major}.{sys.version_info.minor}"
+    name = f"stdlib-bpe-{python}-vocab{vocab_size}-{max_training_bytes}B"
+    path = _cache_dir() / name / "tokenizer.json"
+    if path.is_file():
+        return HFTokenizer(_HFTokenizer.from_file(str(path)), name)
+    tokenizer = _train_stdlib_bpe(vocab_size, max_training_bytes)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    # Write then rename, so a concurrent reader (another notebook, a test worker) never sees a
+    # half-written file.
+    partial = path.with_name(f"tokenizer.json.{os.getpid()}.partial")
+    tokenizer.save(str(partial))
+    os.replace(partial, path)
+    return HFTokenizer(tokenizer, name)
+
+
+def _tiktoken_tokenizer(encoding_name: str) -> TiktokenTokenizer:
+    try:
+        import tiktoken
+    except ImportError:
+        raise ValueError(
+            f"spec='tiktoken:{encoding_name}' needs tiktoken: pip install 'attn-gym-lite[tiktoken]'"
+        ) from None
+    known = tiktoken.list_encoding_names()
+    if encoding_name not in known:
+        raise ValueError(f"spec='tiktoken:{encoding_name}': unknown encoding (known: {known})")
+    try:
+        encoding = tiktoken.get_encoding(encoding_name)
+    except Exception as error:  # tiktoken downloads encodings; offline this fails variously
+        raise RuntimeError(
+            f"spec='tiktoken:{encoding_name}': could not load the encoding (tiktoken downloads "
+            f"it on first use and caches it under $TIKTOKEN_CACHE_DIR; offline?): {error!r}"
+        ) from error
+    return TiktokenTokenizer(encoding)
+
+
+def load_tokenizer(
+    spec: str | os.PathLike[str] | None = None,
+    *,
+    vocab_size: int | None = None,
+    max_training_bytes: int | None = None,
+) -> HFTokenizer | TiktokenTokenizer:
+    """Load a tokenizer by spec.
+
+    * ``None``: the default, a byte-level BPE (HF ``tokenizers``, ``vocab_size`` 8192, special
+      token ``"<|endoftext|>"``) trained on the first ``max_training_bytes`` (4 MB) of
+      :func:`python_stdlib_corpus`, about 1 s on 2 CPU cores. It is cached as
+      ``<cache>/stdlib-bpe-py<X.Y>-vocab<V>-<B>B/tokenizer.json``, where ``<cache>`` is
+      ``$ATTN_GYM_LITE_CACHE`` or ``~/.cache/attn_gym_lite``; later calls load the file. With
+      little training text the vocabulary may come out smaller than ``vocab_size``.
+    * a path to a HF ``tokenizer.json``.
+    * ``"tiktoken:<encoding>"``, e.g. ``"tiktoken:cl100k_base"``, if tiktoken is installed and
+      the encoding is cached locally or downloadable.
+
+    Args:
+        spec: see above.
+        vocab_size: default tokenizer only: target vocabulary (>= 257: 256 bytes + the special
+            token). Defaults to 8192.
+        max_training_bytes: default tokenizer only: training text budget in bytes (>= 1).
+            Defaults to 4_000_000.
+
+    Returns:
+        An object satisfying :class:`Tokenizer`.
+
+    Raises:
+        FileNotFoundError: ``spec`` is a path that does not exist.
+        ValueError: unknown tiktoken encoding, tiktoken not installed, or ``vocab_size`` /
+            ``max_training_bytes`` given with a non-default ``spec`` or out of range.
+        RuntimeError: tiktoken could not load the encoding (e.g. offline, not cached).
+        TypeError: ``spec`` is neither None, a str nor a path.
+
+    Source: HF ``tokenizers`` (``BpeTrainer``, ``ByteLevel``); OpenAI ``tiktoken``.
+    """
+    if spec is None:
+        vocab_size = check_int(
+            "vocab_size", DEFAULT_VOCAB_SIZE if vocab_size is None else vocab_size, minimum=257
+        )
+        max_training_bytes = check_int(
+            "max_training_bytes",
+            DEFAULT_MAX_TRAINING_BYTES if max_training_bytes is None else max_training_bytes,
+            minimum=1,
+        )
+        return _default_tokenizer(vocab_size, max_training_bytes)
+    if vocab_size is not None or max_training_bytes is not None:
+        raise ValueError(
+            f"vocab_size and max_training_bytes only apply to the default tokenizer (spec=None), "
+            f"got spec={spec!r}"
+        )
+    if isinstance(spec, str) and spec.startswith("tiktoken:"):
+        return _tiktoken_tokenizer(spec.removeprefix("tiktoken:"))
+    from tokenizers import Tokenizer as _HFTokenizer
+
+    path = check_file("spec", spec)
+    return HFTokenizer(_HFTokenizer.from_file(str(path)), str(path))
+
+
+
+
+def resolve_tokenizer(tokenizer: object) -> Tokenizer:
+    """A :class:`Tokenizer` from an object or a :func:`load_tokenizer` spec (None: the default).
+
+    Raises:
+        TypeError: ``tokenizer`` is neither a spec nor an object with the protocol's members.
+        Whatever :func:`load_tokenizer` raises for a spec.
+    """
+    if tokenizer is None or isinstance(tokenizer, (str, os.PathLike)):
+        return load_tokenizer(tokenizer)
+    if not isinstance(tokenizer, Tokenizer):
+        raise TypeError(
+            "tokenizer must have name, vocab_size, encode, encode_batch and decode "
+            f"(see attn_gym_lite.data.Tokenizer), got {type(tokenizer).__name__}"
+        )
+    return tokenizer

@@ -1,0 +1,257 @@
+"""Tests for attn_gym_lite.data.PackedLoader: batches, determinism, save/restore, prefetch.
+
+The reference for "no token lost or duplicated" is every document tokenized on its own and cut
+by the boundary rule: the loader's sequences, over a whole run, must be exactly those pieces
+(each ``epochs`` times), whatever the shuffle and the policy did to their order.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import random
+import threading
+from itertools import islice
+
+import pytest
+import torch
+from test_data import ByteTokenizer, assert_batch_invariants, sequences_of
+
+from attn_gym_lite.data import (
+    BestFit,
+    FirstFit,
+    InOrder,
+    PackedLoader,
+    batch_from_pieces,
+    jsonl_texts,
+    segment,
+)
+
+TENSOR_FIELDS = ("input_ids", "labels", "loss_mask", "cu_seqlens")
+
+
+def random_corpus(seed: int, count: int = 40, longest: int = 90) -> list[str]:
+    rng = random.Random(seed)
+    return ["".join(rng.choices("abcdefgh \n", k=rng.randint(0, longest))) for _ in range(count)]
+
+
+def expected_pieces(corpus, size, minimum=2):
+    tokenizer = ByteTokenizer()
+    return [
+        tuple(piece)
+        for text in corpus
+        if len(ids := tokenizer.encode(text)) >= minimum
+        for piece in segment(ids, size)
+    ]
+
+
+def same_batches(first, second) -> bool:
+    return len(first) == len(second) and all(
+        all(torch.equal(getattr(a, f), getattr(b, f)) for f in TENSOR_FIELDS)
+        and (a.active_tokens, a.active_sequences, a.max_seqlen)
+        == (b.active_tokens, b.active_sequences, b.max_seqlen)
+        for a, b in zip(first, second)
+    )
+
+
+def make(corpus, **overrides) -> PackedLoader:
+    arguments = dict(corpus=corpus, tokenizer=ByteTokenizer(), max_piece_tokens=24, prefetch=0)
+    return PackedLoader(64, **(arguments | overrides))
+
+
+LOADER_CASES = {
+    "best-fit": {},
+    "first-fit, 2 epochs": {"policy": FirstFit(4), "epochs": 2},
+    "in order, N cap": {"policy": InOrder(), "sequence_capacity": 3, "shuffle_buffer": 1},
+    "best-fit B=1, prefetch": {"policy": BestFit(1), "prefetch": 2},
+    "best-fit, 3 epochs, prefetch": {"policy": BestFit(6), "epochs": 3, "prefetch": 1},
+}
+
+
+@pytest.mark.parametrize("case", LOADER_CASES, ids=str)
+@pytest.mark.parametrize("seed", [0, 1])
+def test_loader_batches_hold_every_piece_once(case, seed):
+    corpus = random_corpus(seed)
+    loader = make(corpus, seed=seed, **LOADER_CASES[case])
+    batches = list(loader)
+    N = loader.sequence_capacity
+    assert N == loader.policy.sequence_bound(64, LOADER_CASES[case].get("sequence_capacity"))
+    for batch in batches:
+        assert_batch_invariants(batch, 64, N)
+    packed = sorted(tuple(s) for b in batches for s in sequences_of(b))
+    epochs = LOADER_CASES[case].get("epochs", 1)
+    assert packed == sorted(expected_pieces(corpus, 24) * epochs)
+
+
+@pytest.mark.parametrize(
+    ("name", "corpus", "kwargs", "pieces"),
+    [
+        ("all longer than T", ["x" * 150, "y" * 64, "z" * 129], {}, [64, 64, 22, 64, 64, 64, 1]),
+        ("all length 1", ["a"] * 70, {"min_document_tokens": 1}, [1] * 70),
+        ("exactly T", ["q" * 64] * 5, {}, [64] * 5),
+        ("empty documents", ["", "ab", "", "", "cde", ""], {"min_document_tokens": 1}, [2, 3]),
+        ("only empty documents", ["", "", ""], {"min_document_tokens": 1}, []),
+    ],
+)
+@pytest.mark.parametrize("policy", [InOrder(), FirstFit(8), BestFit(8)], ids=lambda p: p.label)
+def test_loader_on_adversarial_corpora(name, corpus, kwargs, pieces, policy):
+    loader = PackedLoader(64, corpus=corpus, tokenizer=ByteTokenizer(), policy=policy, prefetch=0, **kwargs)
+    batches = list(loader)
+    for batch in batches:
+        assert_batch_invariants(batch, 64, loader.sequence_capacity)
+        assert batch.active_sequences <= policy.sequence_bound(64)
+    assert sorted(len(s) for b in batches for s in sequences_of(b)) == sorted(pieces), name
+    assert sum(b.active_tokens for b in batches) == sum(len(d) for d in corpus if len(d) >= kwargs.get("min_document_tokens", 2))
+
+
+def test_loader_is_deterministic_for_a_seed_and_the_seed_matters():
+    corpus = random_corpus(3, count=60)
+    first = list(make(corpus, seed=7, shuffle_buffer=16))
+    assert same_batches(first, list(make(corpus, seed=7, shuffle_buffer=16, prefetch=3)))
+    assert not same_batches(first, list(make(corpus, seed=8, shuffle_buffer=16)))
+    # shuffle_buffer=1 keeps corpus order: the seed has no effect, and in order reproduces
+    # the plain in-order packing of the pieces.
+    in_order = [make(corpus, seed=s, shuffle_buffer=1, policy=InOrder(), sequence_capacity=64) for s in (1, 2)]
+    runs = [list(loader) for loader in in_order]
+    assert same_batches(*runs)
+    assert [tuple(s) for b in runs[0] for s in sequences_of(b)] == expected_pieces(corpus, 24)
+
+
+@pytest.mark.parametrize("case", LOADER_CASES, ids=str)
+def test_save_and_restore_resumes_on_the_identical_next_batch(case):
+    corpus = random_corpus(5, count=30)
+    settings = dict(seed=11, shuffle_buffer=7) | LOADER_CASES[case]
+    reference = list(make(corpus, **settings))
+    assert len(reference) > 5
+    for cut in range(len(reference) + 1):
+        loader = make(corpus, **settings)
+        seen = list(islice(loader, cut))
+        state = json.loads(json.dumps(loader.state_dict()))  # plain data, survives JSON
+        assert state["batches"] == cut
+        resumed = make(corpus, **settings)
+        resumed.load_state_dict(state)
+        assert same_batches(seen + list(resumed), reference), f"resumed after batch {cut}"
+
+
+def test_state_dict_is_a_copy_and_a_finished_pass_starts_over():
+    corpus = random_corpus(2, count=12)
+    loader = make(corpus)
+    first = list(loader)
+    state = loader.state_dict()
+    state["pending"].append([0, 0, 1])  # mutating the copy does not touch the loader
+    assert loader.state_dict()["batches"] == 0 and loader.state_dict()["pending"] == []
+    assert same_batches(first, list(loader))
+
+
+def test_restore_reads_a_corpus_function_again(tmp_path):
+    path = tmp_path / "docs.jsonl"
+    path.write_text("".join(json.dumps({"text": t}) + "\n" for t in random_corpus(9, count=25)))
+    corpus = functools.partial(jsonl_texts, path)
+    reference = list(make(corpus, seed=2))
+    loader = make(corpus, seed=2)
+    seen = list(islice(loader, 4))
+    resumed = make(corpus, seed=2)
+    resumed.load_state_dict(loader.state_dict())
+    assert same_batches(seen + list(resumed), reference)
+
+
+def test_pre_tokenized_documents_skip_the_tokenizer():
+    corpus = random_corpus(8, count=30)
+    tokenizer = ByteTokenizer()
+    as_ids = [tokenizer.encode(text) for text in corpus]
+    as_ids[3] = tuple(as_ids[3])
+    reference = list(make(corpus, seed=4, shuffle_buffer=9))
+    assert same_batches(list(make(as_ids, seed=4, shuffle_buffer=9)), reference)
+    loader = make(as_ids, seed=4, shuffle_buffer=9)
+    seen = list(islice(loader, 3))
+    resumed = make(as_ids, seed=4, shuffle_buffer=9)
+    resumed.load_state_dict(loader.state_dict())
+    assert same_batches(seen + list(resumed), reference)
+
+
+def test_load_state_dict_rejects_mismatches():
+    corpus = random_corpus(4, count=20)
+    loader = make(corpus)
+    list(islice(loader, 2))
+    state = loader.state_dict()
+    with pytest.raises(ValueError, match=r"saved with policy='best-fit B=32', but this loader has policy='first-fit B=32'"):
+        make(corpus, policy=FirstFit(32)).load_state_dict(state)
+    with pytest.raises(ValueError, match=r"saved with seed=0, but this loader has seed=1"):
+        make(corpus, seed=1).load_state_dict(state)
+    with pytest.raises(ValueError, match=r"state is missing keys \['rng'\]"):
+        make(corpus).load_state_dict({k: v for k, v in state.items() if k != "rng"})
+    with pytest.raises(TypeError, match=r"state must be a dict from state_dict\(\), got list"):
+        make(corpus).load_state_dict([])
+    # A state naming documents the corpus does not have fails when iteration starts.
+    other = make(corpus[:3])
+    other.load_state_dict(state | {"pending": [[15, 0, 4]]})
+    with pytest.raises(ValueError, match=r"refers to documents \[15\] but the corpus has only 3"):
+        next(iter(other))
+
+
+def test_worker_errors_reach_the_consumer():
+    def corpus():
+        yield "abcdef" * 20
+        raise OSError("disk gone")
+
+    with pytest.raises(OSError, match="disk gone"):
+        list(make(corpus, prefetch=2))
+    with pytest.raises(TypeError, match=r"corpus documents must be str or lists/tuples of token ids, got int"):
+        list(make([3, "text"], shuffle_buffer=1, prefetch=2))
+
+
+def test_stopping_early_stops_the_prefetch_thread():
+    loader = make(random_corpus(6, count=200), prefetch=2)
+    iterator = iter(loader)
+    next(iterator)
+    iterator.close()
+    assert not any(t.name == "PackedLoader-prefetch" and t.is_alive() for t in threading.enumerate())
+    assert loader.state_dict()["batches"] == 1  # the position is the consumer's, not the worker's
+
+
+@pytest.mark.gpu
+def test_batches_are_pinned_with_cuda():
+    batch = next(iter(make(random_corpus(1), prefetch=1)))
+    assert all(getattr(batch, f).is_pinned() for f in TENSOR_FIELDS)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "match"),
+    [
+        ({"corpus": iter(["a b"])}, TypeError, r"corpus must be re-readable .* got list_iterator"),
+        ({"corpus": "one document"}, TypeError, r"corpus must be re-readable .* got str"),
+        ({"policy": "best-fit"}, TypeError, r"policy must be a PackingPolicy .* got str"),
+        ({"sequence_capacity": 65}, ValueError, r"sequence_capacity must be an int <= 64, got 65"),
+        ({"max_piece_tokens": 65}, ValueError, r"max_piece_tokens must be an int <= 64, got 65"),
+        ({"shuffle_buffer": 0}, ValueError, r"shuffle_buffer must be an int >= 1, got 0"),
+        ({"epochs": 0}, ValueError, r"epochs must be an int >= 1, got 0"),
+        ({"prefetch": -1}, ValueError, r"prefetch must be an int >= 0, got -1"),
+        ({"pin_memory": 1}, TypeError, r"pin_memory must be a bool, got int"),
+        ({"tokenizer": object()}, TypeError, r"tokenizer must have name, vocab_size"),
+    ],
+)
+def test_loader_rejects_bad_arguments(kwargs, error, match):
+    arguments = {"corpus": ["a b"], "tokenizer": ByteTokenizer()} | kwargs
+    with pytest.raises(error, match=match):
+        PackedLoader(64, **arguments)
+
+
+def test_endless_epochs_and_a_corpus_without_pieces_ends():
+    loader = make(["abcdefgh"] * 3, epochs=None, policy=InOrder(), sequence_capacity=8)
+    assert len(list(islice(loader, 10))) == 10  # epochs=None repeats the corpus
+    assert list(make(["a", ""], epochs=None)) == []  # nothing to pack: stops instead of spinning
+
+
+def test_batch_from_pieces_by_hand_and_errors():
+    batch = batch_from_pieces([[5, 6, 7], [8, 9]], 8, 3)
+    assert batch.input_ids.tolist() == [5, 6, 7, 8, 9, 0, 0, 0]
+    assert batch.labels.tolist() == [6, 7, 0, 9, 0, 0, 0, 0]
+    assert batch.loss_mask.tolist() == [True, True, False, True, False, False, False, False]
+    assert batch.cu_seqlens.tolist() == [0, 3, 5, 5]
+    assert (batch.active_tokens, batch.active_sequences, batch.max_seqlen) == (5, 2, 3)
+    with pytest.raises(ValueError, match=r"at most token_capacity=4 tokens, got 5"):
+        batch_from_pieces([[1, 2, 3], [4, 5]], 4, 2)
+    with pytest.raises(ValueError, match=r"1..sequence_capacity=1 sequences, got 2"):
+        batch_from_pieces([[1], [2]], 4, 1)
+    with pytest.raises(ValueError, match=r"must be non-empty, got lengths \[1, 0\]"):
+        batch_from_pieces([[1], []], 4, 2)
