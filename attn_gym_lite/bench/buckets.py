@@ -78,10 +78,10 @@ def memory_point(config: str, token_capacity: int, dim: int, k: int) -> dict:
     }
 
 
-def memory(token_capacity: int, dim: int, k: int = 4) -> list[dict]:
-    """Every configuration of :data:`CONFIGS`, each in a fresh Python process."""
+def memory(token_capacity: int, dim: int, k: int = 4, configs: tuple[str, ...] = CONFIGS) -> list[dict]:
+    """Each configuration (default: all of :data:`CONFIGS`) in a fresh Python process."""
     points = []
-    for config in CONFIGS:
+    for config in configs:
         code = (
             "import json, sys; from attn_gym_lite.bench.buckets import memory_point; "
             f"print(json.dumps(memory_point({config!r}, {token_capacity}, {dim}, {k})))"
