@@ -15,6 +15,7 @@ from ..data import load_tokenizer, real_text_loader
 from .buckets import buckets_suite
 from .masking import masking_suite
 from .packing import packing_study_suite
+from .schedulers import schedulers_suite
 from ..graphs import capture_graph
 from ..modules import PackedLM, VarLenAttention
 from ..pitfalls import PITFALLS, run_pitfall
@@ -121,4 +122,5 @@ SUITES = {
     "buckets": buckets_suite,
     "masking": masking_suite,
     "packing-study": packing_study_suite,
+    "schedulers": schedulers_suite,
 }

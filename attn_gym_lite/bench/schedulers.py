@@ -1,0 +1,228 @@
+"""Benchmark suite ``schedulers``: ragged attention under CUDA graphs captured for the worst case.
+
+Each point of a sweep is the forward + backward (``dq, dk, dv``) replay time of two graphs:
+
+* **captured**: one graph per implementation, captured once at the worst case (``T`` tokens,
+  ``N`` sequence slots, ``max_seqlen = T`` where a kernel needs it) and replayed after copying the
+  point's ``cu_seqlens`` into its static buffer, as a training loop would;
+* **exact**: a graph captured for the point's own shape (``T = L``, ``N = M``, the true
+  ``max_seqlen``), the best any graph could do.
+
+Their ratio is what overcapture costs. Implementations: torch's ``varlen_attn`` (FlashAttention-2,
+through :func:`attn_gym_lite.attention.varlen_attention`) and this package's Triton kernels with
+the ``rect``, ``flat`` and ``persistent`` schedules. Like ``varlen_attn`` they leave rows past ``L``
+unspecified (``zero_inactive=False``); ``persistent+zero`` adds the writes that make them zero.
+
+The sweeps follow the seed article's "Show me the numbers!": fragmentation (``L`` fixed, ``M``
+varies), token overcapture (``M`` fixed, ``L`` varies) and constant length (every sequence 128
+tokens, ``M/N = L/T``). A fourth table gives exact-shape throughput in TFLOP/s. Each implementation
+is measured in a process of its own, so a CUDA fault in one is recorded and the others still run.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import subprocess
+import sys
+
+import torch
+
+from ..attention import varlen_attention
+from ..graphs import capture_graph
+from ..kernels import varlen_attention_triton
+from ..ragged import cu_seqlens_from_lengths, pad_cu_seqlens, zipf_lengths
+from .timing import cuda_event_us, median
+
+IMPLEMENTATIONS = ("varlen_attn", "rect", "flat", "persistent", "persistent+zero")
+
+
+@dataclasses.dataclass(frozen=True)
+class Shapes:
+    """Heads, head dim, dtype and masking shared by every point of the suite."""
+
+    heads: int = 16
+    head_dim: int = 128
+    dtype: torch.dtype = torch.bfloat16
+    causal: bool = False
+
+
+def attention_fn(implementation: str, causal: bool, max_seqlen: int):
+    """``(q, k, v, cu_seqlens) -> out`` for one implementation; ``max_seqlen`` is used only by
+    ``varlen_attn`` and ``rect`` (the grid they launch is sized by it)."""
+    if implementation == "varlen_attn":
+        return lambda q, k, v, cu: varlen_attention(q, k, v, cu, max_seqlen, causal=causal)
+    if implementation not in IMPLEMENTATIONS:
+        raise ValueError(f"implementation must be one of {IMPLEMENTATIONS}, got {implementation!r}")
+    schedule = implementation.removesuffix("+zero")
+    options = {"max_seqlen": max_seqlen} if schedule == "rect" else {}
+    zero = implementation.endswith("+zero")
+    return lambda q, k, v, cu: varlen_attention_triton(
+        q, k, v, cu, causal=causal, schedule=schedule, zero_inactive=zero, **options)
+
+
+class AttentionGraph:
+    """One captured attention call (``backward=True``: forward and ``dq, dk, dv``) at a fixed
+    token capacity ``T`` and sequence capacity ``N``, replayed for any layout that fits."""
+
+    def __init__(self, implementation: str, T: int, N: int, max_seqlen: int, shapes: Shapes,  # noqa: N803
+                 *, backward: bool = True, seed: int = 0) -> None:
+        generator = torch.Generator(device="cuda").manual_seed(seed)
+        size = (T, shapes.heads, shapes.head_dim)
+        q, k, v, grad_out = (torch.randn(size, device="cuda", dtype=shapes.dtype, generator=generator)
+                             for _ in range(4))
+        q, k, v = (x.requires_grad_(backward) for x in (q, k, v))
+        # A valid layout to warm up and capture with; every replay copies its own over it.
+        self.cu_seqlens = pad_cu_seqlens(cu_seqlens_from_lengths([T], device="cuda"), N)
+        attend = attention_fn(implementation, shapes.causal, max_seqlen)
+
+        def step():
+            out = attend(q, k, v, self.cu_seqlens)
+            return torch.autograd.grad(out, (q, k, v), grad_out) if backward else out
+
+        # The graph reads these addresses on every replay: they must live as long as it does.
+        self.inputs = (q, k, v, grad_out)
+        self.graph, self.outputs = capture_graph(step)
+
+    def replay_us(self, cu_seqlens: torch.Tensor, iters: int) -> float:
+        """Median replay time in µs (CUDA events) with ``cu_seqlens`` copied into the graph."""
+        self.cu_seqlens.copy_(cu_seqlens)
+        return median(cuda_event_us(self.graph.replay, iters))
+
+
+def _layout(lengths: torch.Tensor) -> tuple[torch.Tensor, int]:
+    return cu_seqlens_from_lengths(lengths, device="cuda"), int(lengths.max()) if lengths.numel() else 0
+
+
+def overcapture_sweep(points: list[torch.Tensor], T: int, N: int, shapes: Shapes,  # noqa: N803
+                      iters: int, implementations=IMPLEMENTATIONS) -> dict:
+    """For each layout (lengths, ``sum <= T``, ``len <= N``): captured and exact replay µs."""
+    series = {}
+    for implementation in implementations:
+        captured = AttentionGraph(implementation, T, N, T, shapes)
+        rows = []
+        for lengths in points:
+            cu, s_max = _layout(lengths)
+            L, M = int(cu[-1]), lengths.numel()  # noqa: N806
+            captured_us = captured.replay_us(pad_cu_seqlens(cu, N), iters)
+            exact = AttentionGraph(implementation, L, M, s_max, shapes)
+            exact_us = exact.replay_us(cu, iters)
+            del exact
+            rows.append({"L": L, "M": M, "S_max": s_max, "captured_us": captured_us, "exact_us": exact_us,
+                         "ratio": captured_us / exact_us})
+        del captured
+        torch.cuda.empty_cache()
+        series[implementation] = rows
+    return series
+
+
+def attention_flops(lengths: torch.Tensor, heads: int, head_dim: int, causal: bool) -> float:
+    """Forward FLOPs (two matmuls of 2 flops per multiply-add): ``4 H D * sum(visible pairs)``,
+    visible pairs ``s^2`` or, causal, ``s (s + 1) / 2``. Backward counts 2.5 times this."""
+    s = lengths.to(torch.float64)
+    pairs = (s * (s + 1) / 2 if causal else s * s).sum().item()
+    return 4.0 * heads * head_dim * pairs
+
+
+def throughput(lengths: torch.Tensor, shapes: Shapes, iters: int,
+               implementations=("varlen_attn", "rect", "flat", "persistent")) -> dict:
+    """Exact-shape graphs, forward alone and forward + backward: µs and TFLOP/s per implementation."""
+    cu, s_max = _layout(lengths)
+    L = int(cu[-1])  # noqa: N806
+    flops = attention_flops(lengths, shapes.heads, shapes.head_dim, shapes.causal)
+    result = {}
+    for implementation in implementations:
+        row = {}
+        for name, backward, work in (("fwd", False, flops), ("fwd_bwd", True, 3.5 * flops)):
+            graph = AttentionGraph(implementation, L, lengths.numel(), s_max, shapes, backward=backward)
+            us = graph.replay_us(cu, iters)
+            row[f"{name}_us"] = us
+            row[f"{name}_tflops"] = work / us / 1e6
+            del graph
+        result[implementation] = row
+    return result
+
+
+def zipf_points(counts: list[tuple[int, int]], seed: int) -> list[torch.Tensor]:
+    """One Zipf(1.2) layout per ``(L, M)`` pair, same seed for each."""
+    return [zipf_lengths(L, M, generator=torch.Generator().manual_seed(seed)) for L, M in counts]
+
+
+def sweep_layouts(seed: int) -> dict[str, tuple[int, int, list[torch.Tensor]]]:
+    """The seed article's three sweeps: ``name -> (T, N, layouts)``.
+
+    * ``fragmentation``: ``T = L = 8192``, ``N = 256``, ``M`` from 1 to 256 (Zipf lengths);
+    * ``overcapture``: ``T = 16384``, ``N = 256``, ``M = 64``, ``L`` from 16384 to 1024 (Zipf);
+    * ``constant``: every sequence 128 tokens, ``T = 16384``, ``N = 128``, ``M/N = L/T`` from 1 to
+      1/16 (``varlen_attn`` and ``rect`` are captured with ``max_seqlen = T`` like every sweep).
+    """
+    return {
+        "fragmentation": (8192, 256, zipf_points([(8192, m) for m in (1, 2, 4, 8, 16, 32, 64, 128, 256)], seed)),
+        "overcapture": (16384, 256, zipf_points([(L, 64) for L in (16384, 8192, 4096, 2048, 1024)], seed)),
+        "constant": (16384, 128, [torch.full((m,), 128, dtype=torch.int32) for m in (128, 64, 32, 16, 8)]),
+    }
+
+
+def throughput_layouts(seed: int) -> dict[str, torch.Tensor]:
+    """Exact-shape layouts: Zipf ``L = 16384, M = 64``, and 16 sequences of 1024."""
+    return {"zipf_16384x64": zipf_lengths(16384, 64, generator=torch.Generator().manual_seed(seed)),
+            "uniform_16x1024": torch.full((16,), 1024, dtype=torch.int32)}
+
+
+THROUGHPUT_IMPLEMENTATIONS = ("varlen_attn", "rect", "flat", "persistent")
+
+
+def implementation_run(implementation: str, iters: int, seed: int) -> dict:
+    """Everything the suite measures for one implementation, in this process: each sweep's rows and,
+    for :data:`THROUGHPUT_IMPLEMENTATIONS`, its exact-shape throughput per layout."""
+    shapes = Shapes()
+    run = {sweep: overcapture_sweep(points, T, N, shapes, iters, (implementation,))[implementation]
+           for sweep, (T, N, points) in sweep_layouts(seed).items()}
+    if implementation in THROUGHPUT_IMPLEMENTATIONS:
+        run["throughput"] = {
+            f"{name}_{'causal' if causal else 'full'}":
+                throughput(lengths, dataclasses.replace(shapes, causal=causal), iters, (implementation,))[implementation]
+            for causal in (False, True) for name, lengths in throughput_layouts(seed).items()
+        }
+    return run
+
+
+def schedulers_suite(iters: int = 30, seed: int = 0, timeout_s: float = 600) -> dict:
+    """The three sweeps of :func:`sweep_layouts` plus exact-shape throughput, on this GPU.
+
+    Each implementation runs in a fresh Python process (:func:`implementation_run`): a CUDA fault
+    poisons the process that hits it, so this way one failing implementation is reported under
+    ``"errors"`` and the others are still measured. H = 16, D = 128, bfloat16, sweeps not causal
+    (throughput both). Median of ``iters`` CUDA-event timings per graph.
+    """
+    runs, errors = {}, {}
+    for implementation in IMPLEMENTATIONS:
+        command = [sys.executable, "-m", __name__, implementation, str(iters), str(seed)]
+        try:
+            done = subprocess.run(command, capture_output=True, text=True, timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            errors[implementation] = f"timed out after {timeout_s} s"
+            continue
+        if done.returncode == 0:
+            runs[implementation] = json.loads(done.stdout.strip().splitlines()[-1])
+        else:
+            errors[implementation] = done.stderr[-3000:]
+    layouts = sweep_layouts(seed)
+    tables = {}
+    for implementation, run in runs.items():
+        for layout, row in run.get("throughput", {}).items():
+            tables.setdefault(layout, {})[implementation] = row
+    return {
+        "config": {"heads": Shapes.heads, "head_dim": Shapes.head_dim, "dtype": "bfloat16",
+                   "causal_sweeps": Shapes.causal, "zipf_exponent": 1.2, "iters": iters, "seed": seed,
+                   "timing": "median CUDA-event time of one graph replay, forward + backward (dq, dk, dv)",
+                   "zero_inactive": "False for all but persistent+zero"},
+        **{sweep: {"T": T, "N": N, "series": {impl: run[sweep] for impl, run in runs.items()}}
+           for sweep, (T, N, _) in layouts.items()},
+        "throughput": tables,
+        "errors": errors,
+    }
+
+
+if __name__ == "__main__":
+    print(json.dumps(implementation_run(sys.argv[1], int(sys.argv[2]), int(sys.argv[3]))))

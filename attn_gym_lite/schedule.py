@@ -1,0 +1,305 @@
+"""Grid arithmetic for ragged kernels: how many CTAs a schedule launches, and which chunk each runs.
+
+A ragged kernel tiles every sequence into chunks of ``C`` tokens and gives each CTA one chunk (per
+head). Three ways to lay that work onto a launch grid:
+
+* **rectangular** (FlashAttention-2): ``ceil(S_max / C)`` chunk slots for each of the ``N``
+  sequences, ``G_rect = N * ceil(S_max / C)``. Slots past a sequence's end exit at once. Needs
+  ``S_max`` (``max_seqlen``) on the host: under a CUDA graph that is the worst case, ``T``.
+* **flat**: one flat list of the ``G_active`` real chunks, indexed through ``chunk_offsets`` (a
+  prefix sum of per-sequence chunk counts, built on the device). The grid is the static bound
+  ``chunk_capacity(T, N, C)``; CTAs past ``chunk_offsets[-1]`` exit at once.
+* **persistent**: a fixed number of workers, at most as many as the GPU keeps resident, that stride
+  over the active task list whose length they read from ``chunk_offsets[-1]``.
+
+The functions here are the host-side half: grid sizes from static quantities (``T``, ``N``, ``C``,
+heads, SM count) and a CPU oracle of the kernels' decoding. ``chunk_offsets`` is the one device
+function, made of tensor ops only, so a captured graph recomputes it from whatever ``cu_seqlens``
+holds at each replay.
+
+Source: the seed article, sections "The anatomy of a ragged kernel", "Scheduling without
+max_seqlen" and "Graph overcapture: bound capacity-sized launches"; FlashAttention-2 (Dao, 2023)
+for the rectangular grid.
+"""
+
+from __future__ import annotations
+
+import numbers
+from collections.abc import Sequence
+
+import torch
+
+from .ragged import _check_cu_seqlens_layout
+
+Tensor = torch.Tensor
+
+__all__ = [
+    "SCHEDULES",
+    "G_active",
+    "G_rect",
+    "choose_schedule",
+    "chunk_capacity",
+    "chunk_offsets",
+    "decode_chunk",
+    "launch_grid",
+    "num_sms",
+    "persistent_workers",
+]
+
+#: The schedules a ragged kernel of this package can launch with.
+SCHEDULES = ("rect", "flat", "persistent", "auto")
+
+# Without a GPU the Triton interpreter runs kernels on the CPU; a small nominal "SM" count there
+# keeps the persistent grid smaller than its task list, so tests exercise the striding loop.
+_INTERPRETER_SMS = 4
+
+
+def _int(name: str, value: object, minimum: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise TypeError(f"{name} must be an int >= {minimum}, got {value!r}")
+    if value < minimum:
+        raise ValueError(f"{name} must be an int >= {minimum}, got {value!r}")
+    return int(value)
+
+
+def _lengths(lengths: Tensor | Sequence[int]) -> list[int]:
+    values = lengths.tolist() if isinstance(lengths, Tensor) else list(lengths)
+    for i, s in enumerate(values):
+        _int(f"lengths[{i}]", s, 0)
+    return values
+
+
+# -----------------------------------------------------------------------------
+# Grid sizes. Each counts chunks for ONE head; a kernel multiplies by the head count.
+
+
+def G_rect(N: int, S_max: int, C: int) -> int:  # noqa: N802 - the seed's name
+    """Chunks launched by the rectangular (FlashAttention-2) grid: ``N * ceil(S_max / C)``.
+
+    Args:
+        N: sequence slots (``cu_seqlens`` has ``N + 1`` entries), ``>= 1``.
+        S_max: the ``max_seqlen`` the grid is sized for, in tokens, ``>= 0``.
+        C: chunk size in tokens, ``>= 1``.
+
+    Raises:
+        TypeError / ValueError: an argument is not an int in range.
+
+    Source: seed article, "The anatomy of a ragged kernel".
+    """
+    N, S_max, C = _int("N", N, 1), _int("S_max", S_max, 0), _int("C", C, 1)
+    return N * -(-S_max // C)
+
+
+def G_active(lengths: Tensor | Sequence[int], C: int) -> int:  # noqa: N802 - the seed's name
+    """The minimal covering: ``sum_i ceil(s_i / C)`` chunks, one per ``C`` tokens of each sequence.
+
+    Args:
+        lengths: sequence lengths ``s_i`` in tokens (ints ``>= 0``, or a 1-D integer tensor, read
+            on the host: eager only). Empty slots count 0.
+        C: chunk size in tokens, ``>= 1``.
+
+    Raises:
+        TypeError / ValueError: a length or ``C`` is not an int in range.
+
+    Source: seed article, "The anatomy of a ragged kernel".
+    """
+    C = _int("C", C, 1)
+    return sum(-(-s // C) for s in _lengths(lengths))
+
+
+def chunk_capacity(T: int, N: int, C: int) -> int:  # noqa: N803 - the seed's names
+    """``G_cap``: the most chunks any layout of ``T`` tokens in ``N`` slots can need.
+
+    ``G_cap = M_max + (T - M_max) // C`` with ``M_max = min(T, N)``. Each non-empty sequence
+    needs ``ceil(s/C) = 1 + (s - 1) // C`` chunks; summing over ``M`` of them and using
+    ``sum (s_i - 1) <= T - M`` gives ``G_active <= M + (T - M) // C``, which grows with ``M`` and
+    so peaks at the largest possible ``M``. This is the flat grid's size: static, and needing no
+    ``max_seqlen``.
+
+    Args:
+        T: token capacity, ``>= 0``.
+        N: sequence capacity, ``>= 1``.
+        C: chunk size in tokens, ``>= 1``.
+
+    Raises:
+        TypeError / ValueError: an argument is not an int in range.
+
+    Source: seed article, "Scheduling without max_seqlen".
+    """
+    T, N, C = _int("T", T, 0), _int("N", N, 1), _int("C", C, 1)
+    m_max = min(T, N)
+    return m_max + (T - m_max) // C
+
+
+def persistent_workers(capacity_tasks: int, num_sms: int, ctas_per_sm: int) -> int:
+    """Workers of a persistent grid: ``min(capacity_tasks, num_sms * ctas_per_sm)``, at least 1.
+
+    Never more workers than tasks could ever exist, never more than the GPU keeps resident at
+    once: each worker then loops over tasks ``worker, worker + workers, ...``.
+
+    Args:
+        capacity_tasks: the static task bound, e.g. ``chunk_capacity(T, N, C) * heads``, ``>= 0``.
+        num_sms: streaming multiprocessors, ``>= 1`` (see :func:`num_sms`).
+        ctas_per_sm: CTAs of this kernel resident on one SM, ``>= 1``.
+
+    Raises:
+        TypeError / ValueError: an argument is not an int in range.
+
+    Source: seed article, "Graph overcapture: bound capacity-sized launches".
+    """
+    capacity_tasks = _int("capacity_tasks", capacity_tasks, 0)
+    resident = _int("num_sms", num_sms, 1) * _int("ctas_per_sm", ctas_per_sm, 1)
+    return max(1, min(capacity_tasks, resident))
+
+
+def num_sms(device: torch.device | str) -> int:
+    """SM count of a CUDA device; on CPU (Triton interpreter) a nominal 4."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).multi_processor_count
+    return _INTERPRETER_SMS
+
+
+def choose_schedule(T: int, N: int, C: int, heads: int, num_sms: int, ctas_per_sm: int) -> str:  # noqa: N803
+    """``"auto"``'s choice, from static quantities only (so it is fixed at capture).
+
+    ``"flat"`` when its whole static grid, ``chunk_capacity(T, N, C) * heads`` CTAs, fits in one
+    wave of resident CTAs (``num_sms * ctas_per_sm``): then the exiting CTAs cost one cheap wave
+    and the hardware's block scheduler balances the real ones. Otherwise ``"persistent"``, whose
+    launch never exceeds that wave however large the capacity.
+
+    Raises:
+        TypeError / ValueError: an argument is not an int in range.
+    """
+    tasks = chunk_capacity(T, N, C) * _int("heads", heads, 1)
+    resident = _int("num_sms", num_sms, 1) * _int("ctas_per_sm", ctas_per_sm, 1)
+    return "flat" if tasks <= resident else "persistent"
+
+
+def launch_grid(
+    schedule: str,
+    *,
+    T: int,  # noqa: N803
+    N: int,  # noqa: N803
+    C: int,  # noqa: N803
+    heads: int,
+    max_seqlen: int | None = None,
+    num_sms: int,
+    ctas_per_sm: int,
+) -> tuple[int, ...]:
+    """The launch grid of one ragged kernel, from static quantities.
+
+    * ``"rect"``: ``(ceil(max_seqlen / C), N, heads)``, FlashAttention-2's layout.
+    * ``"flat"``: ``(chunk_capacity(T, N, C), heads)``.
+    * ``"persistent"``: ``(persistent_workers(chunk_capacity(T, N, C) * heads, ...),)``.
+
+    Args:
+        schedule: ``"rect"``, ``"flat"`` or ``"persistent"`` (resolve ``"auto"`` first with
+            :func:`choose_schedule`).
+        T, N, C, heads: token capacity, sequence capacity, chunk size, attention heads.
+        max_seqlen: required by ``"rect"`` (``>= 1``), refused by the others.
+        num_sms, ctas_per_sm: the device's SMs and this kernel's resident CTAs per SM, which cap
+            the persistent grid.
+
+    Raises:
+        ValueError: unknown ``schedule``, ``max_seqlen`` missing for ``"rect"`` or given to
+            another schedule.
+        TypeError / ValueError: a count is not an int in range.
+    """
+    if schedule == "rect":
+        if max_seqlen is None:
+            raise ValueError("max_seqlen must be an int >= 1 for schedule='rect', got None")
+        return (-(-_int("max_seqlen", max_seqlen, 1) // _int("C", C, 1)), _int("N", N, 1), _int("heads", heads, 1))
+    if max_seqlen is not None:
+        raise ValueError(
+            f"max_seqlen is only used by schedule='rect'; schedule={schedule!r} reads the work "
+            f"from chunk_offsets on the device, got max_seqlen={max_seqlen!r}"
+        )
+    if schedule == "flat":
+        return (chunk_capacity(T, N, C), _int("heads", heads, 1))
+    if schedule == "persistent":
+        tasks = chunk_capacity(T, N, C) * _int("heads", heads, 1)
+        return (persistent_workers(tasks, num_sms, ctas_per_sm),)
+    raise ValueError(f"schedule must be one of 'rect', 'flat', 'persistent', got {schedule!r}")
+
+
+# -----------------------------------------------------------------------------
+# The flat chunk list: built on the device, decoded on the CPU for testing.
+
+
+def chunk_offsets(cu_seqlens: Tensor, C: int) -> Tensor:  # noqa: N803
+    """Where each sequence's chunks start in the flat chunk list: ``[0, ..., G_active]``.
+
+    ``chunk_offsets[i + 1] = chunk_offsets[i] + ceil(s_i / C)``. The ceiling must be taken per
+    sequence, because chunking restarts at every sequence boundary: for ``cu_seqlens = [0, 65,
+    128]`` and ``C = 64`` the lengths are ``[65, 63]``, the chunks ``[2, 1]`` and the offsets
+    ``[0, 2, 3]``, whereas ``ceil(cu_seqlens / 64) = [0, 2, 2]`` would lose a chunk.
+
+    Capture-safe: tensor ops only (no ``.item()``, no data-dependent shape), so a CUDA graph that
+    captured this call recomputes the offsets from the static ``cu_seqlens`` buffer on every
+    replay.
+
+    Args:
+        cu_seqlens: int32 ``[N + 1]`` prefix sums, any device.
+        C: chunk size in tokens, ``>= 1``.
+
+    Returns:
+        int32 ``[N + 1]`` on ``cu_seqlens``'s device; the last entry is ``G_active``. Empty slots
+        (the repeated-``L`` tail) add 0.
+
+    Raises:
+        TypeError / ValueError: ``cu_seqlens`` is not a 1-D int32 tensor of at least 2 entries,
+            or ``C`` is not an int ``>= 1``.
+
+    Source: seed article, "Scheduling without max_seqlen".
+    """
+    _check_cu_seqlens_layout(cu_seqlens)
+    C = _int("C", C, 1)
+    # Prepending cu_seqlens[0] makes the first "length" 0, so the cumsum starts at 0 and no
+    # separate concatenation is needed.
+    lengths = torch.diff(cu_seqlens, prepend=cu_seqlens[:1])
+    chunks = torch.div(lengths + (C - 1), C, rounding_mode="floor")
+    return chunks.cumsum(0, dtype=torch.int32)
+
+
+def decode_chunk(chunk_offsets: Sequence[int] | Tensor, cu_seqlens: Sequence[int] | Tensor,
+                 flat_chunk: int, C: int) -> tuple[int, int, int]:  # noqa: N803
+    """CPU oracle of the kernels' decoding: flat chunk index -> (sequence, local chunk, token start).
+
+    ``sequence`` is the last slot whose offset is ``<= flat_chunk``, found by the same binary
+    search the kernels run (``lo``/``hi`` bracketing, ``chunk_offsets[lo] <= flat_chunk <
+    chunk_offsets[hi]``), so empty slots, whose offset equals the next slot's, are skipped.
+    Then ``local_chunk = flat_chunk - chunk_offsets[sequence]`` and ``token_start =
+    cu_seqlens[sequence] + local_chunk * C``.
+
+    Args:
+        chunk_offsets: the ``N + 1`` offsets of :func:`chunk_offsets` (list or tensor, read on the
+            host).
+        cu_seqlens: the matching ``N + 1`` prefix sums.
+        flat_chunk: an index in ``[0, G_active)``.
+        C: the chunk size the offsets were built with.
+
+    Raises:
+        ValueError: ``flat_chunk`` outside ``[0, G_active)``, or the two prefix sums differ in
+            length.
+
+    Source: seed article, "Scheduling without max_seqlen" (``search_first_greater``).
+    """
+    offsets = chunk_offsets.tolist() if isinstance(chunk_offsets, Tensor) else list(chunk_offsets)
+    bounds = cu_seqlens.tolist() if isinstance(cu_seqlens, Tensor) else list(cu_seqlens)
+    if len(offsets) != len(bounds):
+        raise ValueError(
+            f"chunk_offsets must have as many entries as cu_seqlens ({len(bounds)}), got {len(offsets)}"
+        )
+    active = offsets[-1]
+    if not 0 <= flat_chunk < active:
+        raise ValueError(f"flat_chunk must be in [0, G_active = {active}), got {flat_chunk}")
+    lo, hi = 0, len(offsets) - 1
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if offsets[mid] <= flat_chunk:
+            lo = mid
+        else:
+            hi = mid
+    local = flat_chunk - offsets[lo]
+    return lo, local, bounds[lo] + local * _int("C", C, 1)

@@ -1,0 +1,201 @@
+"""The Triton ragged-attention kernels on small shapes, against a float64 reference: every schedule,
+causal and not, forward and gradients, on random ragged layouts and every edge case (M < N with the
+repeated tail, empty sequences in the middle, L = 0, sequences of one token, one sequence of T).
+
+Without a GPU the kernels run in Triton's interpreter on CPU tensors (conftest sets
+TRITON_INTERPRET=1), in float32 with 16-row tiles; with one they run compiled, in bfloat16."""
+
+import pytest
+import torch
+import triton
+import triton.language as tl
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from attn_gym_lite.attention import varlen_attention_reference
+from attn_gym_lite.kernels import AttentionConfig, KernelConfig, varlen_attention_triton
+from attn_gym_lite.kernels.tasks import task_at, task_count
+from attn_gym_lite.ragged import cu_seqlens_from_lengths, pad_cu_seqlens
+from attn_gym_lite.schedule import chunk_capacity, chunk_offsets, decode_chunk, launch_grid, num_sms
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+DTYPE = torch.bfloat16 if DEVICE == "cuda" else torch.float32
+# Max error relative to the largest reference value: float32 (interpreter) or bfloat16 (GPU).
+RTOL = 2e-2 if DTYPE == torch.bfloat16 else 1e-5
+SCHEDULES = ("rect", "flat", "persistent", "auto")
+T, H, D = 64, 2, 16
+
+EDGE_LAYOUTS = {
+    "zipf_tail": ([30, 9, 4, 2, 1], 8),  # M = 5 < N = 8: the tail repeats L
+    "empty_middle": ([17, 0, 0, 33, 5], 5),
+    "no_tokens": ([0, 0, 0], 3),  # L = 0
+    "single_tokens": ([1] * 7, 9),
+    "one_sequence_of_T": ([T], 1),
+    "tile_edges": ([15, 16, 17, 1], 4),  # one short of, exactly, one past a 16-row tile
+}
+
+
+def make_inputs(lengths, slots, seed=0, rows=T, head_dim=D, dtype=DTYPE):
+    cu = pad_cu_seqlens(cu_seqlens_from_lengths(lengths), slots).to(DEVICE)
+    g = torch.Generator().manual_seed(seed)
+    q, k, v, do = (torch.randn(rows, H, head_dim, generator=g).to(DEVICE, dtype) for _ in range(4))
+    return q, k, v, do, cu
+
+
+def attention_and_grads(fn, q, k, v, do, dtype=None):
+    q, k, v = (x.detach().to(dtype or x.dtype).requires_grad_() for x in (q, k, v))
+    out = fn(q, k, v)
+    if not out.requires_grad:  # the reference with L = 0 never touches its inputs
+        return (out, *(torch.zeros_like(x) for x in (q, k, v)))
+    return (out, *torch.autograd.grad(out, (q, k, v), do.to(out.dtype)))
+
+
+def assert_matches_reference(lengths, slots, schedule, causal, seed=0):
+    q, k, v, do, cu = make_inputs(lengths, slots, seed)
+    kwargs = {"max_seqlen": max(max(lengths), 1)} if schedule == "rect" else {}
+    ours = attention_and_grads(
+        lambda q, k, v: varlen_attention_triton(q, k, v, cu, causal=causal, schedule=schedule, **kwargs),
+        q, k, v, do)
+    reference = attention_and_grads(
+        lambda q, k, v: varlen_attention_reference(q, k, v, cu, causal=causal), q, k, v, do, torch.float64)
+    active = sum(lengths)
+    for name, mine, ref in zip(("out", "dq", "dk", "dv"), ours, reference):
+        scale = max(ref.abs().max().item(), 1.0)
+        error = (mine.double() - ref).abs().max().item() if ref.numel() else 0.0
+        assert error <= RTOL * scale, f"{name}: max error {error:.3g} > {RTOL * scale:.3g}"
+        # Inactive capacity rows are defined: zero output and zero gradient.
+        assert torch.equal(mine[active:], torch.zeros_like(mine[active:])), f"{name}: rows past L not zero"
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("schedule", SCHEDULES)
+@pytest.mark.parametrize("layout", EDGE_LAYOUTS, ids=list(EDGE_LAYOUTS))
+def test_edge_layouts_match_reference(layout, schedule, causal):
+    lengths, slots = EDGE_LAYOUTS[layout]
+    assert_matches_reference(lengths, slots, schedule, causal)
+
+
+@settings(max_examples=6, deadline=None)
+@given(
+    lengths=st.lists(st.integers(0, 40), min_size=1, max_size=6).filter(lambda s: sum(s) <= T),
+    spare_slots=st.integers(0, 3),
+    schedule=st.sampled_from(SCHEDULES),
+    causal=st.booleans(),
+    seed=st.integers(0, 2**16),
+)
+def test_random_layouts_match_reference(lengths, spare_slots, schedule, causal, seed):
+    assert_matches_reference(lengths, len(lengths) + spare_slots, schedule, causal, seed)
+
+
+def test_head_dim_32_and_fused_qkv_strides():
+    # q, k, v as views of one [T, 3, H, D] projection: row stride 3 * H * D, not H * D.
+    lengths, slots = [20, 3, 25], 4
+    _, _, _, do, cu = make_inputs(lengths, slots, head_dim=32)
+    qkv = torch.randn(T, 3, H, 32, generator=torch.Generator().manual_seed(1)).to(DEVICE, DTYPE)
+    q, k, v = qkv.unbind(1)
+    assert q.stride(0) == 3 * H * 32
+    ours = attention_and_grads(lambda q, k, v: varlen_attention_triton(q, k, v, cu, causal=True), q, k, v, do)
+    reference = attention_and_grads(
+        lambda q, k, v: varlen_attention_reference(q, k, v, cu, causal=True), q, k, v, do, torch.float64)
+    for mine, ref in zip(ours, reference):
+        assert (mine.double() - ref).abs().max() <= RTOL * max(ref.abs().max().item(), 1.0)
+
+
+def test_unspecified_tail_when_not_zeroing_still_leaves_active_rows_right():
+    lengths, slots = [10, 22], 3
+    q, k, v, do, cu = make_inputs(lengths, slots)
+    out = varlen_attention_triton(q, k, v, cu, schedule="persistent", zero_inactive=False)
+    ref = varlen_attention_reference(q.double(), k.double(), v.double(), cu)
+    assert (out[:32].double() - ref[:32]).abs().max() <= RTOL * ref.abs().max()
+
+
+# -----------------------------------------------------------------------------
+# The schedules' task decoding, on its own: a probe kernel records every task it is given.
+
+
+@triton.jit
+def record_tasks_kernel(cu_seqlens, chunk_offsets, out, num_seqs, num_heads, max_tasks,
+                        CHUNK: tl.constexpr, SCHEDULE: tl.constexpr):
+    program = tl.program_id(0) + tl.num_programs(0) * (tl.program_id(1) + tl.num_programs(1) * tl.program_id(2))
+    for i in range(task_count(cu_seqlens, chunk_offsets, num_seqs, num_heads, CHUNK, SCHEDULE)):
+        seq_start, seq_len, chunk, head = task_at(i, cu_seqlens, chunk_offsets, num_seqs, SCHEDULE)
+        slot = out + (program * max_tasks + i) * 4
+        tl.store(slot, seq_start)
+        tl.store(slot + 1, seq_len)
+        tl.store(slot + 2, chunk)
+        tl.store(slot + 3, head)
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    lengths=st.lists(st.integers(0, 50), min_size=1, max_size=10),
+    spare_slots=st.integers(0, 3),
+    spare_tokens=st.integers(0, 20),
+    C=st.sampled_from([16, 32]),
+    heads=st.integers(1, 3),
+    schedule=st.sampled_from(["rect", "flat", "persistent"]),
+)
+def test_every_schedule_runs_each_chunk_exactly_once(lengths, spare_slots, spare_tokens, C, heads, schedule):
+    rows = sum(lengths) + spare_tokens
+    slots = len(lengths) + spare_slots
+    cu = pad_cu_seqlens(cu_seqlens_from_lengths(lengths), slots)
+    offsets = chunk_offsets(cu, C)
+    grid = launch_grid(schedule, T=rows, N=slots, C=C, heads=heads, num_sms=num_sms(DEVICE), ctas_per_sm=1,
+                       max_seqlen=max(max(lengths), 1) if schedule == "rect" else None)
+    programs = grid[0] * (grid[1] if len(grid) > 1 else 1) * (grid[2] if len(grid) > 2 else 1)
+    max_tasks = -(-chunk_capacity(rows, slots, C) * heads // programs) if schedule == "persistent" else 1
+    out = torch.full((programs * max_tasks, 4), -1, dtype=torch.int32, device=DEVICE)
+    record_tasks_kernel[grid](cu.to(DEVICE), offsets.to(DEVICE), out, slots, heads, max_tasks,
+                              CHUNK=C, SCHEDULE=schedule)
+    recorded = sorted(tuple(row) for row in out.cpu().tolist() if row[0] >= 0)
+
+    bounds = cu.tolist()
+    expected = []
+    for head in range(heads):
+        for flat in range(int(offsets[-1])):
+            seq, local, _ = decode_chunk(offsets, cu, flat, C)
+            expected.append((bounds[seq], bounds[seq + 1] - bounds[seq], local, head))
+    assert recorded == sorted(expected)
+
+
+# -----------------------------------------------------------------------------
+# Argument checks: static metadata only, before any launch.
+
+
+def test_bad_arguments_name_themselves():
+    q, k, v, _, cu = make_inputs([8, 8], 2)
+    with pytest.raises(ValueError, match="max_seqlen must be an int >= 1 for schedule='rect', got None"):
+        varlen_attention_triton(q, k, v, cu, schedule="rect")
+    with pytest.raises(ValueError, match="max_seqlen is only used by schedule='rect'"):
+        varlen_attention_triton(q, k, v, cu, schedule="flat", max_seqlen=8)
+    with pytest.raises(ValueError, match="schedule must be one of .* got 'grid'"):
+        varlen_attention_triton(q, k, v, cu, schedule="grid")
+    with pytest.raises(ValueError, match=r"q, k, v must have one shape \[T, H, D\]"):
+        varlen_attention_triton(q, k[:10], v, cu)
+    with pytest.raises(TypeError, match="q must have dtype bfloat16, float16 or float32, got torch.float64"):
+        varlen_attention_triton(q.double(), k, v, cu)
+    with pytest.raises(ValueError, match=r"head dim D\) must be one of \(16, 32, 64, 128\), got 24"):
+        odd = torch.zeros(T, H, 24, dtype=DTYPE, device=DEVICE)
+        varlen_attention_triton(odd, odd, odd, cu)
+    with pytest.raises(TypeError, match="cu_seqlens must have dtype torch.int32"):
+        varlen_attention_triton(q, k, v, cu.long())
+    with pytest.raises(TypeError, match="causal must be a bool, got 1"):
+        varlen_attention_triton(q, k, v, cu, causal=1)
+    with pytest.raises(ValueError, match="KernelConfig: block_m must be a power of two >= 16, got 24"):
+        KernelConfig(24, 16)
+    with pytest.raises(ValueError, match="dkdv.block_n must be a multiple of dkdv.block_m, got 16 and 32"):
+        AttentionConfig(KernelConfig(32, 16), KernelConfig(32, 16), KernelConfig(32, 16))
+
+
+def test_schedules_compute_bitwise_identical_results():
+    # A schedule decides which program computes a chunk, never how: the arithmetic is the same.
+    q, k, v, do, cu = make_inputs([30, 0, 1, 17, 9], 7, seed=5)
+    results = {}
+    for schedule in ("rect", "flat", "persistent"):
+        options = {"max_seqlen": 30} if schedule == "rect" else {}
+        results[schedule] = attention_and_grads(
+            lambda q, k, v: varlen_attention_triton(q, k, v, cu, causal=True, schedule=schedule, **options),
+            q, k, v, do)
+    for schedule in ("flat", "persistent"):
+        for mine, rect in zip(results[schedule], results["rect"]):
+            assert torch.equal(mine, rect), schedule
