@@ -165,8 +165,9 @@ class GraphBuckets:
         fn: ``fn(inputs) -> outputs``: ``inputs`` maps names to tensors (token inputs as
             ``[capacity, ...]`` prefix views, fixed inputs whole); ``outputs`` is a tensor or a
             tuple of tensors. An output whose first dimension follows the capacity (``T_max`` in
-            the largest bucket, ``capacity`` in the others) is a *token output*; any other output
-            must have the same shape in every bucket (e.g. a loss, parameter gradients).
+            the largest bucket, the capacity in the smallest; both are probed eagerly) is a
+            *token output*; any other output must have the same shape in every bucket (e.g. a
+            loss, parameter gradients).
         capacities: token capacities (positive ints, any order; duplicates are dropped).
         token_inputs: name -> template tensor ``[T_max, ...]`` (shape and dtype; values unused).
             ``T_max`` must equal the largest capacity.
@@ -213,6 +214,7 @@ class GraphBuckets:
         self.token_inputs = {n: torch.empty_like(t, device="cuda") for n, t in token_inputs.items()}
         self.fixed_inputs = {n: torch.empty_like(t, device="cuda") for n, t in (fixed_inputs or {}).items()}
         self.pool = torch.cuda.graph_pool_handle()
+        self.stream = torch.cuda.Stream()
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self._outputs: tuple[Tensor, ...] = ()
         self._token_output = None if token_outputs is None else tuple(bool(t) for t in token_outputs)
@@ -228,13 +230,22 @@ class GraphBuckets:
 
     def _capture(self, fn, capacity: int, warmup: int) -> None:
         views = self.inputs(capacity)
-        if not self._outputs:  # largest bucket: size the output buffers from one eager call
+        if not self._outputs:  # largest bucket: size the output buffers from eager calls
             probe = fn(views)
             self.returns_tuple = isinstance(probe, tuple)
             probe = probe if self.returns_tuple else (probe,)
             self._outputs = tuple(torch.empty_like(t.detach()) for t in probe)
             if self._token_output is None:
-                self._token_output = tuple(t.dim() > 0 and t.shape[0] == capacity for t in probe)
+                # A token output follows the capacity: compare with the smallest bucket, so a
+                # fixed output whose first dimension merely equals T_max is not mistaken for one.
+                small = self.capacities[0]
+                other = fn(self.inputs(small))
+                other = other if isinstance(other, tuple) else (other,)
+                self._token_output = tuple(
+                    t.dim() > 0 and t.shape[0] == capacity and (small == capacity or o.shape[0] == small)
+                    for t, o in zip(probe, other)
+                )
+                del other
             elif len(self._token_output) != len(probe):
                 raise ValueError(
                     f"GraphBuckets: token_outputs has {len(self._token_output)} entries but fn "
@@ -261,7 +272,9 @@ class GraphBuckets:
                 # lives at one address outside the pool.
                 target.copy_(value)
 
-        graph, _ = capture_graph(captured, warmup=warmup, pool=self.pool)
+        # One side stream for every capture: freed blocks of the shared pool are reusable only
+        # by allocations on the stream they came from.
+        graph, _ = capture_graph(captured, warmup=warmup, pool=self.pool, stream=self.stream)
         self.graphs[capacity] = graph
 
     def replay(

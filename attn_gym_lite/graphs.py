@@ -30,6 +30,7 @@ def capture_graph(
     fn: Callable[[], Output],
     warmup: int = 3,
     pool: Any = None,
+    stream: torch.cuda.Stream | None = None,
 ) -> tuple[torch.cuda.CUDAGraph, Output]:
     """Warm ``fn`` up on a side stream, then capture one call of it as a CUDA graph.
 
@@ -45,11 +46,16 @@ def capture_graph(
         pool: a memory-pool handle from ``torch.cuda.graph_pool_handle()`` or another graph's
             ``graph.pool()``, to share one private pool between graphs that never run at the
             same time. ``None`` gives the graph a pool of its own.
+        stream: the side stream to warm up and capture on; default a new one. Graphs that share
+            a pool should also share this stream: the caching allocator reuses a freed block
+            only for allocations on the stream it was allocated on.
 
     Returns:
         ``(graph, outputs)``: ``graph.replay()`` reruns the captured kernels and rewrites
         ``outputs`` in place. ``outputs`` live in the graph's private pool and are overwritten
-        by the next replay; clone what you need to keep.
+        by the next replay; clone what you need to keep. The graph holds a reference to
+        ``outputs``: were they freed, a later capture could take their memory and the next
+        replay would write into it (or, after ``empty_cache``, into unmapped memory).
 
     Raises:
         TypeError: ``fn`` is not callable or ``warmup`` is not an int.
@@ -68,7 +74,7 @@ def capture_graph(
 
     # The side stream isolates exactly the work we want recorded; it first waits for everything
     # already queued (e.g. the copies that filled the static buffers).
-    stream = torch.cuda.Stream()
+    stream = stream or torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):
         for _ in range(warmup):
@@ -79,6 +85,7 @@ def capture_graph(
     with torch.cuda.graph(graph, pool=pool, stream=stream):
         outputs = fn()
     torch.cuda.current_stream().wait_stream(stream)
+    graph.captured_outputs = outputs  # keeps them allocated for as long as the graph can replay
     return graph, outputs
 
 

@@ -201,11 +201,14 @@ def test_worker_errors_reach_the_consumer():
 
 
 def test_stopping_early_stops_the_prefetch_thread():
+    before = set(threading.enumerate())  # other tests' loaders may still hold threads
     loader = make(random_corpus(6, count=200), prefetch=2)
     iterator = iter(loader)
     next(iterator)
+    ours = [t for t in threading.enumerate() if t not in before and t.name == "PackedLoader-prefetch"]
+    assert len(ours) == 1 and ours[0].is_alive()
     iterator.close()
-    assert not any(t.name == "PackedLoader-prefetch" and t.is_alive() for t in threading.enumerate())
+    assert not ours[0].is_alive()
     assert loader.state_dict()["batches"] == 1  # the position is the consumer's, not the worker's
 
 
