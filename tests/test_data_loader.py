@@ -208,6 +208,7 @@ def test_stopping_early_stops_the_prefetch_thread():
     ours = [t for t in threading.enumerate() if t not in before and t.name == "PackedLoader-prefetch"]
     assert len(ours) == 1 and ours[0].is_alive()
     iterator.close()
+    ours[0].join(timeout=10)  # close() stops the worker; give it time to notice
     assert not ours[0].is_alive()
     assert loader.state_dict()["batches"] == 1  # the position is the consumer's, not the worker's
 

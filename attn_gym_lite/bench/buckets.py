@@ -231,16 +231,31 @@ def optimizer_boundary(token_capacity: int = 4096, dim: int = 1024, num_heads: i
     return {"config": {"T": token_capacity, "dim": dim, "num_heads": num_heads}, **results}
 
 
+PARTS = {
+    "memory": lambda: memory(1024, 4096) + memory(8192, 4096),
+    "compute": compute,
+    "lifetime": lifetime,
+    "optimizer_boundary": optimizer_boundary,
+    "training": training,
+}
+
+
 def buckets_suite() -> dict:
     """Memory at the seed's size and a larger one, compute, the lifetime hazard, the optimizer
-    boundary, and the training run."""
+    boundary, and the training run; each part in a fresh process, so a CUDA fault in one is
+    recorded under ``"errors"`` and the others are still measured."""
     start = time.perf_counter()
-    record = {
-        "memory": memory(1024, 4096) + memory(8192, 4096),
-        "compute": compute(),
-        "lifetime": lifetime(),
-        "optimizer_boundary": optimizer_boundary(),
-        "training": training(),
-    }
+    record, errors = {}, {}
+    for part in PARTS:
+        done = subprocess.run([sys.executable, "-m", __name__, part], capture_output=True, text=True)
+        if done.returncode == 0:
+            record[part] = json.loads(done.stdout.strip().splitlines()[-1])
+        else:
+            errors[part] = done.stderr[-4000:]
+    record["errors"] = errors
     record["suite_seconds"] = time.perf_counter() - start
     return record
+
+
+if __name__ == "__main__":
+    print(json.dumps(PARTS[sys.argv[1]]()))
