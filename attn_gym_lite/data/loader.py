@@ -503,9 +503,14 @@ class PackedLoader:
         produced = self._produce(self._state)
         if self.prefetch:
             produced = _in_background(produced, self.prefetch)
-        for batch, state in produced:
-            self._state = state
-            yield batch
+        try:
+            for batch, state in produced:
+                self._state = state
+                yield batch
+        finally:
+            # Stop (and join) the prefetch worker now when the consumer stops early, rather than
+            # whenever the garbage collector finalizes the inner generator.
+            produced.close()
         self._state = self._initial_state()
 
     def state_dict(self) -> dict:
