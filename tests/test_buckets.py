@@ -3,7 +3,6 @@ every bucket against eager and the shared pool's memory."""
 
 import itertools
 
-import numpy as np
 import pytest
 import torch
 from hypothesis import given, settings

@@ -17,7 +17,7 @@ import itertools
 import json
 import os
 import sysconfig
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 from ._validate import check_file, check_int, check_path
@@ -84,6 +84,20 @@ def python_stdlib_corpus(limit: int | None = None) -> Iterator[str]:
 
     return itertools.islice(documents(), limit)
 
+
+
+def resolve_corpus(corpus: Iterable[str] | None) -> Iterable[str]:
+    """``corpus`` itself, or :func:`python_stdlib_corpus` for ``None``.
+
+    Raises:
+        TypeError: ``corpus`` is a single string (a common slip: it would iterate characters) or
+            not iterable.
+    """
+    if corpus is None:
+        return python_stdlib_corpus()
+    if isinstance(corpus, (str, bytes)) or not isinstance(corpus, Iterable):
+        raise TypeError(f"corpus must be an iterable of document strings, got {type(corpus).__name__}")
+    return corpus
 
 
 def text_files(folder: str | os.PathLike[str], pattern: str = "**/*.txt") -> Iterator[str]:

@@ -22,7 +22,7 @@ from typing import TypeVar
 
 from ._validate import check_capacities, check_int
 from .batch import PackedBatch, batch_from_pieces
-from .corpora import python_stdlib_corpus
+from .corpora import python_stdlib_corpus, resolve_corpus
 from .packing import BestFit, InOrder, PackingPolicy
 from .segment import segment
 from .tokenizer import ENCODE_BATCH_SIZE, Tokenizer, resolve_tokenizer
@@ -98,12 +98,7 @@ def real_text_loader(
     if num_batches is not None:
         num_batches = check_int("num_batches", num_batches, minimum=1)
     min_document_tokens = check_int("min_document_tokens", min_document_tokens, minimum=1)
-    if corpus is None:
-        corpus = python_stdlib_corpus()
-    elif isinstance(corpus, (str, bytes)) or not isinstance(corpus, Iterable):
-        raise TypeError(
-            f"corpus must be an iterable of document strings, got {type(corpus).__name__}"
-        )
+    corpus = resolve_corpus(corpus)
     tokenizer = resolve_tokenizer(tokenizer)
 
     def batches() -> Iterator[PackedBatch]:

@@ -34,7 +34,7 @@ from tqdm.auto import tqdm
 from ..buckets import BucketPlan, plan_buckets
 from ._validate import check_int
 from .batch import batch_from_pieces
-from .corpora import python_stdlib_corpus
+from .corpora import resolve_corpus
 from .packing import BestFit, FirstFit, InOrder, PackingPolicy
 from .segment import segment, segment_lengths
 from .tokenizer import ENCODE_BATCH_SIZE, Tokenizer, resolve_tokenizer
@@ -113,12 +113,7 @@ def document_lengths(
     Raises:
         TypeError: ``corpus`` is a single string or not iterable, or ``tokenizer`` is invalid.
     """
-    if corpus is None:
-        corpus = python_stdlib_corpus()
-    elif isinstance(corpus, (str, bytes)) or not isinstance(corpus, Iterable):
-        raise TypeError(
-            f"corpus must be an iterable of document strings, got {type(corpus).__name__}"
-        )
+    corpus = resolve_corpus(corpus)
     tokenizer = resolve_tokenizer(tokenizer)
     lengths: list[int] = []
     documents = iter(corpus)
