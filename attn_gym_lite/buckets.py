@@ -169,9 +169,12 @@ class GraphBuckets:
             *token output*; any other output must have the same shape in every bucket (e.g. a
             loss, parameter gradients).
         capacities: token capacities (positive ints, any order; duplicates are dropped).
-        token_inputs: name -> template tensor ``[T_max, ...]`` (shape and dtype; values unused).
-            ``T_max`` must equal the largest capacity.
-        fixed_inputs: name -> template tensor shared by every bucket (e.g. ``cu_seqlens [N + 1]``).
+        token_inputs: name -> template tensor ``[T_max, ...]``; ``T_max`` must equal the largest
+            capacity. Its shape, dtype and *values* are copied into the backing buffer: the
+            warm-up and capture calls read them, so they must be valid inputs (in-range token
+            ids and labels, say: a first real batch).
+        fixed_inputs: name -> template tensor shared by every bucket (e.g. ``cu_seqlens [N + 1]``),
+            copied the same way.
         token_outputs: one bool per output, overriding the rule above (for a fixed output whose
             first dimension happens to equal ``T_max``).
         copy_out: ``replay`` returns clones the caller owns instead of views of the shared
@@ -211,8 +214,10 @@ class GraphBuckets:
         self.copy_out, self.debug = copy_out, debug
         self.generation = 0
         # One set of backing buffers, allocated outside the pool: every bucket sees prefix views.
-        self.token_inputs = {n: torch.empty_like(t, device="cuda") for n, t in token_inputs.items()}
-        self.fixed_inputs = {n: torch.empty_like(t, device="cuda") for n, t in (fixed_inputs or {}).items()}
+        # They start as copies of the templates: uninitialised token ids would send the warm-up's
+        # embedding lookup out of range (a device-side assert).
+        self.token_inputs = {n: t.detach().to("cuda", copy=True) for n, t in token_inputs.items()}
+        self.fixed_inputs = {n: t.detach().to("cuda", copy=True) for n, t in (fixed_inputs or {}).items()}
         self.pool = torch.cuda.graph_pool_handle()
         self.stream = torch.cuda.Stream()
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
@@ -269,8 +274,11 @@ class GraphBuckets:
                         f"{capacity}; expected {tuple(target.shape)}"
                     )
                 # The graph writes its result into the shared buffer, so every bucket's output
-                # lives at one address outside the pool.
-                target.copy_(value)
+                # lives at one address outside the pool. Without no_grad the copy would record
+                # autograd history on the buffer and keep this capture's activations alive in the
+                # pool, where the next bucket could not reuse them.
+                with torch.no_grad():
+                    target.copy_(value)
 
         # One side stream for every capture: freed blocks of the shared pool are reusable only
         # by allocations on the stream they came from.

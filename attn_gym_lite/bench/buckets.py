@@ -39,31 +39,36 @@ def _projections(dim: int) -> nn.Module:
 
 
 def memory_point(config: str, token_capacity: int, dim: int, k: int) -> dict:
-    """Capture ``config`` in this process and report its memory (MiB). Run it in a fresh one."""
+    """Capture ``config`` in this process and report its memory (MiB). Run it in a fresh one.
+
+    The workload is the forward of the two projections under ``torch.no_grad()``, as in the
+    seed. Every graph configuration uses the same recipe (:class:`GraphBuckets`, outputs copied
+    into backing buffers outside the pool), so the configurations differ only in how many graphs
+    there are and whether they share a pool.
+    """
     core = _projections(dim)
     capacities = [token_capacity >> i for i in range(k)][::-1]
     x = torch.zeros(token_capacity, dim, device="cuda", dtype=torch.bfloat16)
-    pools = []
-    keep = []
-    if config == "one graph":
-        graph, out = capture_graph(lambda: core(x))
-        pools, keep = [graph.pool()], [graph, out]
-    elif config == "shared buckets":
-        buckets = GraphBuckets(lambda inputs: core(inputs["x"]), capacities, token_inputs={"x": x})
-        pools, keep = [buckets.pool], [buckets]
-    elif config == "independent graphs":
-        for capacity in reversed(capacities):
-            view = x[:capacity]
-            graph, out = capture_graph(lambda view=view: core(view))
-            pools.append(graph.pool())
-            keep += [graph, out]
-    elif config == "torch.compile reduce-overhead":
-        compiled = torch.compile(core, mode="reduce-overhead", dynamic=False)
-        for capacity in reversed(capacities):
-            for _ in range(3):  # CUDA Graph Trees record on the third call of a shape
-                keep.append(compiled(x[:capacity]).clone())
-    else:
-        raise ValueError(f"memory_point: config must be one of {CONFIGS}, got {config!r}")
+
+    def fn(inputs):
+        return core(inputs["x"])
+
+    pools, keep = [], []
+    with torch.no_grad():
+        if config == "one graph":
+            keep = [GraphBuckets(fn, [token_capacity], token_inputs={"x": x})]
+        elif config == "shared buckets":
+            keep = [GraphBuckets(fn, capacities, token_inputs={"x": x})]
+        elif config == "independent graphs":
+            keep = [GraphBuckets(fn, [c], token_inputs={"x": x[:c]}) for c in reversed(capacities)]
+        elif config == "torch.compile reduce-overhead":
+            compiled = torch.compile(core, mode="reduce-overhead", dynamic=False)
+            for capacity in reversed(capacities):
+                for _ in range(3):  # CUDA Graph Trees record on the third call of a shape
+                    keep.append(compiled(x[:capacity]).clone())
+        else:
+            raise ValueError(f"memory_point: config must be one of {CONFIGS}, got {config!r}")
+    pools = [b.pool for b in keep if isinstance(b, GraphBuckets)]
     torch.cuda.synchronize()
     snapshot = torch.cuda.memory_snapshot()
     if pools:
