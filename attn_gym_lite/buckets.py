@@ -174,7 +174,10 @@ class GraphBuckets:
             warm-up and capture calls read them, so they must be valid inputs (in-range token
             ids and labels, say: a first real batch).
         fixed_inputs: name -> template tensor shared by every bucket (e.g. ``cu_seqlens [N + 1]``),
-            copied the same way.
+            copied the same way. Every bucket is warmed up and captured on these values, so
+            ``fn`` must be safe on them at every capacity: a ``cu_seqlens`` that runs past a small
+            bucket's capacity makes attention read out of bounds unless ``fn`` clamps it
+            (``cu_seqlens.clamp(max=capacity)``, a no-op for a batch that fits).
         token_outputs: one bool per output, overriding the rule above (for a fixed output whose
             first dimension happens to equal ``T_max``).
         copy_out: ``replay`` returns clones the caller owns instead of views of the shared

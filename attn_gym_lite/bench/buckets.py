@@ -142,7 +142,11 @@ def training(token_capacity: int = 4096, sequence_capacity: int = 32, dim: int =
 
         def step(inputs, model=model, params=params):
             capacity = inputs["input_ids"].shape[0]
-            loss = model.loss(inputs["input_ids"], inputs["labels"], inputs["loss_mask"], inputs["cu_seqlens"], capacity)
+            # Every bucket is warmed up and captured on the first batch, whose sequences run past
+            # a small bucket's capacity: clamped boundaries keep attention inside the prefix. A
+            # batch that fits the bucket (every replayed one) is left unchanged by the clamp.
+            cu_seqlens = inputs["cu_seqlens"].clamp(max=capacity)
+            loss = model.loss(inputs["input_ids"], inputs["labels"], inputs["loss_mask"], cu_seqlens, capacity)
             return (loss, *torch.autograd.grad(loss, params))
 
         first = batches[0]
