@@ -22,6 +22,8 @@ from typing import Any, TypeVar
 
 import torch
 
+from .profiling.regions import native_annotations_requested
+
 Tensor = torch.Tensor
 Output = TypeVar("Output")
 
@@ -82,7 +84,10 @@ def capture_graph(
     torch.cuda.current_stream().wait_stream(stream)
 
     graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph, pool=pool, stream=stream):
+    # Inside profiling.record_annotations on torch >= 2.14, torch's graph annotations record
+    # which node each mark_kernels region added; the capture has to ask for them.
+    annotate = {"enable_annotations": True} if native_annotations_requested() else {}
+    with torch.cuda.graph(graph, pool=pool, stream=stream, **annotate):
         outputs = fn()
     torch.cuda.current_stream().wait_stream(stream)
     graph.captured_outputs = outputs  # keeps them allocated for as long as the graph can replay

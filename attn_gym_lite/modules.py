@@ -14,6 +14,7 @@ from torch import nn
 
 from .attention import varlen_attention
 from .masking import active_token_mask, mask_inactive_token_gradients, mask_inactive_tokens
+from .profiling.regions import mark_kernels
 
 Tensor = torch.Tensor
 
@@ -114,9 +115,14 @@ class PackedLM(nn.Module):
 
     def forward(self, input_ids: Tensor, cu_seqlens: Tensor, max_seqlen: int) -> Tensor:
         """``input_ids`` int64 ``[T]`` -> logits ``[T, vocab_size]``."""
-        h = self.embedding(input_ids)
-        h = h + self.attention(self.norm_in(h), cu_seqlens, max_seqlen)
-        return self.lm_head(self.norm_out(h))
+        # Named regions: record_function ranges in eager traces, and labels on the kernels of a
+        # captured graph (see attn_gym_lite.profiling).
+        with mark_kernels("embedding"):
+            h = self.embedding(input_ids)
+        with mark_kernels("attention"):
+            h = h + self.attention(self.norm_in(h), cu_seqlens, max_seqlen)
+        with mark_kernels("lm head"):
+            return self.lm_head(self.norm_out(h))
 
     def loss(
         self, input_ids: Tensor, labels: Tensor, loss_mask: Tensor, cu_seqlens: Tensor, max_seqlen: int
@@ -126,7 +132,8 @@ class PackedLM(nn.Module):
         An all-False mask gives 0 rather than NaN (the denominator is clamped to 1).
         """
         logits = self(input_ids, cu_seqlens, max_seqlen)
-        token_losses = F.cross_entropy(logits.float(), labels, reduction="none")
-        # Select, never multiply: a garbage logit on a masked row must not become NaN * 0.
-        total = torch.where(loss_mask, token_losses, 0.0).sum()
-        return total / loss_mask.sum().clamp_min(1)
+        with mark_kernels("loss"):
+            token_losses = F.cross_entropy(logits.float(), labels, reduction="none")
+            # Select, never multiply: a garbage logit on a masked row must not become NaN * 0.
+            total = torch.where(loss_mask, token_losses, 0.0).sum()
+            return total / loss_mask.sum().clamp_min(1)

@@ -1,0 +1,151 @@
+"""Putting region labels on the kernels of a replay trace, and one box per region per replay.
+
+:func:`annotate_trace` joins what :func:`~attn_gym_lite.profiling.record_annotations` recorded
+at capture time to the device events of a profiled replay:
+
+* graph-node-id route: each replayed kernel/memcpy/memset event carries ``graph id`` and
+  ``graph node id`` (torch >= 2.14, CUDA >= 13.1); the label is looked up by
+  ``(graph id << 32) | graph node id``. Node id 0 is a valid id like any other.
+* capture-order route: the device events of one ``cudaGraphLaunch`` (same ``correlation``)
+  are, in start order, the graph's nodes in capture order. The launch is matched to a captured
+  graph by its sequence of event kinds; if several graphs fit, a ``record_function`` range
+  around the replay named after one of them decides, and if none does but all candidates carry
+  the same labels (the buckets of one function), those labels are used.
+
+Labelled events get ``args["region"]``; events with no label are left exactly as they were.
+For every replay and stream, each region gets one box spanning its first to last event, on
+a "regions" track beside the stream, so Perfetto and :func:`plot_timeline` show the structure.
+
+Source: the seed article, "Small Digression into profiling" (labelled graph traces), and torch's
+``_annotate_cuda_graph_trace`` post-processor, whose node-id join this mirrors.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections import defaultdict
+from typing import Any
+
+from .regions import CAPTURE_ORDER, DEVICE_CATEGORIES, GRAPH_NODE_ID, GraphAnnotations
+from .trace import LANE_TID_BASE, Trace, split_overlapping_lanes
+
+REGION_TRACK_OFFSET = 500_000  # the region boxes of stream ``s`` live on tid ``REGION_TRACK_OFFSET + s``
+REGION_CATEGORY = "graph_region"
+
+
+def annotate_trace(trace: Trace, annotations: GraphAnnotations) -> Trace:
+    """A copy of ``trace`` with region labels on replayed device events and region boxes added.
+
+    Args:
+        trace: a Chrome trace dict of one or more graph replays (as :class:`profile` writes).
+        annotations: what :func:`record_annotations` recorded when the graphs were captured.
+
+    Returns:
+        The annotated copy (``trace`` itself is not modified). Its ``"attn_gym_lite"`` entry
+        reports ``{"route", "labelled_events", "replays", "unmatched_replays": [{"correlation",
+        "events", "reason"}, ...]}``.
+
+    Raises:
+        ValueError: ``annotations.route`` is not a known route.
+    """
+    if annotations.route not in (CAPTURE_ORDER, GRAPH_NODE_ID):
+        raise ValueError(f"annotate_trace: unknown annotations.route {annotations.route!r}")
+    out = copy.deepcopy(trace)
+    events = out.setdefault("traceEvents", [])
+    device = [e for e in events if e.get("cat") in DEVICE_CATEGORIES and e.get("ph") == "X"]
+    launches = {
+        e["args"]["correlation"]: e
+        for e in events
+        if e.get("name") == "cudaGraphLaunch" and "correlation" in e.get("args", {})
+    }
+    by_launch: dict[Any, list[dict]] = defaultdict(list)
+    for event in device:
+        correlation = event.get("args", {}).get("correlation")
+        if correlation in launches:
+            by_launch[correlation].append(event)
+    report = {"route": annotations.route, "labelled_events": 0, "replays": len(by_launch), "unmatched_replays": []}
+    if annotations.route == GRAPH_NODE_ID:
+        for event in device:
+            args = event.get("args", {})
+            if "graph node id" not in args:
+                continue
+            node = int(args["graph node id"])
+            key = node if node >= 1 << 32 else (int(args.get("graph id", 0)) << 32) | node
+            if key in annotations.nodes:
+                args["region"] = annotations.nodes[key]
+                report["labelled_events"] += 1
+    else:
+        enclosing = _enclosing_range_names(events, launches)
+        for correlation, replay in by_launch.items():
+            replay.sort(key=lambda e: e["ts"])
+            labels, reason = _match(replay, annotations.graphs, enclosing.get(correlation, set()))
+            if labels is None:
+                report["unmatched_replays"].append({"correlation": correlation, "events": len(replay), "reason": reason})
+                continue
+            for event, label in zip(replay, labels):
+                if label is not None:
+                    event["args"]["region"] = label
+                    report["labelled_events"] += 1
+    events.extend(_region_boxes(by_launch, events))
+    out["attn_gym_lite"] = report
+    return split_overlapping_lanes(out)
+
+
+def _match(replay: list[dict], graphs: list[dict], around: set[str]) -> tuple[list | None, str]:
+    """The labels of the captured graph this replay ran, or ``(None, reason)``."""
+    if len({e.get("tid") for e in replay}) > 1:
+        return None, "the replay ran on several streams: its order is not the capture order"
+    kinds = [DEVICE_CATEGORIES[e["cat"]] for e in replay]
+    candidates = [g for g in graphs if [op[0] for op in g["ops"]] == kinds]
+    if not candidates:
+        return None, f"no captured graph has these {len(kinds)} nodes"
+    named = [g for g in candidates if g["name"] in around]
+    if len(named) == 1:
+        candidates = named
+    label_sets = {tuple(op[1] for op in g["ops"]) for g in candidates}
+    if len(label_sets) > 1:
+        names = [g["name"] for g in candidates]
+        return None, f"ambiguous: graphs {names} fit; replay inside record_function(<name>) to choose"
+    return [op[1] for op in candidates[0]["ops"]], ""
+
+
+def _enclosing_range_names(events: list[dict], launches: dict[Any, dict]) -> dict[Any, set[str]]:
+    """Names of the CPU ranges enclosing each ``cudaGraphLaunch`` on its thread."""
+    ranges = defaultdict(list)
+    for event in events:
+        if event.get("cat") in ("user_annotation", "cpu_op") and event.get("ph") == "X":
+            ranges[(event.get("pid"), event.get("tid"))].append(event)
+    names = {}
+    for correlation, launch in launches.items():
+        start, end = launch["ts"], launch["ts"] + launch.get("dur", 0)
+        names[correlation] = {
+            r["name"] for r in ranges[(launch.get("pid"), launch.get("tid"))]
+            if r["ts"] <= start and end <= r["ts"] + r["dur"] + 1e-3
+        }
+    return names
+
+
+def _region_boxes(by_launch: dict[Any, list[dict]], events: list[dict]) -> list[dict]:
+    """One box per (replay, stream, region), on a regions track per stream, with its name."""
+    boxes, tracks = [], {}
+    for correlation, replay in by_launch.items():
+        spans: dict[tuple, list[float]] = {}
+        for event in replay:
+            region = event.get("args", {}).get("region")
+            if region is None:
+                continue
+            stream = event.get("tid") % LANE_TID_BASE if isinstance(event.get("tid"), int) else event.get("tid")
+            key = (event.get("pid"), stream, region)
+            start, end = event["ts"], event["ts"] + event.get("dur", 0)
+            span = spans.setdefault(key, [start, end])
+            span[0], span[1] = min(span[0], start), max(span[1], end)
+        for (pid, stream, region), (start, end) in spans.items():
+            tid = REGION_TRACK_OFFSET + stream
+            tracks[(pid, tid)] = stream
+            boxes.append({"ph": "X", "cat": REGION_CATEGORY, "name": region, "pid": pid, "tid": tid,
+                          "ts": start, "dur": end - start,
+                          "args": {"region": region, "stream": stream, "correlation": correlation}})
+    for (pid, tid), stream in sorted(tracks.items(), key=str):
+        boxes.append({"ph": "M", "name": "thread_name", "pid": pid, "tid": tid,
+                      "args": {"name": f"stream {stream} regions"}})
+    return boxes

@@ -1,0 +1,327 @@
+"""Naming the kernels of a captured graph by region, on every torch the project supports.
+
+Python does not run while a graph replays, so ``record_function`` ranges opened at capture time
+never reach a replay trace: the trace shows the graph's kernels, each with its stream and the
+correlation id of the ``cudaGraphLaunch`` that ran it, and nothing else. The labels have to be
+recorded while capturing and joined to the replay afterwards. Two routes do that:
+
+* **graph node id** (torch >= 2.14 with CUDA >= 13.1 and ``cuda-bindings``): torch's own
+  ``torch.cuda.graph_annotations.mark_kernels`` tags every graph node a region adds, and the
+  profiler writes ``graph id`` / ``graph node id`` on each replayed kernel. We delegate to it.
+* **capture order** (everything else, e.g. torch 2.11 with CUDA 13.0 on our H200): we run the
+  profiler *during the capture*. A launch made while a stream is capturing is recorded as a
+  runtime/driver API event (``cudaLaunchKernel``, ``cuLaunchKernelEx``, ``cudaMemsetAsync``...)
+  with no device activity, nested in the ``record_function`` ranges open at that moment. So the
+  capture trace lists, in order, every node the graph got and the region that launched it. A
+  graph captured from one stream is a chain, and a chain replays in exactly that order: the
+  k-th device event of a replay is the k-th captured launch. The graph itself is untouched, so
+  this route costs nothing at replay; it costs one profiled capture.
+
+Backward kernels come out of autograd's ``evaluate_function: <Node>`` ranges, which carry the
+*sequence number* of the forward op that created the node. A forward op inside region R
+therefore labels its backward kernels "R backward"; backward kernels of nodes created outside
+every region are labelled "backward".
+
+What the capture-order route cannot do: label a graph whose capture forked onto several
+streams (its replay order is not the capture order; :func:`annotate_trace` leaves such replays
+unlabelled and reports them), or see launches made through APIs the profiler does not trace.
+
+Source: ``torch.cuda.graph_annotations`` (torch 2.14 docs), and the probe on the H200 recorded
+in ``FIELD-NOTES.md`` (capture-time launch events; replay events carry only stream and
+correlation).
+"""
+
+from __future__ import annotations
+
+import contextvars
+import dataclasses
+import json
+import os
+import tempfile
+from collections import defaultdict
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch.profiler import ProfilerActivity
+
+CAPTURE_ORDER = "capture order"
+GRAPH_NODE_ID = "graph node id"
+EVALUATE_FUNCTION = "autograd::engine::evaluate_function"
+DEVICE_CATEGORIES = {"kernel": "kernel", "gpu_memset": "memset", "gpu_memcpy": "memcpy"}
+
+
+@dataclasses.dataclass
+class GraphAnnotations:
+    """Region labels of the graphs captured inside one :func:`record_annotations` block.
+
+    Attributes:
+        route: :data:`CAPTURE_ORDER` or :data:`GRAPH_NODE_ID`.
+        graphs: capture-order route: one entry per captured graph, in capture order:
+            ``{"name": str, "ops": [[kind, label], ...]}`` with ``kind`` one of ``"kernel"``,
+            ``"memset"``, ``"memcpy"`` and ``label`` a region name or ``None``, one per graph
+            node in the order the nodes were captured.
+        nodes: graph-node-id route: ``tools id -> label``, where the tools id is
+            ``(graph id << 32) | graph node id`` as the profiler writes them.
+    """
+
+    route: str
+    graphs: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+    nodes: dict[int, str] = dataclasses.field(default_factory=dict)
+
+    def save(self, path: str | os.PathLike) -> Path:
+        """Write as JSON (tools ids as strings)."""
+        path = Path(path)
+        record = {"route": self.route, "graphs": self.graphs, "nodes": {str(k): v for k, v in self.nodes.items()}}
+        path.write_text(json.dumps(record, indent=1))
+        return path
+
+    @classmethod
+    def load(cls, path: str | os.PathLike) -> GraphAnnotations:
+        """Read what :meth:`save` wrote."""
+        record = json.loads(Path(path).read_text())
+        return cls(record["route"], record["graphs"], {int(k): v for k, v in record["nodes"].items()})
+
+
+@dataclasses.dataclass
+class _Recording:
+    route: str
+    regions: set[str] = dataclasses.field(default_factory=set)
+
+
+_ACTIVE: contextvars.ContextVar[_Recording | None] = contextvars.ContextVar("attn_gym_lite_recording", default=None)
+
+
+def native_annotations_available() -> bool:
+    """True where torch's own graph annotations work: the public
+    ``torch.cuda.graph_annotations`` module (torch >= 2.14) reports ``is_available()`` (a CUDA
+    device, ``cuda-bindings`` and a driver with ``cudaGraphNodeGetToolsId``, CUDA >= 13.1)."""
+    module = getattr(torch.cuda, "graph_annotations", None)
+    return module is not None and torch.cuda.is_available() and bool(module.is_available())
+
+
+def native_annotations_requested() -> bool:
+    """True inside :func:`record_annotations` on the graph-node-id route: captures must then
+    pass ``enable_annotations=True`` to ``torch.cuda.graph`` (``capture_graph`` does)."""
+    recording = _ACTIVE.get()
+    return recording is not None and recording.route == GRAPH_NODE_ID
+
+
+@contextmanager
+def mark_kernels(name: str) -> Iterator[None]:
+    """Label the GPU work launched inside the block as region ``name``.
+
+    Always a ``torch.profiler.record_function(name)`` range, so eager traces show the region
+    too. Inside a capture within :func:`record_annotations`, the graph nodes the block adds are
+    attributed to ``name`` (and, through autograd, their backward kernels to
+    ``"<name> backward"``). Nested regions: the innermost wins. No host synchronisation:
+    safe inside a captured function.
+
+    Raises:
+        ValueError: ``name`` is not a non-empty string.
+    """
+    if not isinstance(name, str) or not name:
+        raise ValueError(f"mark_kernels: name must be a non-empty string, got {name!r}")
+    recording = _ACTIVE.get()
+    if recording is not None:
+        recording.regions.add(name)
+    with torch.profiler.record_function(name):
+        if (
+            recording is not None
+            and recording.route == GRAPH_NODE_ID
+            and torch.cuda.is_current_stream_capturing()
+        ):
+            with torch.cuda.graph_annotations.mark_kernels(name):
+                yield
+        else:
+            yield
+
+
+@contextmanager
+def record_annotations(names: Sequence[str] | None = None) -> Iterator[GraphAnnotations]:
+    """Record the region labels of every CUDA graph captured inside the block.
+
+    Usage::
+
+        with record_annotations(["train step"]) as annotations:
+            graph, outputs = capture_graph(step)   # step uses mark_kernels(...)
+        annotations.save("annotations.json")
+
+    On the capture-order route the block runs under ``torch.profiler`` (CPU + CUDA), which
+    slows the captures (measured in the "Profiling" chapter) and nothing after them.
+
+    Args:
+        names: one name per graph captured in the block, in capture order (the name a replay
+            can be matched by: :func:`annotate_trace` prefers the graph whose name is a
+            ``record_function`` range around the replay). Default ``"graph 0"``, ``"graph 1"``...
+
+    Yields:
+        A :class:`GraphAnnotations`, filled when the block exits.
+
+    Raises:
+        ValueError: ``names`` given, but a different number of graphs was captured.
+        RuntimeError: another ``record_annotations`` block is already active.
+    """
+    if _ACTIVE.get() is not None:
+        raise RuntimeError("record_annotations: blocks cannot be nested; one is already active")
+    route = GRAPH_NODE_ID if native_annotations_available() else CAPTURE_ORDER
+    recording = _Recording(route)
+    annotations = GraphAnnotations(route)
+    token = _ACTIVE.set(recording)
+    try:
+        if route == GRAPH_NODE_ID:
+            module = torch.cuda.graph_annotations
+            before = dict(module.get_kernel_annotations())
+            yield annotations
+            annotations.nodes = {
+                int(tools_id): _native_label(entries)
+                for tools_id, entries in module.get_kernel_annotations().items()
+                if tools_id not in before
+            }
+            return
+        activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
+        with torch.profiler.profile(activities=activities) as profiler:
+            yield annotations
+            if torch.cuda.is_available():
+                torch.cuda.synchronize()  # device records of non-captured launches must arrive
+        with tempfile.TemporaryDirectory() as folder:
+            raw = Path(folder) / "capture.json"
+            profiler.export_chrome_trace(str(raw))
+            trace = json.loads(raw.read_text())
+        annotations.graphs = graphs_from_capture_trace(trace, recording.regions, names)
+    finally:
+        _ACTIVE.reset(token)
+
+
+def _native_label(entries: list[Any]) -> str:
+    """torch's annotation list for one node -> our label (inner scope wins)."""
+    merged: dict[str, Any] = {}
+    for entry in entries:
+        merged.update(entry if isinstance(entry, dict) else {"name": entry})
+    name = str(merged.get("name", merged.get("str", "")))
+    return f"{name} backward" if merged.get("autograd_phase") == "backward" else name
+
+
+def launch_kind(event: dict) -> str | None:
+    """``"kernel"``, ``"memset"`` or ``"memcpy"`` for a runtime/driver API event that puts work
+    on a stream (and so becomes a graph node when the stream is capturing); ``None`` otherwise."""
+    if event.get("cat") not in ("cuda_runtime", "cuda_driver"):
+        return None
+    name = event.get("name", "")
+    if name.startswith(("cudaLaunch", "cuLaunch")):
+        return "kernel"
+    if "Memset" in name:
+        return "memset"
+    if "Memcpy" in name and "Async" in name:
+        return "memcpy"
+    return None
+
+
+def graphs_from_capture_trace(
+    trace: dict, regions: set[str] | Sequence[str], names: Sequence[str] | None = None
+) -> list[dict[str, Any]]:
+    """The capture-order annotations of every graph captured in a profiled capture.
+
+    Args:
+        trace: Chrome trace dict of a profiled block containing the captures.
+        regions: the region names (``record_function`` ranges that are regions; other ranges
+            are ignored).
+        names: optional names of the graphs, in capture order.
+
+    Returns:
+        ``[{"name": ..., "ops": [[kind, label], ...]}, ...]``, one per
+        ``cudaStreamBeginCapture``/``cudaStreamEndCapture`` pair. A graph's ops are the launch
+        API events between the pair that produced no device activity (launches on a capturing
+        stream do not run), in time order.
+
+    Raises:
+        ValueError: unpaired capture begin/end events, or ``names`` of the wrong length.
+    """
+    regions = set(regions)
+    events = [e for e in trace.get("traceEvents", []) if e.get("ph") == "X"]
+    begins = sorted(e["ts"] for e in events if e.get("name") == "cudaStreamBeginCapture")
+    ends = sorted(e["ts"] for e in events if e.get("name") == "cudaStreamEndCapture")
+    if len(begins) != len(ends) or any(b > e for b, e in zip(begins, ends)):
+        raise ValueError(
+            f"graphs_from_capture_trace: {len(begins)} cudaStreamBeginCapture and {len(ends)} "
+            "cudaStreamEndCapture events do not pair up"
+        )
+    if names is not None and len(names) != len(begins):
+        raise ValueError(
+            f"graphs_from_capture_trace: names has {len(names)} entries but {len(begins)} graphs "
+            f"were captured"
+        )
+    ran = {e.get("args", {}).get("correlation") for e in events if e.get("cat") in DEVICE_CATEGORIES}
+    launches = [
+        e for e in events
+        if launch_kind(e) and e.get("args", {}).get("correlation") not in ran
+        and any(b <= e["ts"] <= end for b, end in zip(begins, ends))
+    ]
+    stacks = _ancestors(events, launches)
+    # Forward ops carry the sequence number their autograd node will have.
+    sequence_region: dict[int, str] = {}
+    ops = [e for e in events if e.get("cat") == "cpu_op"]
+    op_stacks = _ancestors(events, ops)
+    for op in ops:
+        stack = op_stacks[id(op)]
+        sequence = op.get("args", {}).get("Sequence number")
+        if sequence is None or any(a["name"].startswith(EVALUATE_FUNCTION) for a in stack):
+            continue
+        region = _innermost_region(stack, regions)
+        if region is not None:
+            sequence_region.setdefault(sequence, region)
+    graphs = []
+    for index, (begin, end) in enumerate(zip(begins, ends)):
+        ops = []
+        for launch in sorted((e for e in launches if begin <= e["ts"] <= end), key=lambda e: e["ts"]):
+            stack = stacks.get(id(launch), [])
+            ops.append([launch_kind(launch), _label(stack, regions, sequence_region)])
+        graphs.append({"name": names[index] if names else f"graph {index}", "ops": ops})
+    return graphs
+
+
+def _label(stack: list[dict], regions: set[str], sequence_region: dict[int, str]) -> str | None:
+    for ancestor in reversed(stack):  # innermost evaluate_function first
+        if ancestor["name"].startswith(EVALUATE_FUNCTION):
+            region = sequence_region.get(ancestor.get("args", {}).get("Sequence number"))
+            return "backward" if region is None else f"{region} backward"
+    return _innermost_region(stack, regions)
+
+
+def _innermost_region(stack: list[dict], regions: set[str]) -> str | None:
+    for ancestor in reversed(stack):
+        if ancestor.get("cat") == "user_annotation" and ancestor["name"] in regions:
+            return ancestor["name"]
+    return None
+
+
+def _ancestors(events: list[dict], targets: list[dict]) -> dict[int, list[dict]]:
+    """``id(target) -> [enclosing CPU ranges on its thread, outermost first]``, by one sweep per
+    thread over ranges sorted by start (longer first on ties)."""
+    ranges = defaultdict(list)
+    for event in events:
+        if event.get("cat") in ("cpu_op", "user_annotation"):
+            ranges[(event.get("pid"), event.get("tid"))].append(event)
+    wanted = defaultdict(list)
+    for target in targets:
+        wanted[(target.get("pid"), target.get("tid"))].append(target)
+    result: dict[int, list[dict]] = {}
+    for thread, items in wanted.items():
+        # Ranges before targets at equal start, so a range starting with its first launch encloses it.
+        timeline = sorted(
+            [(r["ts"], 0, -r["dur"], i, r) for i, r in enumerate(ranges.get(thread, []))]
+            + [(t["ts"], 1, -t.get("dur", 0), i, t) for i, t in enumerate(items)],
+            key=lambda row: row[:4],
+        )
+        stack: list[dict] = []
+        for _, is_target, _, _, event in timeline:
+            end = event["ts"] + event.get("dur", 0)
+            while stack and stack[-1]["ts"] + stack[-1]["dur"] < end - 1e-3:  # ns rounding
+                stack.pop()
+            if is_target:
+                result[id(event)] = list(stack)
+            else:
+                stack.append(event)
+    return result

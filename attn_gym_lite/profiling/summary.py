@@ -1,0 +1,174 @@
+"""Reading a trace as numbers and as a picture.
+
+:func:`trace_summary` answers "is the GPU waiting for the host?": how many kernels a step
+launches, what fraction of the profiled window the GPU was busy, and the idle gaps between
+device events (count, total, largest). :func:`plot_timeline` draws streams as rows and device
+events as boxes coloured by region, so the book can show a trace as an image.
+
+All times are microseconds, as in the Chrome trace format.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import Any
+
+from .annotate import REGION_CATEGORY, REGION_TRACK_OFFSET
+from .regions import DEVICE_CATEGORIES
+from .trace import LANE_TID_BASE, Trace
+
+
+def device_events(trace: Trace) -> list[dict]:
+    """Kernel, memcpy and memset events (``"ph": "X"``), sorted by start."""
+    return sorted(
+        (e for e in trace.get("traceEvents", []) if e.get("cat") in DEVICE_CATEGORIES and e.get("ph") == "X"),
+        key=lambda e: e["ts"],
+    )
+
+
+def trace_summary(trace: Trace, steps: int | None = None, min_gap_us: float = 0.0) -> dict[str, Any]:
+    """GPU-side summary numbers of a trace.
+
+    Args:
+        trace: Chrome trace dict.
+        steps: steps the trace covers; default the number of ``ProfilerStep#`` ranges that
+            contain CPU work (``profile.step()`` leaves an empty one open at exit), or 1.
+        min_gap_us: idle intervals shorter than this are not counted as gaps (they still count
+            as idle in ``busy_fraction``).
+
+    Returns:
+        ``{"steps", "kernels", "kernels_per_step", "device_events", "window_us", "busy_us",
+        "busy_fraction", "gaps": {"count", "total_us", "largest_us"}, "region_us": {label: µs}}``.
+        The window runs from the first device event's start to the last one's end; busy time
+        is the union of device events over all streams; ``region_us`` sums event durations per
+        ``args["region"]`` (unlabelled events under ``"(unlabelled)"``).
+
+    Raises:
+        ValueError: the trace has no device events, or ``steps`` < 1.
+    """
+    events = device_events(trace)
+    if not events:
+        raise ValueError("trace_summary: the trace has no kernel, memcpy or memset events")
+    if steps is None:
+        steps = _profiler_steps(trace) or 1
+    if steps < 1:
+        raise ValueError(f"trace_summary: steps must be >= 1, got {steps}")
+    window_start = events[0]["ts"]
+    window_end = max(e["ts"] + e["dur"] for e in events)
+    busy, gaps = 0.0, []
+    covered_until = window_start
+    for event in events:  # sweep the union of intervals
+        start, end = event["ts"], event["ts"] + event["dur"]
+        if start > covered_until:
+            gaps.append(start - covered_until)
+        busy += max(0.0, end - max(start, covered_until))
+        covered_until = max(covered_until, end)
+    counted = [g for g in gaps if g >= min_gap_us]
+    regions: dict[str, float] = defaultdict(float)
+    for event in events:
+        regions[event.get("args", {}).get("region", "(unlabelled)")] += event["dur"]
+    kernels = sum(1 for e in events if e["cat"] == "kernel")
+    window = window_end - window_start
+    return {
+        "steps": steps,
+        "kernels": kernels,
+        "kernels_per_step": kernels / steps,
+        "device_events": len(events),
+        "window_us": window,
+        "busy_us": busy,
+        "busy_fraction": busy / window if window > 0 else 1.0,
+        "gaps": {"count": len(counted), "total_us": sum(counted), "largest_us": max(counted, default=0.0)},
+        "region_us": dict(regions),
+    }
+
+
+def plot_timeline(
+    trace: Trace,
+    ax=None,
+    *,
+    title: str | None = None,
+    start_us: float | None = None,
+    end_us: float | None = None,
+    show_region_boxes: bool = True,
+):
+    """Draw a trace's GPU side: one row per stream (and per region track), boxes per event.
+
+    Kernels are coloured by ``args["region"]`` (grey when unlabelled); region boxes from
+    :func:`annotate_trace` get their own row above their stream, with their names written in.
+    Time is shown in µs from the first device event.
+
+    Args:
+        trace: Chrome trace dict.
+        ax: a matplotlib ``Axes`` to draw on; default a new figure.
+        title: axes title.
+        start_us, end_us: window to show, in µs from the first device event (default all).
+        show_region_boxes: draw the region rows if present.
+
+    Returns:
+        The matplotlib ``Axes``.
+
+    Raises:
+        ValueError: the trace has no device events.
+    """
+    import matplotlib.pyplot as plt
+    from matplotlib.patches import Patch
+
+    events = device_events(trace)
+    if not events:
+        raise ValueError("plot_timeline: the trace has no kernel, memcpy or memset events")
+    origin = events[0]["ts"]
+    boxes = [e for e in trace.get("traceEvents", []) if e.get("cat") == REGION_CATEGORY and e.get("ph") == "X"]
+    rows: dict[Any, int] = {}
+    names = {
+        e.get("tid"): str(e.get("args", {}).get("name"))
+        for e in trace.get("traceEvents", [])
+        if e.get("ph") == "M" and e.get("name") == "thread_name"
+    }
+    shown = events + (boxes if show_region_boxes else [])
+    for tid in sorted({e.get("tid") for e in shown}, key=_row_order, reverse=True):
+        rows[tid] = len(rows)  # row 0 is at the bottom: the first stream ends up on top
+    regions = sorted({str(e.get("args", {}).get("region")) for e in shown if e.get("args", {}).get("region")})
+    # tab20 comes in dark/light pairs: a region is dark, its backward the light shade of it.
+    palette = plt.get_cmap("tab20")
+    bases = sorted({r.removesuffix(" backward") or r for r in regions})
+    colours = {r: palette((2 * bases.index(r.removesuffix(" backward") or r) + r.endswith(" backward")) % 20)
+               for r in regions}
+    if ax is None:
+        _, ax = plt.subplots(figsize=(11, 0.6 + 0.5 * len(rows)))
+    box_ids = {id(b) for b in boxes}
+    for event in shown:
+        region = event.get("args", {}).get("region")
+        colour = colours.get(str(region), (0.6, 0.6, 0.6, 1.0)) if region else (0.6, 0.6, 0.6, 1.0)
+        left = event["ts"] - origin
+        ax.broken_barh([(left, max(event["dur"], 1e-3))], (rows[event.get("tid")] - 0.4, 0.8),
+                       facecolors=colour, edgecolors="white" if id(event) in box_ids else "none", linewidth=0.3)
+    ax.set_yticks(list(rows.values()))
+    ax.set_yticklabels([names.get(tid, f"stream {tid}") for tid in rows])
+    ax.set_xlabel("time (µs from the first GPU event)")
+    if start_us is not None or end_us is not None:
+        ax.set_xlim(start_us or 0, end_us or ax.get_xlim()[1])
+    if title:
+        ax.set_title(title)
+    if regions:
+        ax.legend(handles=[Patch(color=colours[r], label=r) for r in regions] + [Patch(color=(0.6, 0.6, 0.6), label="(unlabelled)")],
+                  loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize="small", frameon=False)
+    return ax
+
+
+def _row_order(tid: Any) -> tuple:
+    """Streams in id order, each with its region track first and its extra lanes after."""
+    if not isinstance(tid, int):
+        return (float("inf"), 0, 0)
+    lane, base = divmod(tid, LANE_TID_BASE)
+    is_regions = base >= REGION_TRACK_OFFSET
+    return (base - REGION_TRACK_OFFSET if is_regions else base, 0 if is_regions else 1, lane)
+
+
+def _profiler_steps(trace: Trace) -> int:
+    events = [e for e in trace.get("traceEvents", []) if e.get("ph") == "X" and e.get("cat") in ("cpu_op", "user_annotation")]
+    steps = [e for e in events if str(e.get("name", "")).startswith("ProfilerStep#")]
+    return sum(
+        any(o is not s and o["tid"] == s["tid"] and s["ts"] <= o["ts"] < s["ts"] + s["dur"]
+            and not str(o.get("name", "")).startswith("ProfilerStep#") for o in events)
+        for s in steps
+    )
