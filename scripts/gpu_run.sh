@@ -14,12 +14,13 @@ OUT=${OUT:-/tmp/out}; mkdir -p "$OUT" results/h200
 STAGES=${STAGES:-bench test notebooks}
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv | tee "$OUT/gpu.txt"
 if [[ $STAGES == *bench* ]]; then
-  for suite in ${*:-hello-world training-loop pitfalls schedulers masking buckets packing-study}; do
+  for suite in ${*:-hello-world training-loop pitfalls schedulers masking buckets packing-study profiling}; do
     start=$SECONDS
     python3 -m attn_gym_lite.bench "$suite" --out "$OUT" 2>&1 | tail -20 | tee -a "$OUT/bench.log"
     echo "$suite: $((SECONDS - start)) s" | tee -a "$OUT/bench.log"
   done
   cp "$OUT"/*.json results/h200/ 2>/dev/null
+  [[ -d "$OUT/profiling_traces" ]] && cp -r "$OUT/profiling_traces" results/h200/
 fi
 if [[ $STAGES == *test* ]]; then
   python3 -m pytest -q -rs tests 2>&1 | tail -60 | tee "$OUT/pytest.log"

@@ -15,6 +15,7 @@ from ..data import load_tokenizer, real_text_loader
 from .buckets import buckets_suite
 from .masking import masking_suite
 from .packing import packing_study_suite
+from .profiling import profiling_suite
 from .schedulers import schedulers_suite
 from ..graphs import capture_graph
 from ..modules import PackedLM, VarLenAttention
@@ -123,4 +124,5 @@ SUITES = {
     "masking": masking_suite,
     "packing-study": packing_study_suite,
     "schedulers": schedulers_suite,
+    "profiling": profiling_suite,
 }

@@ -1,0 +1,138 @@
+"""Benchmark suite ``profiling``: traces of the "Graph capture" chapter's training step, eager and
+replayed, and what labelling the replayed kernels costs.
+
+* traces: a few steps of :class:`FixedCapacityTrainer` (PackedLM on the real-text loader),
+  eager and from one graph, written gzipped beside the JSON (``profiling_traces/``), plus the
+  replay trace labelled by :func:`annotate_trace` and the annotations it used;
+* summaries: kernels per step, GPU busy fraction, idle gaps, time per region;
+* the profiler's inflation: step time and ``cudaGraphLaunch`` time as the trace shows them
+  versus the same quantities on a wall clock with no profiler running;
+* the cost of labels on this torch: how long a profiled capture takes versus a plain one, and
+  whether the replayed graph has any node the plain one does not (it should not).
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from itertools import islice
+from pathlib import Path
+
+import torch
+
+from ..data import load_tokenizer, real_text_loader
+from ..modules import PackedLM
+from ..profiling import annotate_trace, profile, record_annotations, trace_summary
+from ..profiling.regions import native_annotations_available
+from ..training import FixedCapacityTrainer
+
+TRACE_FOLDER = "profiling_traces"
+
+
+def _trainer(tokenizer, first_batch, use_graph: bool, dim: int, num_heads: int, seed: int = 0) -> FixedCapacityTrainer:
+    torch.manual_seed(seed)
+    model = PackedLM(tokenizer.vocab_size, dim, num_heads, device="cuda", dtype=torch.bfloat16)
+    return FixedCapacityTrainer(model, first_batch, use_graph=use_graph)
+
+
+def _step_durations_us(trace: dict) -> list[float]:
+    """Host duration of each non-empty ``ProfilerStep#`` range."""
+    steps = [e for e in trace["traceEvents"] if str(e.get("name", "")).startswith("ProfilerStep#") and e.get("ph") == "X"]
+    return [s["dur"] for s in sorted(steps, key=lambda e: e["ts"])][:-1]  # the last is the empty one left open
+
+
+def _api_durations_us(trace: dict, name: str) -> list[float]:
+    return [e["dur"] for e in trace["traceEvents"] if e.get("name") == name and e.get("ph") == "X"]
+
+
+def _wall_step_us(trainer: FixedCapacityTrainer, batches: list, repeats: int) -> float:
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    for _ in range(repeats):
+        for batch in batches:
+            trainer.step(batch)
+    torch.cuda.synchronize()
+    return (time.perf_counter() - start) / (repeats * len(batches)) * 1e6
+
+
+def _host_replay_us(graph: torch.cuda.CUDAGraph, iters: int = 200) -> float:
+    """Median host time of one ``graph.replay()`` call (the launch, not the GPU work)."""
+    samples = []
+    for _ in range(iters):
+        start = time.perf_counter()
+        graph.replay()
+        samples.append((time.perf_counter() - start) * 1e6)
+        torch.cuda.synchronize()
+    return statistics.median(samples)
+
+
+def profiling_suite(out: Path | None = None, token_capacity: int = 4096, sequence_capacity: int = 32,
+                    dim: int = 1024, num_heads: int = 8, steps: int = 3) -> dict:
+    """Eager and replayed traces of ``steps`` training steps and their summaries; the profiler's
+    inflation against wall clocks; the cost of labels. Traces go to ``out/profiling_traces``
+    (not written when ``out`` is None, e.g. in a notebook's live run)."""
+    tokenizer = load_tokenizer()
+    loader = real_text_loader(token_capacity, sequence_capacity, tokenizer=tokenizer, max_document_tokens=1024)
+    batches = [b.pin_memory() for b in islice(loader, 4 + steps)]
+    warm, profiled = batches[:3], batches[3:]  # profiled: 1 warm-up step for the profiler + steps
+    folder = None if out is None else Path(out) / TRACE_FOLDER
+    record: dict = {"config": {"T": token_capacity, "N": sequence_capacity, "dim": dim, "num_heads": num_heads,
+                               "steps": steps, "tokenizer": tokenizer.name},
+                    "route": "graph node id" if native_annotations_available() else "capture order"}
+
+    eager = _trainer(tokenizer, batches[0], False, dim, num_heads)
+    for batch in warm:
+        eager.step(batch)
+    with profile(None, warmup=1) as eager_profile:
+        for batch in profiled:
+            eager.step(batch)
+            torch.cuda.synchronize()  # one step per ProfilerStep on the GPU side too
+            eager_profile.step()
+
+    plain_start = time.perf_counter()
+    plain = _trainer(tokenizer, batches[0], True, dim, num_heads)
+    torch.cuda.synchronize()
+    plain_capture_s = time.perf_counter() - plain_start
+    labelled_start = time.perf_counter()
+    with record_annotations(["train step"]) as annotations:
+        graph_trainer = _trainer(tokenizer, batches[0], True, dim, num_heads)
+        torch.cuda.synchronize()
+    labelled_capture_s = time.perf_counter() - labelled_start
+    for batch in warm:
+        graph_trainer.step(batch)
+    with profile(None, warmup=1) as graph_profile:
+        for batch in profiled:
+            graph_trainer.step(batch)
+            torch.cuda.synchronize()
+            graph_profile.step()
+    labelled = annotate_trace(graph_profile.trace, annotations)
+
+    traces = {"eager": eager_profile.trace, "graph_stock": graph_profile.trace, "graph_labelled": labelled}
+    if folder is not None:
+        from ..profiling import save_trace
+
+        for name, trace in traces.items():
+            save_trace(trace, folder / f"{name}.json.gz")
+        annotations.save(folder / "annotations.json")
+    record["trace_files"] = {name: f"{TRACE_FOLDER}/{name}.json.gz" for name in traces}
+    record["summaries"] = {name: trace_summary(trace) for name, trace in traces.items()}
+    record["annotation"] = {
+        **labelled["attn_gym_lite"],
+        "captured_nodes": [len(g["ops"]) for g in annotations.graphs],
+        "regions": sorted({op[1] for g in annotations.graphs for op in g["ops"] if op[1]}),
+        "capture_s_plain": plain_capture_s,
+        "capture_s_with_labels": labelled_capture_s,
+    }
+
+    # The profiler's view of host time against wall clocks with no profiler running.
+    del eager_profile, graph_profile
+    record["overhead"] = {
+        "eager_step_us_profiler": statistics.median(_step_durations_us(traces["eager"])),
+        "graph_step_us_profiler": statistics.median(_step_durations_us(traces["graph_stock"])),
+        "eager_step_us_wall": _wall_step_us(eager, profiled, repeats=20),
+        "graph_step_us_wall": _wall_step_us(graph_trainer, profiled, repeats=20),
+        "graph_launch_us_profiler": statistics.median(_api_durations_us(traces["graph_stock"], "cudaGraphLaunch")),
+        "graph_launch_us_wall": _host_replay_us(graph_trainer.graph),
+        "plain_graph_step_us_wall": _wall_step_us(plain, profiled, repeats=20),
+    }
+    return record
