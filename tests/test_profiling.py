@@ -196,6 +196,9 @@ def test_annotate_trace_reports_multi_stream_and_unknown_replays():
     for event in trace["traceEvents"]:
         if event.get("name") == "flash" and event["args"]["correlation"] == 3:
             event["tid"] = 8
+    for event in trace["traceEvents"]:  # an event moved onto an extra lane is still on stream 7
+        if event.get("name") == "misc" and event["args"]["correlation"] == 1:
+            event["tid"] = LANE_TID_BASE + STREAM
     annotated = annotate_trace(trace, GraphAnnotations(CAPTURE_ORDER, [STEP]))
     reasons = {u["correlation"]: u["reason"] for u in annotated["attn_gym_lite"]["unmatched_replays"]}
     assert set(reasons) == {2, 3}
@@ -278,7 +281,13 @@ def test_plot_timeline_draws_one_row_per_stream_and_region_track():
 # ---- recording --------------------------------------------------------------------------------
 
 def test_profile_writes_every_format_and_rejects_others(tmp_path):
-    for suffix in (".json", ".json.gz", ".pftrace"):
+    suffixes = [".json", ".json.gz"]
+    try:
+        import perfetto  # noqa: F401  (the optional [perfetto] extra; CI installs it)
+        suffixes.append(".pftrace")
+    except ImportError:
+        pass
+    for suffix in suffixes:
         path = tmp_path / f"t{suffix}"
         with profile(path, warmup=1) as prof:
             for _ in range(3):

@@ -93,7 +93,7 @@ def annotate_trace(trace: Trace, annotations: GraphAnnotations) -> Trace:
 
 def _match(replay: list[dict], graphs: list[dict], around: set[str]) -> tuple[list | None, str]:
     """The labels of the captured graph this replay ran, or ``(None, reason)``."""
-    if len({e.get("tid") for e in replay}) > 1:
+    if len({_stream(e) for e in replay}) > 1:
         return None, "the replay ran on several streams: its order is not the capture order"
     kinds = [DEVICE_CATEGORIES[e["cat"]] for e in replay]
     candidates = [g for g in graphs if [op[0] for op in g["ops"]] == kinds]
@@ -134,7 +134,7 @@ def _region_boxes(by_launch: dict[Any, list[dict]], events: list[dict]) -> list[
             region = event.get("args", {}).get("region")
             if region is None:
                 continue
-            stream = event.get("tid") % LANE_TID_BASE if isinstance(event.get("tid"), int) else event.get("tid")
+            stream = _stream(event)
             key = (event.get("pid"), stream, region)
             start, end = event["ts"], event["ts"] + event.get("dur", 0)
             span = spans.setdefault(key, [start, end])
@@ -149,3 +149,9 @@ def _region_boxes(by_launch: dict[Any, list[dict]], events: list[dict]) -> list[
         boxes.append({"ph": "M", "name": "thread_name", "pid": pid, "tid": tid,
                       "args": {"name": f"stream {stream} regions"}})
     return boxes
+
+
+def _stream(event: dict) -> object:
+    """The CUDA stream of a device event, also after it was moved onto an extra lane."""
+    tid = event.get("tid")
+    return event.get("args", {}).get("stream", tid % LANE_TID_BASE if isinstance(tid, int) else tid)
