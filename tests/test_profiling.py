@@ -195,7 +195,7 @@ def test_annotate_trace_reports_multi_stream_and_unknown_replays():
     trace = replay_trace()
     for event in trace["traceEvents"]:
         if event.get("name") == "flash" and event["args"]["correlation"] == 3:
-            event["tid"] = 8
+            event["tid"] = event["args"]["stream"] = 8
     for event in trace["traceEvents"]:  # an event moved onto an extra lane is still on stream 7
         if event.get("name") == "misc" and event["args"]["correlation"] == 1:
             event["tid"] = LANE_TID_BASE + STREAM
