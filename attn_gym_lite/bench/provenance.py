@@ -21,12 +21,15 @@ def _run(command: list[str], cwd: Path | None = None) -> str | None:
 
 
 def git_commit() -> str | None:
-    """The checkout's commit (``+dirty`` when tracked files changed), or
-    ``$ATTN_GYM_LITE_GIT_COMMIT`` where the tree travelled without its ``.git`` (GPU hosts)."""
+    """``$ATTN_GYM_LITE_GIT_COMMIT`` when set (a GPU host gets a copy of the working tree whose
+    ``.git``, if any, need not be the checkout's: one such copy reported a stale commit), else
+    the checkout's commit (``+dirty`` when tracked files changed), else ``None``."""
+    if os.environ.get("ATTN_GYM_LITE_GIT_COMMIT"):
+        return os.environ["ATTN_GYM_LITE_GIT_COMMIT"]
     root = Path(__file__).resolve().parents[2]
     commit = _run(["git", "rev-parse", "HEAD"], cwd=root)
     if commit is None:
-        return os.environ.get("ATTN_GYM_LITE_GIT_COMMIT")
+        return None
     dirty = _run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root)
     return commit + ("+dirty" if dirty else "")
 
