@@ -166,7 +166,7 @@ def test_annotate_trace_capture_order_labels_every_replay_and_leaves_the_rest():
     names = {e["tid"]: e["args"]["name"] for e in annotated["traceEvents"] if e.get("name") == "thread_name"}
     assert names[track] == "stream 7 regions"
     assert annotated["attn_gym_lite"] == {"route": CAPTURE_ORDER, "labelled_events": 8, "replays": 3,
-                                          "unmatched_replays": []}
+                                          "unmatched_replays": [], "labelled_eager_events": 0}
 
 
 def test_annotate_trace_ambiguous_graphs_are_chosen_by_the_range_around_the_replay():
@@ -204,6 +204,27 @@ def test_annotate_trace_reports_multi_stream_and_unknown_replays():
     assert set(reasons) == {2, 3}
     assert "several streams" in reasons[3] and "no captured graph" in reasons[2]
     assert annotated["attn_gym_lite"]["labelled_events"] == 3
+
+
+def test_annotate_trace_labels_eager_kernels_from_the_regions_around_their_launch():
+    """An eager step in a trace: forward launches inside "embed"/"attn" ranges, a backward node
+    whose forward op (seq 5) ran in "attn", one (seq 6) created outside any region, and a launch
+    outside every range."""
+    events = [region("embed", 0, 10), api("cudaLaunchKernel", 1, 20),
+              region("attn", 10, 10), cpu("aten::mm", 11, 5, **{"Sequence number": 5}), api("cuLaunchKernelEx", 12, 21, cat="cuda_driver"),
+              cpu("aten::add", 30, 3, **{"Sequence number": 6}), api("cudaLaunchKernel", 31, 22),
+              cpu("autograd::engine::evaluate_function: MmBackward0", 40, 5, AUTOGRAD, **{"Sequence number": 5}),
+              api("cudaLaunchKernel", 41, 23, AUTOGRAD),
+              cpu("autograd::engine::evaluate_function: AddBackward0", 50, 5, AUTOGRAD, **{"Sequence number": 6}),
+              api("cudaMemsetAsync", 51, 24, AUTOGRAD)]
+    events += [device("kernel", "gather", 100, 1, 20), device("kernel", "gemm", 110, 1, 21),
+               device("kernel", "add", 120, 1, 22), device("kernel", "gemm_bwd", 130, 1, 23),
+               device("gpu_memset", "Memset", 140, 1, 24)]
+    annotations = GraphAnnotations(CAPTURE_ORDER, [STEP])  # regions seen in STEP: embed, attn
+    annotated = annotate_trace({"traceEvents": events}, annotations)
+    assert [r[2] for r in regions_of(annotated)] == ["embed", "attn", None, "attn backward", "backward"]
+    assert annotated["attn_gym_lite"]["labelled_eager_events"] == 4
+    assert boxes_of(annotated) == []  # region boxes are drawn per graph replay only
 
 
 # ---- graph-node-id route ------------------------------------------------------------------------

@@ -73,13 +73,19 @@ def memory_point(config: str, token_capacity: int, dim: int, k: int) -> dict:
     snapshot = torch.cuda.memory_snapshot()
     if pools:
         private = sum(private_pool_bytes(pool) for pool in pools)
+        owned = {tuple(pool) for pool in pools}
+        segments = [s for s in snapshot if tuple(s.get("segment_pool_id", ())) in owned]
     else:  # CUDA Graph Trees own their pool: count every segment that is not the default pool's
-        private = sum(s["total_size"] for s in snapshot if tuple(s.get("segment_pool_id", (0, 0))) != (0, 0))
+        segments = [s for s in snapshot if tuple(s.get("segment_pool_id", (0, 0))) != (0, 0)]
+        private = sum(s["total_size"] for s in segments)
     return {
         "config": config, "T": token_capacity, "dim": dim, "capacities": capacities,
         "allocated_mib": torch.cuda.memory_allocated() / MIB,
         "reserved_mib": torch.cuda.memory_reserved() / MIB,
         "private_pool_mib": private / MIB,
+        # The caching allocator serves blocks <= 1 MiB from 2 MiB "small" segments and larger
+        # ones from "large" segments: the pool's segments show which kind each graph needed.
+        "private_segments": sorted([s.get("segment_type", "?"), s["total_size"] / MIB] for s in segments),
     }
 
 

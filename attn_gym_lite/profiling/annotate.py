@@ -13,6 +13,8 @@ at capture time to the device events of a profiled replay:
   the same labels (the buckets of one function), those labels are used.
 
 Labelled events get ``args["region"]``; events with no label are left exactly as they were.
+Kernels launched eagerly in the same trace (an eager optimizer step, or a whole eager run) are
+labelled from the regions open around their launch, with the same backward rule as at capture.
 For every replay and stream, each region gets one box spanning its first to last event, on
 a "regions" track beside the stream, so Perfetto and :func:`plot_timeline` show the structure.
 
@@ -26,7 +28,7 @@ import copy
 from collections import defaultdict
 from typing import Any
 
-from .regions import CAPTURE_ORDER, DEVICE_CATEGORIES, GRAPH_NODE_ID, GraphAnnotations
+from .regions import CAPTURE_ORDER, DEVICE_CATEGORIES, GRAPH_NODE_ID, GraphAnnotations, launch_kind, launch_labels
 from .trace import LANE_TID_BASE, Trace, split_overlapping_lanes
 
 REGION_TRACK_OFFSET = 500_000  # the region boxes of stream ``s`` live on tid ``REGION_TRACK_OFFSET + s``
@@ -43,7 +45,7 @@ def annotate_trace(trace: Trace, annotations: GraphAnnotations) -> Trace:
     Returns:
         The annotated copy (``trace`` itself is not modified). Its ``"attn_gym_lite"`` entry
         reports ``{"route", "labelled_events", "replays", "unmatched_replays": [{"correlation",
-        "events", "reason"}, ...]}``.
+        "events", "reason"}, ...], "labelled_eager_events"}``.
 
     Raises:
         ValueError: ``annotations.route`` is not a known route.
@@ -63,7 +65,8 @@ def annotate_trace(trace: Trace, annotations: GraphAnnotations) -> Trace:
         correlation = event.get("args", {}).get("correlation")
         if correlation in launches:
             by_launch[correlation].append(event)
-    report = {"route": annotations.route, "labelled_events": 0, "replays": len(by_launch), "unmatched_replays": []}
+    report = {"route": annotations.route, "labelled_events": 0, "replays": len(by_launch), "unmatched_replays": [],
+              "labelled_eager_events": 0}
     if annotations.route == GRAPH_NODE_ID:
         for event in device:
             args = event.get("args", {})
@@ -86,6 +89,16 @@ def annotate_trace(trace: Trace, annotations: GraphAnnotations) -> Trace:
                 if label is not None:
                     event["args"]["region"] = label
                     report["labelled_events"] += 1
+    # Eager work in the same trace: a kernel launched inside a region's range gets its label too.
+    launched = {e.get("args", {}).get("correlation"): e for e in events if launch_kind(e)}
+    eager = [e for e in device if e.get("args", {}).get("correlation") in launched and "region" not in e["args"]]
+    if eager:
+        labels = launch_labels(events, [launched[e["args"]["correlation"]] for e in eager], annotations.regions)
+        for event in eager:
+            label = labels[id(launched[event["args"]["correlation"]])]
+            if label is not None:
+                event["args"]["region"] = label
+                report["labelled_eager_events"] += 1
     events.extend(_region_boxes(by_launch, events))
     out["attn_gym_lite"] = report
     return split_overlapping_lanes(out)

@@ -71,6 +71,12 @@ class GraphAnnotations:
     graphs: list[dict[str, Any]] = dataclasses.field(default_factory=list)
     nodes: dict[int, str] = dataclasses.field(default_factory=dict)
 
+    @property
+    def regions(self) -> set[str]:
+        """The region names seen in the recorded labels (without their " backward")."""
+        labels = {op[1] for graph in self.graphs for op in graph["ops"] if op[1]} | set(self.nodes.values())
+        return {label.removesuffix(" backward") for label in labels if label != "backward"}
+
     def save(self, path: str | os.PathLike) -> Path:
         """Write as JSON (tools ids as strings)."""
         path = Path(path)
@@ -259,6 +265,21 @@ def graphs_from_capture_trace(
         if launch_kind(e) and e.get("args", {}).get("correlation") not in ran
         and any(b <= e["ts"] <= end for b, end in zip(begins, ends))
     ]
+    labels = launch_labels(events, launches, regions)
+    graphs = []
+    for index, (begin, end) in enumerate(zip(begins, ends)):
+        ops = []
+        for launch in sorted((e for e in launches if begin <= e["ts"] <= end), key=lambda e: e["ts"]):
+            ops.append([launch_kind(launch), labels[id(launch)]])
+        graphs.append({"name": names[index] if names else f"graph {index}", "ops": ops})
+    return graphs
+
+
+def launch_labels(events: list[dict], launches: list[dict], regions: set[str]) -> dict[int, str | None]:
+    """``id(launch) -> label`` for launch API events of a trace: the innermost enclosing region
+    on the launching thread; inside autograd's ``evaluate_function`` ranges, ``"<region>
+    backward"`` where the node's sequence number belongs to a forward op in ``<region>``, else
+    ``"backward"``; ``None`` outside every region."""
     stacks = _ancestors(events, launches)
     # Forward ops carry the sequence number their autograd node will have.
     sequence_region: dict[int, str] = {}
@@ -272,14 +293,7 @@ def graphs_from_capture_trace(
         region = _innermost_region(stack, regions)
         if region is not None:
             sequence_region.setdefault(sequence, region)
-    graphs = []
-    for index, (begin, end) in enumerate(zip(begins, ends)):
-        ops = []
-        for launch in sorted((e for e in launches if begin <= e["ts"] <= end), key=lambda e: e["ts"]):
-            stack = stacks.get(id(launch), [])
-            ops.append([launch_kind(launch), _label(stack, regions, sequence_region)])
-        graphs.append({"name": names[index] if names else f"graph {index}", "ops": ops})
-    return graphs
+    return {id(launch): _label(stacks.get(id(launch), []), regions, sequence_region) for launch in launches}
 
 
 def _label(stack: list[dict], regions: set[str], sequence_region: dict[int, str]) -> str | None:
