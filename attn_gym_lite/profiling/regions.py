@@ -122,7 +122,8 @@ def mark_kernels(name: str) -> Iterator[None]:
     Always a ``torch.profiler.record_function(name)`` range, so eager traces show the region
     too. Inside a capture within :func:`record_annotations`, the graph nodes the block adds are
     attributed to ``name`` (and, through autograd, their backward kernels to
-    ``"<name> backward"``). Nested regions: the innermost wins. No host synchronisation:
+    ``"<name> backward"``). Where torch's graph annotations work (torch >= 2.14, CUDA >= 13.1),
+    every capture also enters ``torch.cuda.graph_annotations.mark_kernels(name)``. Nested regions: the innermost wins. No host synchronisation:
     safe inside a captured function.
 
     Raises:
@@ -134,11 +135,9 @@ def mark_kernels(name: str) -> Iterator[None]:
     if recording is not None:
         recording.regions.add(name)
     with torch.profiler.record_function(name):
-        if (
-            recording is not None
-            and recording.route == GRAPH_NODE_ID
-            and torch.cuda.is_current_stream_capturing()
-        ):
+        # torch's own annotations whenever they work, also for a capture made directly with
+        # torch.cuda.graph(..., enable_annotations=True) outside record_annotations.
+        if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing() and native_annotations_available():
             with torch.cuda.graph_annotations.mark_kernels(name):
                 yield
         else:
