@@ -19,6 +19,7 @@ import torch
 from .data import PackedBatch
 from .graphs import StaticInputs, capture_graph
 from .modules import PackedLM
+from .profiling import mark_kernels
 
 Tensor = torch.Tensor
 
@@ -71,7 +72,10 @@ class FixedCapacityTrainer:
         loss = self.model.loss(
             s.input_ids, s.labels, s.loss_mask, s.cu_seqlens, max_seqlen or self.max_seqlen
         )
-        return loss, torch.autograd.grad(loss, self.parameters)
+        # The seed gradient (a fill of ones) is launched here, outside the model's regions;
+        # autograd's own kernels get "<region> backward" labels from the regions that made them.
+        with mark_kernels("backward"):
+            return loss, torch.autograd.grad(loss, self.parameters)
 
     def step(self, batch: PackedBatch) -> Tensor:
         """Train on one batch; returns its loss as a float32 device scalar (a fresh copy).

@@ -326,6 +326,43 @@ def test_profile_writes_every_format_and_rejects_others(tmp_path):
         profile(None, warmup=-1)
 
 
+def test_profile_records_steps_without_warmup_and_refuses_an_empty_recording():
+    with profile(None) as prof:
+        for _ in range(3):
+            torch.ones(8).sum()
+            prof.step()
+    assert trace_summary_steps(prof.trace) == 3
+    with pytest.raises(ValueError, match="warmup=2 discards the first 2 steps, but the block called step\\(\\) 2 times"):
+        with profile(None, warmup=2) as prof:
+            prof.step()
+            prof.step()
+
+
+def trace_summary_steps(trace):
+    from attn_gym_lite.profiling.summary import _profiler_steps
+
+    return _profiler_steps(trace)
+
+
+def test_bad_arguments_name_the_argument():
+    with pytest.raises(TypeError, match="trace must be a Chrome trace dict .* got str \\(a path\\? load it"):
+        trace_summary("trace.json.gz")
+    with pytest.raises(TypeError, match="annotations must be a GraphAnnotations"):
+        annotate_trace(replay_trace(), {"route": CAPTURE_ORDER})
+    with pytest.raises(ValueError, match="steps must be an int >= 1 or None, got 1.5"):
+        trace_summary(replay_trace(), steps=1.5)
+    with pytest.raises(ValueError, match="min_gap_us must be a number >= 0, got -1"):
+        trace_summary(replay_trace(), min_gap_us=-1)
+    with pytest.raises(ValueError, match="start_us must be < end_us, got start_us=5, end_us=1"):
+        plot_timeline(replay_trace(), start_us=5, end_us=1)
+    with pytest.raises(TypeError, match="names must be a list of strings"):
+        with record_annotations("train step"):
+            pass
+    annotated = annotate_trace(replay_trace(), GraphAnnotations(CAPTURE_ORDER, [STEP, OPTIM]))
+    with pytest.raises(ValueError, match="already annotated"):
+        annotate_trace(annotated, GraphAnnotations(CAPTURE_ORDER, [STEP, OPTIM]))
+
+
 def test_save_trace_gzip_is_reproducible(tmp_path):
     trace = replay_trace()
     first = save_trace(trace, tmp_path / "a.json.gz").read_bytes()

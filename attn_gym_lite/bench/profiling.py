@@ -6,7 +6,8 @@ replayed, and what labelling the replayed kernels costs.
   replay trace labelled by :func:`annotate_trace` and the annotations it used;
 * summaries: kernels per step, GPU busy fraction, idle gaps, time per region;
 * the profiler's inflation: step time and ``cudaGraphLaunch`` time as the trace shows them
-  versus the same quantities on a wall clock with no profiler running;
+  versus the same quantities on a wall clock with no profiler running, and a replay's GPU time
+  in the trace versus CUDA events;
 * the cost of labels on this torch: how long a profiled capture takes versus a plain one, and
   whether the replayed graph has any node the plain one does not (it should not).
 """
@@ -22,9 +23,10 @@ import torch
 
 from ..data import load_tokenizer, real_text_loader
 from ..modules import PackedLM
-from ..profiling import annotate_trace, profile, record_annotations, trace_summary
+from ..profiling import annotate_trace, device_events, profile, record_annotations, trace_summary
 from ..profiling.regions import native_annotations_available
 from ..training import FixedCapacityTrainer
+from .timing import cuda_event_us, median
 
 TRACE_FOLDER = "profiling_traces"
 
@@ -45,14 +47,30 @@ def _api_durations_us(trace: dict, name: str) -> list[float]:
     return [e["dur"] for e in trace["traceEvents"] if e.get("name") == name and e.get("ph") == "X"]
 
 
-def _wall_step_us(trainer: FixedCapacityTrainer, batches: list, repeats: int) -> float:
+def _wall_step_us(trainer: FixedCapacityTrainer, batches: list, repeats: int, sync_each_step: bool) -> float:
+    """Mean host time per step; with ``sync_each_step`` each step ends in a synchronize, as the
+    profiled steps do, otherwise steps run back to back as in training."""
     torch.cuda.synchronize()
     start = time.perf_counter()
     for _ in range(repeats):
         for batch in batches:
             trainer.step(batch)
+            if sync_each_step:
+                torch.cuda.synchronize()
     torch.cuda.synchronize()
     return (time.perf_counter() - start) / (repeats * len(batches)) * 1e6
+
+
+def _graph_spans_us(trace: dict) -> list[float]:
+    """GPU span (first start to last end) of each ``cudaGraphLaunch``'s device events."""
+    launches = {e["args"]["correlation"] for e in trace["traceEvents"] if e.get("name") == "cudaGraphLaunch"}
+    spans: dict = {}
+    for event in device_events(trace):
+        correlation = event["args"].get("correlation")
+        if correlation in launches:
+            start, end = spans.get(correlation, (event["ts"], event["ts"] + event["dur"]))
+            spans[correlation] = (min(start, event["ts"]), max(end, event["ts"] + event["dur"]))
+    return [end - start for start, end in spans.values()]
 
 
 def _host_replay_us(graph: torch.cuda.CUDAGraph, iters: int = 200) -> float:
@@ -126,13 +144,19 @@ def profiling_suite(out: Path | None = None, token_capacity: int = 4096, sequenc
 
     # The profiler's view of host time against wall clocks with no profiler running.
     del eager_profile, graph_profile
+    # Each *_synced wall clock ends every step in a synchronize, like the profiled steps, so the
+    # only difference from the trace's step length is the profiler itself.
     record["overhead"] = {
         "eager_step_us_profiler": statistics.median(_step_durations_us(traces["eager"])),
         "graph_step_us_profiler": statistics.median(_step_durations_us(traces["graph_stock"])),
-        "eager_step_us_wall": _wall_step_us(eager, profiled, repeats=20),
-        "graph_step_us_wall": _wall_step_us(graph_trainer, profiled, repeats=20),
+        "eager_step_us_wall_synced": _wall_step_us(eager, profiled, repeats=20, sync_each_step=True),
+        "graph_step_us_wall_synced": _wall_step_us(graph_trainer, profiled, repeats=20, sync_each_step=True),
+        "eager_step_us_wall": _wall_step_us(eager, profiled, repeats=20, sync_each_step=False),
+        "graph_step_us_wall": _wall_step_us(graph_trainer, profiled, repeats=20, sync_each_step=False),
         "graph_launch_us_profiler": statistics.median(_api_durations_us(traces["graph_stock"], "cudaGraphLaunch")),
         "graph_launch_us_wall": _host_replay_us(graph_trainer.graph),
-        "plain_graph_step_us_wall": _wall_step_us(plain, profiled, repeats=20),
+        "graph_replay_gpu_us_profiler": statistics.median(_graph_spans_us(traces["graph_stock"])),
+        "graph_replay_gpu_us_events": median(cuda_event_us(graph_trainer.graph.replay, 50)),
+        "plain_graph_step_us_wall": _wall_step_us(plain, profiled, repeats=20, sync_each_step=False),
     }
     return record

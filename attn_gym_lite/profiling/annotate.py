@@ -29,7 +29,7 @@ from collections import defaultdict
 from typing import Any
 
 from .regions import CAPTURE_ORDER, DEVICE_CATEGORIES, GRAPH_NODE_ID, GraphAnnotations, launch_kind, launch_labels
-from .trace import LANE_TID_BASE, Trace, split_overlapping_lanes
+from .trace import LANE_TID_BASE, Trace, check_trace, split_overlapping_lanes
 
 REGION_TRACK_OFFSET = 500_000  # the region boxes of stream ``s`` live on tid ``REGION_TRACK_OFFSET + s``
 REGION_CATEGORY = "graph_region"
@@ -48,10 +48,19 @@ def annotate_trace(trace: Trace, annotations: GraphAnnotations) -> Trace:
         "events", "reason"}, ...], "labelled_eager_events"}``.
 
     Raises:
-        ValueError: ``annotations.route`` is not a known route.
+        TypeError: ``trace`` is not a trace dict, or ``annotations`` not a ``GraphAnnotations``.
+        ValueError: ``annotations.route`` is not a known route, or ``trace`` is already annotated.
     """
+    check_trace(trace, "annotate_trace")
+    if not isinstance(annotations, GraphAnnotations):
+        raise TypeError(
+            f"annotate_trace: annotations must be a GraphAnnotations (from record_annotations, or "
+            f"GraphAnnotations.load(path)), got {type(annotations).__name__}"
+        )
     if annotations.route not in (CAPTURE_ORDER, GRAPH_NODE_ID):
         raise ValueError(f"annotate_trace: unknown annotations.route {annotations.route!r}")
+    if "attn_gym_lite" in trace or any(e.get("cat") == REGION_CATEGORY for e in trace["traceEvents"]):
+        raise ValueError("annotate_trace: trace is already annotated (it has region boxes); pass the stock trace")
     out = copy.deepcopy(trace)
     events = out.setdefault("traceEvents", [])
     device = [e for e in events if e.get("cat") in DEVICE_CATEGORIES and e.get("ph") == "X"]

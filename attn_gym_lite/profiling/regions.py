@@ -166,9 +166,12 @@ def record_annotations(names: Sequence[str] | None = None) -> Iterator[GraphAnno
         A :class:`GraphAnnotations`, filled when the block exits.
 
     Raises:
+        TypeError: ``names`` is not a list of strings.
         ValueError: ``names`` given, but a different number of graphs was captured.
         RuntimeError: another ``record_annotations`` block is already active.
     """
+    if names is not None and (isinstance(names, str) or not all(isinstance(n, str) for n in names)):
+        raise TypeError(f"record_annotations: names must be a list of strings (one per graph), got {names!r}")
     if _ACTIVE.get() is not None:
         raise RuntimeError("record_annotations: blocks cannot be nested; one is already active")
     route = GRAPH_NODE_ID if native_annotations_available() else CAPTURE_ORDER

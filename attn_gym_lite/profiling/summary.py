@@ -15,7 +15,9 @@ from typing import Any
 
 from .annotate import REGION_CATEGORY, REGION_TRACK_OFFSET
 from .regions import DEVICE_CATEGORIES
-from .trace import LANE_TID_BASE, Trace
+from .trace import LANE_TID_BASE, Trace, check_trace
+
+_NO_GPU_HINT = " (a trace recorded without a GPU has none)"
 
 
 def device_events(trace: Trace) -> list[dict]:
@@ -44,15 +46,20 @@ def trace_summary(trace: Trace, steps: int | None = None, min_gap_us: float = 0.
         ``args["region"]`` (unlabelled events under ``"(unlabelled)"``).
 
     Raises:
-        ValueError: the trace has no device events, or ``steps`` < 1.
+        TypeError: ``trace`` is not a trace dict.
+        ValueError: the trace has no device events, ``steps`` is not an int >= 1, or
+            ``min_gap_us`` is negative.
     """
+    check_trace(trace, "trace_summary")
+    if steps is not None and (not isinstance(steps, int) or isinstance(steps, bool) or steps < 1):
+        raise ValueError(f"trace_summary: steps must be an int >= 1 or None, got {steps!r}")
+    if not isinstance(min_gap_us, (int, float)) or min_gap_us < 0:
+        raise ValueError(f"trace_summary: min_gap_us must be a number >= 0, got {min_gap_us!r}")
     events = device_events(trace)
     if not events:
-        raise ValueError("trace_summary: the trace has no kernel, memcpy or memset events")
+        raise ValueError(f"trace_summary: the trace has no kernel, memcpy or memset events{_NO_GPU_HINT}")
     if steps is None:
         steps = _profiler_steps(trace) or 1
-    if steps < 1:
-        raise ValueError(f"trace_summary: steps must be >= 1, got {steps}")
     window_start = events[0]["ts"]
     window_end = max(e["ts"] + e["dur"] for e in events)
     busy, gaps = 0.0, []
@@ -95,7 +102,7 @@ def plot_timeline(
 
     Kernels are coloured by ``args["region"]`` (grey when unlabelled); region boxes from
     :func:`annotate_trace` get their own row above their stream, with their names written in.
-    Time is shown in µs from the first device event.
+    Time is shown in µs from the first device event (kernel, memcpy or memset).
 
     Args:
         trace: Chrome trace dict.
@@ -108,14 +115,18 @@ def plot_timeline(
         The matplotlib ``Axes``.
 
     Raises:
-        ValueError: the trace has no device events.
+        TypeError: ``trace`` is not a trace dict.
+        ValueError: the trace has no device events, or ``start_us >= end_us``.
     """
     import matplotlib.pyplot as plt
     from matplotlib.patches import Patch
 
+    check_trace(trace, "plot_timeline")
+    if start_us is not None and end_us is not None and not start_us < end_us:
+        raise ValueError(f"plot_timeline: start_us must be < end_us, got start_us={start_us}, end_us={end_us}")
     events = device_events(trace)
     if not events:
-        raise ValueError("plot_timeline: the trace has no kernel, memcpy or memset events")
+        raise ValueError(f"plot_timeline: the trace has no kernel, memcpy or memset events{_NO_GPU_HINT}")
     origin = events[0]["ts"]
     boxes = [e for e in trace.get("traceEvents", []) if e.get("cat") == REGION_CATEGORY and e.get("ph") == "X"]
     rows: dict[Any, int] = {}
@@ -146,7 +157,8 @@ def plot_timeline(
     ax.set_yticklabels([names.get(tid, f"stream {tid}") for tid in rows])
     ax.set_xlabel("time (µs from the first GPU event)")
     if start_us is not None or end_us is not None:
-        ax.set_xlim(start_us or 0, end_us or ax.get_xlim()[1])
+        low, high = ax.get_xlim()
+        ax.set_xlim(low if start_us is None else start_us, high if end_us is None else end_us)
     if title:
         ax.set_title(title)
     if regions:

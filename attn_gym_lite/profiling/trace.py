@@ -21,6 +21,7 @@ import gzip
 import json
 import os
 import tempfile
+import warnings
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
@@ -34,7 +35,8 @@ LANE_TID_BASE = 1_000_000  # extra lanes of track ``tid`` get tid ``LANE_TID_BAS
 
 
 class profile:  # noqa: N801 -- a context manager named like the torch.profiler.profile it wraps
-    """Profile the block with CPU and CUDA activities; write the trace to ``path`` on exit.
+    """Profile the block (CPU activity, and CUDA where a GPU is available); write the trace to
+    ``path`` on exit.
 
     Usage::
 
@@ -59,7 +61,9 @@ class profile:  # noqa: N801 -- a context manager named like the torch.profiler.
         trace: the trace ``dict`` after exit (``{"traceEvents": [...], ...}``).
 
     Raises:
-        ValueError: ``path`` has another suffix, or ``warmup`` is not an int >= 0.
+        ValueError: ``path`` has another suffix, or ``warmup`` is not an int >= 0 (at
+            construction); ``warmup`` > 0 and no step after the warm-up ones (at exit).
+        ImportError: a ``.pftrace`` path without the ``perfetto`` package (at construction).
     """
 
     def __init__(
@@ -76,16 +80,20 @@ class profile:  # noqa: N801 -- a context manager named like the torch.profiler.
             raise ValueError(f"profile: path must end with one of {SUFFIXES}, got {str(self.path)!r}")
         if not isinstance(warmup, int) or isinstance(warmup, bool) or warmup < 0:
             raise ValueError(f"profile: warmup must be an int >= 0, got {warmup!r}")
+        if self.path is not None and self.path.suffix == ".pftrace":
+            _perfetto_builder()  # fail now, not after the profiled work has run
         activities = [ProfilerActivity.CPU]
         if torch.cuda.is_available():
             activities.append(ProfilerActivity.CUDA)
-        schedule = None
-        if warmup:
-            # Record every step after the warm-up ones, up to exit.
+        # A schedule even without warm-up: torch writes ProfilerStep#N ranges only under one.
+        # Record every step after the warm-up ones, up to exit.
+        with warnings.catch_warnings():  # warmup=0 is the caller's choice, not a mistake
+            warnings.filterwarnings("ignore", message="Profiler won't be using warmup")
             schedule = torch.profiler.schedule(wait=0, warmup=warmup, active=2**31 - 1, repeat=1)
         self._profiler = torch.profiler.profile(
             activities=activities, schedule=schedule, record_shapes=record_shapes, with_stack=with_stack
         )
+        self.warmup, self.steps = warmup, 0
         self.split_lanes = split_lanes
         self.trace: Trace | None = None
 
@@ -95,12 +103,19 @@ class profile:  # noqa: N801 -- a context manager named like the torch.profiler.
 
     def step(self) -> None:
         """Mark the end of one step (a ``ProfilerStep#N`` range in the trace)."""
+        self.steps += 1
         self._profiler.step()
 
     def __exit__(self, *exc: object) -> None:
         self._profiler.__exit__(*exc)
         if exc[0] is not None:
             return
+        if self.warmup and self.steps <= self.warmup:
+            raise ValueError(
+                f"profile: warmup={self.warmup} discards the first {self.warmup} steps, but the block "
+                f"called step() {self.steps} times, so nothing was recorded; call prof.step() after "
+                f"each step, or lower warmup"
+            )
         with tempfile.TemporaryDirectory() as folder:
             raw = Path(folder) / "trace.json"
             self._profiler.export_chrome_trace(str(raw))
@@ -158,7 +173,11 @@ def split_overlapping_lanes(trace: Trace) -> Trace:
     innermost open slice; a slice that fits nowhere opens a new lane. Lane 0 keeps the track's
     ``tid``; lane ``k`` gets ``tid = LANE_TID_BASE * k + tid`` and a ``thread_name`` of
     ``"<name> (lane k)"``. Non-slice events and the input are left unchanged.
+
+    Raises:
+        TypeError: ``trace`` is not a trace dict.
     """
+    check_trace(trace, "split_overlapping_lanes")
     out = copy.deepcopy(trace)
     events = out.get("traceEvents", [])
     names = {
@@ -207,17 +226,14 @@ def perfetto_protobuf(trace: Trace) -> bytes:
     Raises:
         ImportError: the ``perfetto`` package is not installed.
     """
-    try:
-        from perfetto.trace_builder.proto_builder import TraceProtoBuilder
-    except ImportError as error:  # pragma: no cover - depends on the environment
-        raise ImportError("perfetto_protobuf: writing .pftrace needs `pip install perfetto`") from error
+    check_trace(trace, "perfetto_protobuf")
+    builder = _perfetto_builder()
     events = trace.get("traceEvents", [])
     names = {
         (e.get("pid"), e.get("tid")): str(e.get("args", {}).get("name"))
         for e in events
         if e.get("ph") == "M" and e.get("name") == "thread_name"
     }
-    builder = TraceProtoBuilder()
     sequence_id = 1
     uuids: dict[tuple, int] = {}
     slices = sorted((e for e in events if e.get("ph") == "X" and "dur" in e), key=lambda e: e["ts"])
@@ -244,3 +260,21 @@ def perfetto_protobuf(trace: Trace) -> bytes:
             else:
                 track_event.type = track_event.TYPE_SLICE_END
     return builder.serialize()
+
+
+def _perfetto_builder():
+    try:
+        from perfetto.trace_builder.proto_builder import TraceProtoBuilder
+    except ImportError as error:  # pragma: no cover - depends on the environment
+        raise ImportError("writing a .pftrace needs the perfetto package: pip install perfetto") from error
+    return TraceProtoBuilder()
+
+
+def check_trace(trace: object, where: str) -> None:
+    """Raise ``TypeError`` unless ``trace`` is a Chrome trace dict (``{"traceEvents": [...]}``)."""
+    if not isinstance(trace, dict) or not isinstance(trace.get("traceEvents"), list):
+        hint = " (a path? load it with load_trace(path) first)" if isinstance(trace, (str, os.PathLike)) else ""
+        raise TypeError(
+            f"{where}: trace must be a Chrome trace dict with a 'traceEvents' list, got "
+            f"{type(trace).__name__}{hint}"
+        )
