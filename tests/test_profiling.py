@@ -251,7 +251,7 @@ def test_annotate_trace_rejects_an_unknown_route():
 
 
 def test_graph_annotations_round_trip(tmp_path):
-    annotations = GraphAnnotations(GRAPH_NODE_ID, [STEP], {(3 << 32) | 0: "a"})
+    annotations = GraphAnnotations(GRAPH_NODE_ID, [STEP], {(3 << 32) | 0: "a"}, ["a", "optimizer"])
     assert GraphAnnotations.load(annotations.save(tmp_path / "a.json")) == annotations
 
 
@@ -444,3 +444,64 @@ def test_replayed_graph_kernels_carry_their_region_label():
             if "softmax" in kernel["name"].lower():
                 assert label in ("softmax", "softmax backward"), (kernel["name"], label)
         assert "softmax backward" in labels and "project backward" in labels
+
+
+# ---- regressions found by review -------------------------------------------------------------
+
+def _window(*events):
+    return {"traceEvents": [api("cudaStreamBeginCapture", 0, 1), *events, api("cudaStreamEndCapture", 99, 2)]}
+
+
+def test_backward_region_comes_from_the_op_that_created_the_node():
+    """An op that creates no node carries the *next* node's number: the node belongs to the last
+    forward op with that number (here aten::mm in "attn", not aten::arange in "rope")."""
+    trace = _window(region("rope", 1, 10), cpu("aten::arange", 2, 3, **{"Sequence number": 5}), api("cudaLaunchKernel", 3, 10),
+                    region("attn", 20, 10), cpu("aten::mm", 21, 5, **{"Sequence number": 5}), api("cudaLaunchKernel", 22, 11),
+                    cpu("autograd::engine::evaluate_function: MmBackward0", 50, 5, AUTOGRAD, **{"Sequence number": 5}),
+                    api("cudaLaunchKernel", 51, 12, AUTOGRAD))
+    labels = [op[1] for op in graphs_from_capture_trace(trace, {"rope", "attn"})[0]["ops"]]
+    assert labels == ["rope", "attn", "attn backward"]
+
+
+def test_host_function_nodes_are_not_device_work():
+    trace = _window(region("a", 1, 10), api("cudaLaunchKernel", 2, 10), api("cudaLaunchHostFunc", 3, 11))
+    assert graphs_from_capture_trace(trace, {"a"})[0]["ops"] == [["kernel", "a"]]
+
+
+def test_captures_overlapping_on_two_threads_are_refused():
+    trace = {"traceEvents": [api("cudaStreamBeginCapture", 10, 1), api("cudaStreamBeginCapture", 20, 2, tid=20),
+                             api("cudaStreamEndCapture", 40, 3, tid=20), api("cudaStreamEndCapture", 80, 4)]}
+    with pytest.raises(ValueError, match="captures overlap in time"):
+        graphs_from_capture_trace(trace, set())
+
+
+def test_eager_kernels_of_regions_outside_the_graphs():
+    events = [region("optimizer", 20, 10), api("cudaLaunchKernel", 21, 30), device("kernel", "adam", 40, 1, 30),
+              region("backward", 50, 10), api("cudaLaunchKernel", 51, 31), device("kernel", "fill", 60, 1, 31)]
+    plain = annotate_trace({"traceEvents": events}, GraphAnnotations(CAPTURE_ORDER, [STEP]))
+    assert [r[2] for r in regions_of(plain)] == [None, None]
+    recorded = GraphAnnotations(CAPTURE_ORDER, [STEP], region_names=["backward"])
+    both = annotate_trace({"traceEvents": events}, recorded, extra_regions=["optimizer"])
+    assert [r[2] for r in regions_of(both)] == ["optimizer", "backward"]
+
+
+def test_lanes_move_flow_arrows_and_tolerate_float_rounding():
+    trace = {"traceEvents": [
+        device("kernel", "A", 0, 10, 1), device("kernel", "B", 9, 5, 2),
+        {"ph": "f", "cat": "ac2g", "name": "ac2g", "id": 2, "pid": GPU, "tid": STREAM, "ts": 9, "bp": "e"},
+        # Nested and touching at ~5e12 µs, where float addition is off by about 1e-3 µs.
+        device("kernel", "parent", 5144119282936.71, 51.094, 3), device("kernel", "child", 5144119282965.072, 22.732, 3),
+        device("kernel", "next", 5144119282987.804, 1.0, 4)]}
+    out = split_overlapping_lanes(trace)
+    tids = {e["name"]: e["tid"] for e in out["traceEvents"] if e.get("ph") in ("X", "f")}
+    assert tids == {"A": STREAM, "B": LANE_TID_BASE + STREAM, "ac2g": LANE_TID_BASE + STREAM,
+                    "parent": STREAM, "child": STREAM, "next": STREAM}
+
+
+def test_malformed_events_are_skipped_not_fatal():
+    events = [launch(0, 1), device("kernel", "k", 10, 5, 1), {"ph": "X", "cat": "kernel", "name": "no dur", "ts": 3},
+              {"ph": "i", "cat": "user_annotation", "name": "instant", "ts": 1, "pid": 1, "tid": MAIN},
+              {"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "ts": 2, "dur": 1, "pid": 1, "tid": MAIN}]
+    annotated = annotate_trace({"traceEvents": events}, GraphAnnotations(CAPTURE_ORDER, [{"name": "g", "ops": [["kernel", "x"]]}]))
+    assert [r[2] for r in regions_of(annotated)] == ["x", None]
+    assert trace_summary({"traceEvents": events})["device_events"] == 1

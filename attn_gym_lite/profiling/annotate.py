@@ -12,7 +12,9 @@ at capture time to the device events of a profiled replay:
   around the replay named after one of them decides, and if none does but all candidates carry
   the same labels (the buckets of one function), those labels are used.
 
-Labelled events get ``args["region"]``; events with no label are left exactly as they were.
+Labelled events get ``args["region"]``; events with no label keep their fields, except that the
+result is passed through :func:`split_overlapping_lanes`, which may move an overlapping slice
+onto an extra lane of its track.
 Kernels launched eagerly in the same trace (an eager optimizer step, or a whole eager run) are
 labelled from the regions open around their launch, with the same backward rule as at capture.
 For every replay and stream, each region gets one box spanning its first to last event, on
@@ -26,21 +28,32 @@ from __future__ import annotations
 
 import copy
 from collections import defaultdict
+from collections.abc import Iterable
 from typing import Any
 
-from .regions import CAPTURE_ORDER, DEVICE_CATEGORIES, GRAPH_NODE_ID, GraphAnnotations, launch_kind, launch_labels
+from .regions import (
+    CAPTURE_ORDER,
+    DEVICE_CATEGORIES,
+    GRAPH_NODE_ID,
+    GraphAnnotations,
+    _ancestors,
+    launch_kind,
+    launch_labels,
+)
 from .trace import LANE_TID_BASE, Trace, check_trace, split_overlapping_lanes
 
 REGION_TRACK_OFFSET = 500_000  # the region boxes of stream ``s`` live on tid ``REGION_TRACK_OFFSET + s``
 REGION_CATEGORY = "graph_region"
 
 
-def annotate_trace(trace: Trace, annotations: GraphAnnotations) -> Trace:
+def annotate_trace(trace: Trace, annotations: GraphAnnotations, extra_regions: Iterable[str] = ()) -> Trace:
     """A copy of ``trace`` with region labels on replayed device events and region boxes added.
 
     Args:
         trace: a Chrome trace dict of one or more graph replays (as :class:`profile` writes).
         annotations: what :func:`record_annotations` recorded when the graphs were captured.
+        extra_regions: further region names for labelling eager kernels, for regions that were
+            not entered while recording (e.g. ``mark_kernels("optimizer")`` around an eager step).
 
     Returns:
         The annotated copy (``trace`` itself is not modified). Its ``"attn_gym_lite"`` entry
@@ -62,16 +75,19 @@ def annotate_trace(trace: Trace, annotations: GraphAnnotations) -> Trace:
     if "attn_gym_lite" in trace or any(e.get("cat") == REGION_CATEGORY for e in trace["traceEvents"]):
         raise ValueError("annotate_trace: trace is already annotated (it has region boxes); pass the stock trace")
     out = copy.deepcopy(trace)
-    events = out.setdefault("traceEvents", [])
-    device = [e for e in events if e.get("cat") in DEVICE_CATEGORIES and e.get("ph") == "X"]
+    events = out["traceEvents"]
+    for event in events:
+        if not isinstance(event.get("args"), dict):
+            event["args"] = {}
+    device = [e for e in events if e.get("cat") in DEVICE_CATEGORIES and e.get("ph") == "X" and "dur" in e]
     launches = {
         e["args"]["correlation"]: e
         for e in events
-        if e.get("name") == "cudaGraphLaunch" and "correlation" in e.get("args", {})
+        if e.get("name") == "cudaGraphLaunch" and e.get("ph") == "X" and "correlation" in e["args"]
     }
     by_launch: dict[Any, list[dict]] = defaultdict(list)
     for event in device:
-        correlation = event.get("args", {}).get("correlation")
+        correlation = event["args"].get("correlation")
         if correlation in launches:
             by_launch[correlation].append(event)
     report = {"route": annotations.route, "labelled_events": 0, "replays": len(by_launch), "unmatched_replays": [],
@@ -87,7 +103,8 @@ def annotate_trace(trace: Trace, annotations: GraphAnnotations) -> Trace:
                 args["region"] = annotations.nodes[key]
                 report["labelled_events"] += 1
     else:
-        enclosing = _enclosing_range_names(events, launches)
+        stacks = _ancestors(events, list(launches.values()))
+        enclosing = {c: {r["name"] for r in stacks.get(id(launch), [])} for c, launch in launches.items()}
         for correlation, replay in by_launch.items():
             replay.sort(key=lambda e: e["ts"])
             labels, reason = _match(replay, annotations.graphs, enclosing.get(correlation, set()))
@@ -99,10 +116,11 @@ def annotate_trace(trace: Trace, annotations: GraphAnnotations) -> Trace:
                     event["args"]["region"] = label
                     report["labelled_events"] += 1
     # Eager work in the same trace: a kernel launched inside a region's range gets its label too.
-    launched = {e.get("args", {}).get("correlation"): e for e in events if launch_kind(e)}
-    eager = [e for e in device if e.get("args", {}).get("correlation") in launched and "region" not in e["args"]]
+    launched = {e["args"]["correlation"]: e for e in events if launch_kind(e) and "correlation" in e["args"]}
+    eager = [e for e in device if e["args"].get("correlation") in launched and "region" not in e["args"]]
     if eager:
-        labels = launch_labels(events, [launched[e["args"]["correlation"]] for e in eager], annotations.regions)
+        regions = annotations.regions | set(extra_regions)
+        labels = launch_labels(events, [launched[e["args"]["correlation"]] for e in eager], regions)
         for event in eager:
             label = labels[id(launched[event["args"]["correlation"]])]
             if label is not None:
@@ -131,32 +149,16 @@ def _match(replay: list[dict], graphs: list[dict], around: set[str]) -> tuple[li
     return [op[1] for op in candidates[0]["ops"]], ""
 
 
-def _enclosing_range_names(events: list[dict], launches: dict[Any, dict]) -> dict[Any, set[str]]:
-    """Names of the CPU ranges enclosing each ``cudaGraphLaunch`` on its thread."""
-    ranges = defaultdict(list)
-    for event in events:
-        if event.get("cat") in ("user_annotation", "cpu_op") and event.get("ph") == "X":
-            ranges[(event.get("pid"), event.get("tid"))].append(event)
-    names = {}
-    for correlation, launch in launches.items():
-        start, end = launch["ts"], launch["ts"] + launch.get("dur", 0)
-        names[correlation] = {
-            r["name"] for r in ranges[(launch.get("pid"), launch.get("tid"))]
-            if r["ts"] <= start and end <= r["ts"] + r["dur"] + 1e-3
-        }
-    return names
-
-
 def _region_boxes(by_launch: dict[Any, list[dict]], events: list[dict]) -> list[dict]:
     """One box per (replay, stream, region), on a regions track per stream, with its name."""
     boxes, tracks = [], {}
     for correlation, replay in by_launch.items():
         spans: dict[tuple, list[float]] = {}
         for event in replay:
-            region = event.get("args", {}).get("region")
-            if region is None:
-                continue
+            region = event["args"].get("region")
             stream = _stream(event)
+            if region is None or not isinstance(stream, int):  # boxes need an integer stream id
+                continue
             key = (event.get("pid"), stream, region)
             start, end = event["ts"], event["ts"] + event.get("dur", 0)
             span = spans.setdefault(key, [start, end])

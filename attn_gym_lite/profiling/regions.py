@@ -65,22 +65,28 @@ class GraphAnnotations:
             node in the order the nodes were captured.
         nodes: graph-node-id route: ``tools id -> label``, where the tools id is
             ``(graph id << 32) | graph node id`` as the profiler writes them.
+        region_names: every ``mark_kernels`` name entered inside the recording block (also
+            regions that added no graph node, e.g. an eager optimizer step), so
+            :func:`annotate_trace` can label eager kernels of those regions too.
     """
 
     route: str
     graphs: list[dict[str, Any]] = dataclasses.field(default_factory=list)
     nodes: dict[int, str] = dataclasses.field(default_factory=dict)
+    region_names: list[str] = dataclasses.field(default_factory=list)
 
     @property
     def regions(self) -> set[str]:
-        """The region names seen in the recorded labels (without their " backward")."""
+        """Every region entered while recording (``region_names``), plus those seen in the labels."""
         labels = {op[1] for graph in self.graphs for op in graph["ops"] if op[1]} | set(self.nodes.values())
-        return {label.removesuffix(" backward") for label in labels if label != "backward"}
+        seen = {label.removesuffix(" backward") for label in labels if label != "backward"}
+        return seen | set(self.region_names)
 
     def save(self, path: str | os.PathLike) -> Path:
         """Write as JSON (tools ids as strings)."""
         path = Path(path)
-        record = {"route": self.route, "graphs": self.graphs, "nodes": {str(k): v for k, v in self.nodes.items()}}
+        record = {"route": self.route, "graphs": self.graphs, "nodes": {str(k): v for k, v in self.nodes.items()},
+                  "region_names": sorted(self.region_names)}
         path.write_text(json.dumps(record, indent=1))
         return path
 
@@ -88,7 +94,8 @@ class GraphAnnotations:
     def load(cls, path: str | os.PathLike) -> GraphAnnotations:
         """Read what :meth:`save` wrote."""
         record = json.loads(Path(path).read_text())
-        return cls(record["route"], record["graphs"], {int(k): v for k, v in record["nodes"].items()})
+        return cls(record["route"], record["graphs"], {int(k): v for k, v in record["nodes"].items()},
+                   record.get("region_names", []))
 
 
 @dataclasses.dataclass
@@ -122,9 +129,11 @@ def mark_kernels(name: str) -> Iterator[None]:
     Always a ``torch.profiler.record_function(name)`` range, so eager traces show the region
     too. Inside a capture within :func:`record_annotations`, the graph nodes the block adds are
     attributed to ``name`` (and, through autograd, their backward kernels to
-    ``"<name> backward"``). Where torch's graph annotations work (torch >= 2.14, CUDA >= 13.1),
-    every capture also enters ``torch.cuda.graph_annotations.mark_kernels(name)``. Nested regions: the innermost wins. No host synchronisation:
-    safe inside a captured function.
+    ``"<name> backward"``). Nested regions: the innermost wins for forward work; a backward
+    kernel is labelled by the forward region of its autograd node, whatever region is open when
+    the backward runs. Where torch's graph annotations work (torch >= 2.14, CUDA >= 13.1),
+    every capture also enters ``torch.cuda.graph_annotations.mark_kernels(name)``. No host
+    synchronisation: safe inside a captured function.
 
     Raises:
         ValueError: ``name`` is not a non-empty string.
@@ -188,6 +197,7 @@ def record_annotations(names: Sequence[str] | None = None) -> Iterator[GraphAnno
                 for tools_id, entries in module.get_kernel_annotations().items()
                 if tools_id not in before
             }
+            annotations.region_names = sorted(recording.regions)
             return
         activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
         with torch.profiler.profile(activities=activities) as profiler:
@@ -199,6 +209,7 @@ def record_annotations(names: Sequence[str] | None = None) -> Iterator[GraphAnno
             profiler.export_chrome_trace(str(raw))
             trace = json.loads(raw.read_text())
         annotations.graphs = graphs_from_capture_trace(trace, recording.regions, names)
+        annotations.region_names = sorted(recording.regions)
     finally:
         _ACTIVE.reset(token)
 
@@ -218,6 +229,8 @@ def launch_kind(event: dict) -> str | None:
     if event.get("cat") not in ("cuda_runtime", "cuda_driver"):
         return None
     name = event.get("name", "")
+    if "HostFunc" in name:  # a host node: no device event at replay
+        return None
     if name.startswith(("cudaLaunch", "cuLaunch")):
         return "kernel"
     if "Memset" in name:
@@ -249,22 +262,35 @@ def graphs_from_capture_trace(
     """
     regions = set(regions)
     events = [e for e in trace.get("traceEvents", []) if e.get("ph") == "X"]
-    begins = sorted(e["ts"] for e in events if e.get("name") == "cudaStreamBeginCapture")
-    ends = sorted(e["ts"] for e in events if e.get("name") == "cudaStreamEndCapture")
-    if len(begins) != len(ends) or any(b > e for b, e in zip(begins, ends)):
+    windows = []  # (begin, end) of each capture, paired on the thread that made it
+    for thread in {e.get("tid") for e in events if e.get("name") == "cudaStreamBeginCapture"} | {
+        e.get("tid") for e in events if e.get("name") == "cudaStreamEndCapture"
+    }:
+        begins = sorted(e["ts"] for e in events if e.get("name") == "cudaStreamBeginCapture" and e.get("tid") == thread)
+        ends = sorted(e["ts"] for e in events if e.get("name") == "cudaStreamEndCapture" and e.get("tid") == thread)
+        if len(begins) != len(ends) or any(b > e for b, e in zip(begins, ends)):
+            raise ValueError(
+                f"graphs_from_capture_trace: on thread {thread}, {len(begins)} cudaStreamBeginCapture and "
+                f"{len(ends)} cudaStreamEndCapture events do not pair up"
+            )
+        windows += list(zip(begins, ends))
+    windows.sort()
+    if any(later[0] < earlier[1] for earlier, later in zip(windows, windows[1:])):
         raise ValueError(
-            f"graphs_from_capture_trace: {len(begins)} cudaStreamBeginCapture and {len(ends)} "
-            "cudaStreamEndCapture events do not pair up"
+            "graphs_from_capture_trace: captures overlap in time (several threads capturing at once); "
+            "their launches cannot be told apart: capture one graph at a time inside record_annotations"
         )
+    begins, ends = [w[0] for w in windows], [w[1] for w in windows]
     if names is not None and len(names) != len(begins):
         raise ValueError(
             f"graphs_from_capture_trace: names has {len(names)} entries but {len(begins)} graphs "
             f"were captured"
         )
-    ran = {e.get("args", {}).get("correlation") for e in events if e.get("cat") in DEVICE_CATEGORIES}
+    ran = {(e.get("args") or {}).get("correlation") for e in events if e.get("cat") in DEVICE_CATEGORIES}
+    ran.discard(None)
     launches = [
         e for e in events
-        if launch_kind(e) and e.get("args", {}).get("correlation") not in ran
+        if launch_kind(e) and (e.get("args") or {}).get("correlation") not in ran
         and any(b <= e["ts"] <= end for b, end in zip(begins, ends))
     ]
     labels = launch_labels(events, launches, regions)
@@ -283,25 +309,25 @@ def launch_labels(events: list[dict], launches: list[dict], regions: set[str]) -
     backward"`` where the node's sequence number belongs to a forward op in ``<region>``, else
     ``"backward"``; ``None`` outside every region."""
     stacks = _ancestors(events, launches)
-    # Forward ops carry the sequence number their autograd node will have.
-    sequence_region: dict[int, str] = {}
-    ops = [e for e in events if e.get("cat") == "cpu_op"]
+    # Forward ops carry a sequence number: the one of the autograd node they create, or, for an
+    # op that creates none, the number the next node will get. So the node's creator is the
+    # *last* forward op with that number, and its region (or none) is the node's.
+    sequence_region: dict[int, str | None] = {}
+    ops = sorted((e for e in events if e.get("cat") == "cpu_op"), key=lambda e: e["ts"])
     op_stacks = _ancestors(events, ops)
     for op in ops:
         stack = op_stacks[id(op)]
-        sequence = op.get("args", {}).get("Sequence number")
+        sequence = (op.get("args") or {}).get("Sequence number")
         if sequence is None or any(a["name"].startswith(EVALUATE_FUNCTION) for a in stack):
             continue
-        region = _innermost_region(stack, regions)
-        if region is not None:
-            sequence_region.setdefault(sequence, region)
+        sequence_region[sequence] = _innermost_region(stack, regions)
     return {id(launch): _label(stacks.get(id(launch), []), regions, sequence_region) for launch in launches}
 
 
 def _label(stack: list[dict], regions: set[str], sequence_region: dict[int, str]) -> str | None:
     for ancestor in reversed(stack):  # innermost evaluate_function first
         if ancestor["name"].startswith(EVALUATE_FUNCTION):
-            region = sequence_region.get(ancestor.get("args", {}).get("Sequence number"))
+            region = sequence_region.get((ancestor.get("args") or {}).get("Sequence number"))
             return "backward" if region is None else f"{region} backward"
     return _innermost_region(stack, regions)
 
@@ -318,7 +344,7 @@ def _ancestors(events: list[dict], targets: list[dict]) -> dict[int, list[dict]]
     thread over ranges sorted by start (longer first on ties)."""
     ranges = defaultdict(list)
     for event in events:
-        if event.get("cat") in ("cpu_op", "user_annotation"):
+        if event.get("cat") in ("cpu_op", "user_annotation") and event.get("ph") == "X" and "dur" in event:
             ranges[(event.get("pid"), event.get("tid"))].append(event)
     wanted = defaultdict(list)
     for target in targets:

@@ -10,6 +10,7 @@ All times are microseconds, as in the Chrome trace format.
 
 from __future__ import annotations
 
+import bisect
 from collections import defaultdict
 from typing import Any
 
@@ -21,9 +22,10 @@ _NO_GPU_HINT = " (a trace recorded without a GPU has none)"
 
 
 def device_events(trace: Trace) -> list[dict]:
-    """Kernel, memcpy and memset events (``"ph": "X"``), sorted by start."""
+    """Kernel, memcpy and memset events (complete ``"ph": "X"`` slices), sorted by start."""
     return sorted(
-        (e for e in trace.get("traceEvents", []) if e.get("cat") in DEVICE_CATEGORIES and e.get("ph") == "X"),
+        (e for e in trace.get("traceEvents", [])
+         if e.get("cat") in DEVICE_CATEGORIES and e.get("ph") == "X" and "dur" in e and "ts" in e),
         key=lambda e: e["ts"],
     )
 
@@ -177,10 +179,19 @@ def _row_order(tid: Any) -> tuple:
 
 
 def _profiler_steps(trace: Trace) -> int:
-    events = [e for e in trace.get("traceEvents", []) if e.get("ph") == "X" and e.get("cat") in ("cpu_op", "user_annotation")]
-    steps = [e for e in events if str(e.get("name", "")).startswith("ProfilerStep#")]
+    """``ProfilerStep#`` ranges that contain the start of some other CPU event on their thread."""
+    starts: dict = defaultdict(list)
+    steps = []
+    for e in trace.get("traceEvents", []):
+        if e.get("ph") != "X" or e.get("cat") not in ("cpu_op", "user_annotation") or "dur" not in e:
+            continue
+        if str(e.get("name", "")).startswith("ProfilerStep#"):
+            steps.append(e)
+        else:
+            starts[e.get("tid")].append(e["ts"])
+    for values in starts.values():
+        values.sort()
     return sum(
-        any(o is not s and o["tid"] == s["tid"] and s["ts"] <= o["ts"] < s["ts"] + s["dur"]
-            and not str(o.get("name", "")).startswith("ProfilerStep#") for o in events)
+        bisect.bisect_left(starts[s.get("tid")], s["ts"] + s["dur"]) > bisect.bisect_left(starts[s.get("tid")], s["ts"])
         for s in steps
     )

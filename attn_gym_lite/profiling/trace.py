@@ -32,6 +32,7 @@ from torch.profiler import ProfilerActivity
 Trace = dict[str, Any]
 SUFFIXES = (".json", ".json.gz", ".pftrace")
 LANE_TID_BASE = 1_000_000  # extra lanes of track ``tid`` get tid ``LANE_TID_BASE * lane + tid``
+TOLERANCE_US = 1e-3  # slices that overlap by less than this (float rounding) count as touching
 
 
 class profile:  # noqa: N801 -- a context manager named like the torch.profiler.profile it wraps
@@ -189,6 +190,11 @@ def split_overlapping_lanes(trace: Trace) -> Trace:
     for event in events:
         if event.get("ph") == "X" and "dur" in event and isinstance(event.get("tid"), int):
             tracks[(event.get("pid"), event["tid"])].append(event)
+    # The end of a CPU -> GPU flow arrow sits on the kernel's track at its start: it moves with it.
+    flow_ends: dict[tuple, list[dict]] = defaultdict(list)
+    for event in events:
+        if event.get("ph") == "f":
+            flow_ends[(event.get("pid"), event.get("tid"), event.get("ts"))].append(event)
     added_lanes: set[tuple] = set()
     for (pid, tid), slices in tracks.items():
         slices.sort(key=lambda e: (e["ts"], -e["dur"]))
@@ -196,15 +202,18 @@ def split_overlapping_lanes(trace: Trace) -> Trace:
         for event in slices:
             start, end = event["ts"], event["ts"] + event["dur"]
             for lane, stack in enumerate(lanes):
-                while stack and stack[-1] <= start:
+                # Timestamps near 5e12 µs carry ~1e-3 µs of float error: touching is not overlapping.
+                while stack and stack[-1] <= start + TOLERANCE_US:
                     stack.pop()
-                if not stack or end <= stack[-1]:
+                if not stack or end <= stack[-1] + TOLERANCE_US:
                     break
             else:
                 lanes.append([])
                 lane = len(lanes) - 1
             lanes[lane].append(end)
             if lane:
+                for flow in flow_ends.get((pid, tid, event["ts"]), ()):
+                    flow["tid"] = LANE_TID_BASE * lane + tid
                 event["tid"] = LANE_TID_BASE * lane + tid
                 if isinstance(event.get("args"), dict) and "stream" in event["args"]:
                     event["args"]["lane"] = lane
