@@ -253,6 +253,7 @@ def test_annotate_trace_rejects_an_unknown_route():
 def test_graph_annotations_round_trip(tmp_path):
     annotations = GraphAnnotations(GRAPH_NODE_ID, [STEP], {(3 << 32) | 0: "a"}, ["a", "optimizer"])
     assert GraphAnnotations.load(annotations.save(tmp_path / "a.json")) == annotations
+    assert GraphAnnotations.from_dict(json.loads(json.dumps(annotations.to_dict()))) == annotations
 
 
 # ---- lanes, summary, picture ---------------------------------------------------------------------

@@ -3,7 +3,7 @@ replayed, and what labelling the replayed kernels costs.
 
 * traces: a few steps of :class:`FixedCapacityTrainer` (PackedLM on the real-text loader),
   eager and from one graph, written gzipped beside the JSON (``profiling_traces/``), plus the
-  replay trace labelled by :func:`annotate_trace` and the annotations it used;
+  replay trace labelled by :func:`annotate_trace`; the annotations it used go in the JSON;
 * summaries: kernels per step, GPU busy fraction, idle gaps, time per region;
 * the profiler's inflation: step time and ``cudaGraphLaunch`` time as the trace shows them
   versus the same quantities on a wall clock with no profiler running, and a replay's GPU time
@@ -131,8 +131,8 @@ def profiling_suite(out: Path | None = None, token_capacity: int = 4096, sequenc
 
         for name, trace in traces.items():
             save_trace(trace, folder / f"{name}.json.gz")
-        annotations.save(folder / "annotations.json")
     record["trace_files"] = {name: f"{TRACE_FOLDER}/{name}.json.gz" for name in traces}
+    record["annotations"] = annotations.to_dict()  # what graph_labelled was labelled with
     record["summaries"] = {name: trace_summary(trace) for name, trace in traces.items()}
     record["annotation"] = {
         **labelled["attn_gym_lite"],

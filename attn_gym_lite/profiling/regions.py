@@ -82,20 +82,27 @@ class GraphAnnotations:
         seen = {label.removesuffix(" backward") for label in labels if label != "backward"}
         return seen | set(self.region_names)
 
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready dict (tools ids as strings), e.g. to store beside a recorded trace."""
+        return {"route": self.route, "graphs": self.graphs, "nodes": {str(k): v for k, v in self.nodes.items()},
+                "region_names": sorted(self.region_names)}
+
+    @classmethod
+    def from_dict(cls, record: dict[str, Any]) -> GraphAnnotations:
+        """The inverse of :meth:`to_dict`."""
+        return cls(record["route"], record["graphs"], {int(k): v for k, v in record["nodes"].items()},
+                   record.get("region_names", []))
+
     def save(self, path: str | os.PathLike) -> Path:
-        """Write as JSON (tools ids as strings)."""
+        """Write :meth:`to_dict` as a JSON file."""
         path = Path(path)
-        record = {"route": self.route, "graphs": self.graphs, "nodes": {str(k): v for k, v in self.nodes.items()},
-                  "region_names": sorted(self.region_names)}
-        path.write_text(json.dumps(record, indent=1))
+        path.write_text(json.dumps(self.to_dict(), indent=1))
         return path
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> GraphAnnotations:
         """Read what :meth:`save` wrote."""
-        record = json.loads(Path(path).read_text())
-        return cls(record["route"], record["graphs"], {int(k): v for k, v in record["nodes"].items()},
-                   record.get("region_names", []))
+        return cls.from_dict(json.loads(Path(path).read_text()))
 
 
 @dataclasses.dataclass
