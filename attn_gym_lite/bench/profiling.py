@@ -23,7 +23,7 @@ import torch
 
 from ..data import load_tokenizer, real_text_loader
 from ..modules import PackedLM
-from ..profiling import annotate_trace, device_events, profile, record_annotations, trace_summary
+from ..profiling import annotate_trace, device_events, profile, record_annotations, save_trace, trace_summary
 from ..profiling.regions import native_annotations_available
 from ..training import FixedCapacityTrainer
 from .timing import cuda_event_us, median
@@ -127,8 +127,6 @@ def profiling_suite(out: Path | None = None, token_capacity: int = 4096, sequenc
 
     traces = {"eager": eager_profile.trace, "graph_stock": graph_profile.trace, "graph_labelled": labelled}
     if folder is not None:
-        from ..profiling import save_trace
-
         for name, trace in traces.items():
             save_trace(trace, folder / f"{name}.json.gz")
     record["trace_files"] = {name: f"{TRACE_FOLDER}/{name}.json.gz" for name in traces}

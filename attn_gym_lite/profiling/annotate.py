@@ -36,7 +36,7 @@ from .regions import (
     DEVICE_CATEGORIES,
     GRAPH_NODE_ID,
     GraphAnnotations,
-    _ancestors,
+    enclosing_ranges,
     launch_kind,
     launch_labels,
 )
@@ -103,7 +103,7 @@ def annotate_trace(trace: Trace, annotations: GraphAnnotations, extra_regions: I
                 args["region"] = annotations.nodes[key]
                 report["labelled_events"] += 1
     else:
-        stacks = _ancestors(events, list(launches.values()))
+        stacks = enclosing_ranges(events, list(launches.values()))
         enclosing = {c: {r["name"] for r in stacks.get(id(launch), [])} for c, launch in launches.items()}
         for correlation, replay in by_launch.items():
             replay.sort(key=lambda e: e["ts"])

@@ -315,13 +315,13 @@ def launch_labels(events: list[dict], launches: list[dict], regions: set[str]) -
     on the launching thread; inside autograd's ``evaluate_function`` ranges, ``"<region>
     backward"`` where the node's sequence number belongs to a forward op in ``<region>``, else
     ``"backward"``; ``None`` outside every region."""
-    stacks = _ancestors(events, launches)
+    stacks = enclosing_ranges(events, launches)
     # Forward ops carry a sequence number: the one of the autograd node they create, or, for an
     # op that creates none, the number the next node will get. So the node's creator is the
     # *last* forward op with that number, and its region (or none) is the node's.
     sequence_region: dict[int, str | None] = {}
     ops = sorted((e for e in events if e.get("cat") == "cpu_op"), key=lambda e: e["ts"])
-    op_stacks = _ancestors(events, ops)
+    op_stacks = enclosing_ranges(events, ops)
     for op in ops:
         stack = op_stacks[id(op)]
         sequence = (op.get("args") or {}).get("Sequence number")
@@ -346,7 +346,7 @@ def _innermost_region(stack: list[dict], regions: set[str]) -> str | None:
     return None
 
 
-def _ancestors(events: list[dict], targets: list[dict]) -> dict[int, list[dict]]:
+def enclosing_ranges(events: list[dict], targets: list[dict]) -> dict[int, list[dict]]:
     """``id(target) -> [enclosing CPU ranges on its thread, outermost first]``, by one sweep per
     thread over ranges sorted by start (longer first on ties)."""
     ranges = defaultdict(list)
