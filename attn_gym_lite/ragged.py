@@ -22,11 +22,13 @@ may run inside a captured region and are recomputed on every replay.
 
 from __future__ import annotations
 
-import math
 import numbers
 from collections.abc import Sequence
 
 import torch
+
+from .checks import INT32_MAX as _INT32_MAX
+from .checks import check_cu_seqlens, check_cu_seqlens_values, check_int, check_real
 
 Tensor = torch.Tensor
 
@@ -44,23 +46,6 @@ __all__ = [
     "zipf_lengths",
 ]
 
-# cu_seqlens is int32, so no batch may hold more tokens than this.
-_INT32_MAX = torch.iinfo(torch.int32).max
-
-
-# -----------------------------------------------------------------------------
-# Argument checks shared by the functions below. They only look at Python values
-# and tensor metadata (type, dtype, device, shape), never at tensor contents, so
-# they are safe to run inside CUDA graph capture.
-
-
-def _require_int(name: str, value: object, *, minimum: int) -> int:
-    """Return ``value`` as an int, or raise if it is not an integer >= ``minimum``."""
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise TypeError(f"{name} must be an int >= {minimum}, got {value!r}")
-    if value < minimum:
-        raise ValueError(f"{name} must be an int >= {minimum}, got {value!r}")
-    return int(value)
 
 
 def _require_token_tensor(name: str, value: object) -> None:
@@ -71,37 +56,6 @@ def _require_token_tensor(name: str, value: object) -> None:
         )
     if value.ndim == 0:
         raise ValueError(f"{name} must have a token dimension (shape [T, ...]), got a 0-d tensor")
-
-
-def _check_cu_seqlens_layout(
-    cu_seqlens: object, *, device: torch.device | str | None = None
-) -> None:
-    """Raise unless ``cu_seqlens`` is a 1-D int32 tensor with at least 2 entries."""
-    if not isinstance(cu_seqlens, Tensor):
-        raise TypeError(
-            f"cu_seqlens must be a torch.Tensor of int32 prefix sums, "
-            f"got {type(cu_seqlens).__name__}"
-        )
-    if cu_seqlens.dtype != torch.int32:
-        raise TypeError(
-            f"cu_seqlens must have dtype torch.int32 (FlashAttention varlen convention), "
-            f"got {cu_seqlens.dtype}"
-        )
-    if device is not None:
-        # torch.device("cuda") carries no index and matches any CUDA device.
-        expected = torch.device(device)
-        actual = cu_seqlens.device
-        if actual.type != expected.type or expected.index not in (None, actual.index):
-            raise ValueError(f"cu_seqlens must be on device {expected}, got {actual}")
-    if cu_seqlens.ndim != 1:
-        raise ValueError(
-            f"cu_seqlens must be 1-D with shape [N + 1], got shape {tuple(cu_seqlens.shape)}"
-        )
-    if cu_seqlens.numel() < 2:
-        raise ValueError(
-            f"cu_seqlens must have at least 2 entries (shape [N + 1] with N >= 1), "
-            f"got shape {tuple(cu_seqlens.shape)}"
-        )
 
 
 # -----------------------------------------------------------------------------
@@ -142,8 +96,7 @@ def cu_seqlens_from_lengths(
         lengths64 = lengths.to(dtype=torch.int64, device=device)
     elif isinstance(lengths, Sequence) and not isinstance(lengths, (str, bytes)):
         for i, value in enumerate(lengths):
-            if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-                raise TypeError(f"lengths[{i}] must be an int, got {value!r}")
+            check_int(f"lengths[{i}]", value)
         lengths64 = torch.tensor(
             [int(value) for value in lengths], dtype=torch.int64, device=device
         )
@@ -187,7 +140,7 @@ def lengths_from_cu_seqlens(cu_seqlens: Tensor) -> Tensor:
     Capture-safe: checks only metadata and launches one device op. Source:
     FlashAttention varlen convention.
     """
-    _check_cu_seqlens_layout(cu_seqlens)
+    check_cu_seqlens(cu_seqlens)
     return cu_seqlens.diff()
 
 
@@ -213,8 +166,8 @@ def pad_cu_seqlens(cu_seqlens: Tensor, sequence_capacity: int) -> Tensor:
     Capture-safe: the tail is copied from the device value ``cu_seqlens[-1]``. Source:
     seed article, sections "Terminology time" and "A More Realistic Training Loop".
     """
-    _check_cu_seqlens_layout(cu_seqlens)
-    capacity = _require_int("sequence_capacity", sequence_capacity, minimum=1)
+    check_cu_seqlens(cu_seqlens)
+    capacity = check_int("sequence_capacity", sequence_capacity, minimum=1)
     if cu_seqlens.numel() > capacity + 1:
         raise ValueError(
             f"cu_seqlens must have at most sequence_capacity + 1 = {capacity + 1} entries, "
@@ -253,43 +206,8 @@ def validate_cu_seqlens(
 
     Source: FlashAttention varlen convention; seed article, section "Terminology time".
     """
-    _check_cu_seqlens_layout(cu_seqlens, device=device)
-    if token_capacity is not None:
-        token_capacity = _require_int("token_capacity", token_capacity, minimum=0)
-    if max_seqlen is not None:
-        max_seqlen = _require_int("max_seqlen", max_seqlen, minimum=0)
-    # Reading a tensor during capture would fail deep inside CUDA; say why instead.
-    if cu_seqlens.is_cuda and torch.cuda.is_current_stream_capturing():
-        raise RuntimeError(
-            "validate_cu_seqlens reads cu_seqlens on the host and cannot run during CUDA graph "
-            "capture; validate the batch before capturing or replaying"
-        )
-
-    host = cu_seqlens.detach().cpu().to(torch.int64)
-    if host[0] != 0:
-        raise ValueError(f"cu_seqlens[0] must be 0, got {int(host[0])}")
-    steps = host.diff()
-    drops = torch.nonzero(steps < 0).flatten()
-    if drops.numel() > 0:
-        i = int(drops[0]) + 1
-        raise ValueError(
-            f"cu_seqlens must be non-decreasing, but cu_seqlens[{i}] = {int(host[i])} "
-            f"< cu_seqlens[{i - 1}] = {int(host[i - 1])}"
-        )
-    active_tokens = int(host[-1])
-    if token_capacity is not None and active_tokens > token_capacity:
-        raise ValueError(
-            f"cu_seqlens[-1] (active tokens L) must be <= token_capacity T = {token_capacity}, "
-            f"got L = {active_tokens}"
-        )
-    if max_seqlen is not None:
-        longest_index = int(steps.argmax())
-        longest = int(steps[longest_index])
-        if longest > max_seqlen:
-            raise ValueError(
-                f"max_seqlen must be >= the longest sequence, got max_seqlen = {max_seqlen} "
-                f"but sequence {longest_index} has length {longest}"
-            )
+    check_cu_seqlens(cu_seqlens, device=device)
+    check_cu_seqlens_values(cu_seqlens, token_capacity=token_capacity, max_seqlen=max_seqlen)
 
 
 def max_seqlen(cu_seqlens: Tensor) -> int:
@@ -350,8 +268,8 @@ def zipf_lengths(
 
     Source: seed article, section "Hello World" (``get_zipf_tokens``).
     """
-    n = _require_int("num_sequences", num_sequences, minimum=1)
-    total = _require_int("total_tokens", total_tokens, minimum=0)
+    n = check_int("num_sequences", num_sequences, minimum=1)
+    total = check_int("total_tokens", total_tokens, minimum=0)
     if total < n:
         raise ValueError(
             f"total_tokens must be >= num_sequences (each sequence gets at least 1 token), "
@@ -359,10 +277,7 @@ def zipf_lengths(
         )
     if total > _INT32_MAX:
         raise ValueError(f"total_tokens must be <= {_INT32_MAX} (int32 cu_seqlens), got {total}")
-    if isinstance(exponent, bool) or not isinstance(exponent, numbers.Real):
-        raise TypeError(f"exponent must be a real number >= 0, got {exponent!r}")
-    if not math.isfinite(exponent) or exponent < 0:
-        raise ValueError(f"exponent must be a finite real number >= 0, got {exponent!r}")
+    exponent = check_real("exponent", exponent, minimum=0)
     if generator is not None:
         if not isinstance(generator, torch.Generator):
             raise TypeError(
@@ -598,10 +513,10 @@ def active_token_mask(x_or_token_capacity: Tensor | int, cu_seqlens: Tensor) -> 
     if isinstance(x_or_token_capacity, Tensor):
         _require_token_tensor("x_or_token_capacity", x_or_token_capacity)
         token_capacity = x_or_token_capacity.shape[0]
-        _check_cu_seqlens_layout(cu_seqlens, device=x_or_token_capacity.device)
+        check_cu_seqlens(cu_seqlens, device=x_or_token_capacity.device)
     elif isinstance(x_or_token_capacity, numbers.Integral):
-        token_capacity = _require_int("x_or_token_capacity", x_or_token_capacity, minimum=0)
-        _check_cu_seqlens_layout(cu_seqlens)
+        token_capacity = check_int("x_or_token_capacity", x_or_token_capacity, minimum=0)
+        check_cu_seqlens(cu_seqlens)
     else:
         raise TypeError(
             f"x_or_token_capacity must be a tensor of shape [T, ...] or an int T >= 0, "

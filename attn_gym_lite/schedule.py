@@ -24,12 +24,11 @@ for the rectangular grid.
 
 from __future__ import annotations
 
-import numbers
 from collections.abc import Sequence
 
 import torch
 
-from .ragged import _check_cu_seqlens_layout
+from .checks import check_cu_seqlens, check_int
 
 Tensor = torch.Tensor
 
@@ -54,18 +53,10 @@ SCHEDULES = ("rect", "flat", "persistent", "auto")
 _INTERPRETER_SMS = 4
 
 
-def _int(name: str, value: object, minimum: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise TypeError(f"{name} must be an int >= {minimum}, got {value!r}")
-    if value < minimum:
-        raise ValueError(f"{name} must be an int >= {minimum}, got {value!r}")
-    return int(value)
-
-
 def _lengths(lengths: Tensor | Sequence[int]) -> list[int]:
     values = lengths.tolist() if isinstance(lengths, Tensor) else list(lengths)
     for i, s in enumerate(values):
-        _int(f"lengths[{i}]", s, 0)
+        check_int(f"lengths[{i}]", s, minimum=0)
     return values
 
 
@@ -73,7 +64,7 @@ def _lengths(lengths: Tensor | Sequence[int]) -> list[int]:
 # Grid sizes. Each counts chunks for ONE head; a kernel multiplies by the head count.
 
 
-def G_rect(N: int, S_max: int, C: int) -> int:  # noqa: N802 - the seed's name
+def G_rect(N: int, S_max: int, C: int) -> int:
     """Chunks launched by the rectangular (FlashAttention-2) grid: ``N * ceil(S_max / C)``.
 
     Args:
@@ -86,11 +77,11 @@ def G_rect(N: int, S_max: int, C: int) -> int:  # noqa: N802 - the seed's name
 
     Source: seed article, "The anatomy of a ragged kernel".
     """
-    N, S_max, C = _int("N", N, 1), _int("S_max", S_max, 0), _int("C", C, 1)
+    N, S_max, C = check_int("N", N, minimum=1), check_int("S_max", S_max, minimum=0), check_int("C", C, minimum=1)
     return N * -(-S_max // C)
 
 
-def G_active(lengths: Tensor | Sequence[int], C: int) -> int:  # noqa: N802 - the seed's name
+def G_active(lengths: Tensor | Sequence[int], C: int) -> int:
     """The minimal covering: ``sum_i ceil(s_i / C)`` chunks, one per ``C`` tokens of each sequence.
 
     Args:
@@ -103,11 +94,11 @@ def G_active(lengths: Tensor | Sequence[int], C: int) -> int:  # noqa: N802 - th
 
     Source: seed article, "The anatomy of a ragged kernel".
     """
-    C = _int("C", C, 1)
+    C = check_int("C", C, minimum=1)
     return sum(-(-s // C) for s in _lengths(lengths))
 
 
-def chunk_capacity(T: int, N: int, C: int) -> int:  # noqa: N803 - the seed's names
+def chunk_capacity(T: int, N: int, C: int) -> int:
     """``G_cap``: the most chunks any layout of ``T`` tokens in ``N`` slots can need.
 
     ``G_cap = M_max + (T - M_max) // C`` with ``M_max = min(T, N)``. Each non-empty sequence
@@ -126,7 +117,7 @@ def chunk_capacity(T: int, N: int, C: int) -> int:  # noqa: N803 - the seed's na
 
     Source: seed article, "Scheduling without max_seqlen".
     """
-    T, N, C = _int("T", T, 0), _int("N", N, 1), _int("C", C, 1)
+    T, N, C = check_int("T", T, minimum=0), check_int("N", N, minimum=1), check_int("C", C, minimum=1)
     m_max = min(T, N)
     return m_max + (T - m_max) // C
 
@@ -147,8 +138,8 @@ def persistent_workers(capacity_tasks: int, num_sms: int, ctas_per_sm: int) -> i
 
     Source: seed article, "Graph overcapture: bound capacity-sized launches".
     """
-    capacity_tasks = _int("capacity_tasks", capacity_tasks, 0)
-    resident = _int("num_sms", num_sms, 1) * _int("ctas_per_sm", ctas_per_sm, 1)
+    capacity_tasks = check_int("capacity_tasks", capacity_tasks, minimum=0)
+    resident = check_int("num_sms", num_sms, minimum=1) * check_int("ctas_per_sm", ctas_per_sm, minimum=1)
     return max(1, min(capacity_tasks, resident))
 
 
@@ -160,7 +151,7 @@ def num_sms(device: torch.device | str) -> int:
     return _INTERPRETER_SMS
 
 
-def choose_schedule(T: int, N: int, C: int, heads: int, num_sms: int, ctas_per_sm: int) -> str:  # noqa: N803
+def choose_schedule(T: int, N: int, C: int, heads: int, num_sms: int, ctas_per_sm: int) -> str:
     """``"auto"``'s choice, from static quantities only (so it is fixed at capture).
 
     ``"flat"`` when its whole static grid, ``chunk_capacity(T, N, C) * heads`` CTAs, fits in one
@@ -171,17 +162,17 @@ def choose_schedule(T: int, N: int, C: int, heads: int, num_sms: int, ctas_per_s
     Raises:
         TypeError / ValueError: an argument is not an int in range.
     """
-    tasks = chunk_capacity(T, N, C) * _int("heads", heads, 1)
-    resident = _int("num_sms", num_sms, 1) * _int("ctas_per_sm", ctas_per_sm, 1)
+    tasks = chunk_capacity(T, N, C) * check_int("heads", heads, minimum=1)
+    resident = check_int("num_sms", num_sms, minimum=1) * check_int("ctas_per_sm", ctas_per_sm, minimum=1)
     return "flat" if tasks <= resident else "persistent"
 
 
 def launch_grid(
     schedule: str,
     *,
-    T: int,  # noqa: N803
-    N: int,  # noqa: N803
-    C: int,  # noqa: N803
+    T: int,
+    N: int,
+    C: int,
     heads: int,
     max_seqlen: int | None = None,
     num_sms: int,
@@ -209,16 +200,17 @@ def launch_grid(
     if schedule == "rect":
         if max_seqlen is None:
             raise ValueError("max_seqlen must be an int >= 1 for schedule='rect', got None")
-        return (-(-_int("max_seqlen", max_seqlen, 1) // _int("C", C, 1)), _int("N", N, 1), _int("heads", heads, 1))
+        chunks = -(-check_int("max_seqlen", max_seqlen, minimum=1) // check_int("C", C, minimum=1))
+        return (chunks, check_int("N", N, minimum=1), check_int("heads", heads, minimum=1))
     if max_seqlen is not None:
         raise ValueError(
             f"max_seqlen is only used by schedule='rect'; schedule={schedule!r} reads the work "
             f"from chunk_offsets on the device, got max_seqlen={max_seqlen!r}"
         )
     if schedule == "flat":
-        return (chunk_capacity(T, N, C), _int("heads", heads, 1))
+        return (chunk_capacity(T, N, C), check_int("heads", heads, minimum=1))
     if schedule == "persistent":
-        tasks = chunk_capacity(T, N, C) * _int("heads", heads, 1)
+        tasks = chunk_capacity(T, N, C) * check_int("heads", heads, minimum=1)
         return (persistent_workers(tasks, num_sms, ctas_per_sm),)
     raise ValueError(f"schedule must be one of 'rect', 'flat', 'persistent', got {schedule!r}")
 
@@ -227,7 +219,7 @@ def launch_grid(
 # The flat chunk list: built on the device, decoded on the CPU for testing.
 
 
-def chunk_offsets(cu_seqlens: Tensor, C: int) -> Tensor:  # noqa: N803
+def chunk_offsets(cu_seqlens: Tensor, C: int) -> Tensor:
     """Where each sequence's chunks start in the flat chunk list: ``[0, ..., G_active]``.
 
     ``chunk_offsets[i + 1] = chunk_offsets[i] + ceil(s_i / C)``. The ceiling must be taken per
@@ -253,8 +245,8 @@ def chunk_offsets(cu_seqlens: Tensor, C: int) -> Tensor:  # noqa: N803
 
     Source: seed article, "Scheduling without max_seqlen".
     """
-    _check_cu_seqlens_layout(cu_seqlens)
-    C = _int("C", C, 1)
+    check_cu_seqlens(cu_seqlens)
+    C = check_int("C", C, minimum=1)
     # Prepending cu_seqlens[0] makes the first "length" 0, so the cumsum starts at 0 and no
     # separate concatenation is needed.
     lengths = torch.diff(cu_seqlens, prepend=cu_seqlens[:1])
@@ -263,7 +255,7 @@ def chunk_offsets(cu_seqlens: Tensor, C: int) -> Tensor:  # noqa: N803
 
 
 def decode_chunk(chunk_offsets: Sequence[int] | Tensor, cu_seqlens: Sequence[int] | Tensor,
-                 flat_chunk: int, C: int) -> tuple[int, int, int]:  # noqa: N803
+                 flat_chunk: int, C: int) -> tuple[int, int, int]:
     """CPU oracle of the kernels' decoding: flat chunk index -> (sequence, local chunk, token start).
 
     ``sequence`` is the last slot whose offset is ``<= flat_chunk``, found by the same binary
@@ -302,4 +294,25 @@ def decode_chunk(chunk_offsets: Sequence[int] | Tensor, cu_seqlens: Sequence[int
         else:
             hi = mid
     local = flat_chunk - offsets[lo]
-    return lo, local, bounds[lo] + local * _int("C", C, 1)
+    return lo, local, bounds[lo] + local * check_int("C", C, minimum=1)
+
+
+def grid_sizes(T: int, N: int, lengths, C: int, heads: int, num_sms: int, ctas_per_sm: int = 1) -> dict:
+    """CTAs each schedule launches for one layout, and how many of them have work.
+
+    Args:
+        T, N: token and sequence capacity of the captured graph.
+        lengths: the active sequence lengths (``M`` ints, ``sum <= T``).
+        C: chunk size; heads: attention heads; num_sms, ctas_per_sm: the persistent grid's cap.
+
+    Returns:
+        ``{"active": G_active * heads, "rect": ..., "flat": ..., "persistent": ...}`` in CTAs, where
+        rect is sized with ``max_seqlen = T`` as a graph captured for the worst case must be.
+    """
+    active = G_active(lengths, C) * heads
+    return {
+        "active": active,
+        "rect": G_rect(N, T, C) * heads,
+        "flat": chunk_capacity(T, N, C) * heads,
+        "persistent": persistent_workers(chunk_capacity(T, N, C) * heads, num_sms, ctas_per_sm),
+    }

@@ -11,7 +11,7 @@ os.environ.setdefault("MPLBACKEND", "Agg")
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
-import pytest  # noqa: E402
+import pytest
 
 
 def pytest_collection_modifyitems(items):

@@ -8,7 +8,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from attn_gym_lite.attention import varlen_attention, varlen_attention_reference
+from attn_gym_lite.ops.attention import varlen_attention, varlen_attention_reference
 from attn_gym_lite.ragged import cu_seqlens_from_lengths, pad_cu_seqlens
 
 

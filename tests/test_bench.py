@@ -1,6 +1,7 @@
 """The benchmark CLI's provenance, the recorded results, and the figures drawn from them."""
 
 import json
+import shutil
 import subprocess
 import sys
 
@@ -8,20 +9,55 @@ import matplotlib
 import pytest
 import torch
 
-from attn_gym_lite.bench.provenance import provenance
+import attn_gym_lite
+from attn_gym_lite.bench import provenance as provenance_module
+from attn_gym_lite.bench.provenance import PACKAGE_ROOT, provenance, source_digest, source_files
 from attn_gym_lite.bench.suites import SUITES
-from attn_gym_lite.plots import plot_hello_world, plot_packed_batch, plot_training_loop
-from attn_gym_lite.results import RESULTS_ROOT, banner, load_result, provenance_line
+from attn_gym_lite.book.plots import plot_hello_world, plot_packed_batch, plot_training_loop
+from attn_gym_lite.book.results import RESULTS_ROOT, banner, load_result, provenance_line
 
 RECORDED = sorted(RESULTS_ROOT.glob("*/*.json"))
-PROVENANCE_KEYS = {"gpu", "driver", "cuda", "torch", "triton", "python", "date", "command", "commit"}
+PROVENANCE_KEYS = {"gpu", "driver", "cuda", "torch", "triton", "python", "date", "command", "commit",
+                   "package_version", "source_sha256"}
 
 
 def test_provenance_has_every_field():
-    record = provenance()
+    record = provenance("attn_gym_lite.bench.hello_world")
     assert set(record) == PROVENANCE_KEYS
     assert record["torch"] == torch.__version__
     assert record["command"].startswith("python -m attn_gym_lite.bench")
+    assert record["package_version"] == attn_gym_lite.__version__
+    assert record["source_sha256"] == source_digest("attn_gym_lite.bench.hello_world")
+
+
+def test_source_digest_covers_exactly_what_a_suite_imports(tmp_path, monkeypatch):
+    files = {str(p.relative_to(PACKAGE_ROOT)) for p in source_files("attn_gym_lite.bench.schedulers")}
+    # the suite, the kernels it times (through ops.kernels' __init__), the helpers they use
+    assert {"bench/schedulers.py", "ops/kernels/forward.py", "ops/kernels/tasks.py", "schedule.py",
+            "checks.py", "isolation.py", "__init__.py"} <= files
+    # nothing it does not import: the book's figures, profiling, other suites
+    assert not any(f.startswith(("book/", "profiling/")) or f == "bench/masking.py" for f in files)
+    # one changed byte anywhere in those files changes the digest
+    copy = tmp_path / "attn_gym_lite"
+    shutil.copytree(PACKAGE_ROOT, copy)
+    before = source_digest("attn_gym_lite.bench.schedulers")
+    monkeypatch.setattr(provenance_module, "PACKAGE_ROOT", copy)
+    assert source_digest("attn_gym_lite.bench.schedulers") == before
+    kernel = copy / "ops" / "kernels" / "tasks.py"
+    kernel.write_text(kernel.read_text() + "\n")
+    assert source_digest("attn_gym_lite.bench.schedulers") != before
+    assert source_digest("attn_gym_lite.bench.packing") == source_digest("attn_gym_lite.bench.packing")
+
+
+@pytest.mark.parametrize("path", RECORDED, ids=lambda p: f"{p.parent.name}/{p.name}")
+def test_recordings_are_not_stale(path):
+    """A recording made by other code than today's must be re-recorded (README: Record results)."""
+    record = json.loads(path.read_text())
+    suite = SUITES[record["suite"]]
+    assert record["provenance"].get("source_sha256") == source_digest(suite.module), (
+        f"{path.name} was recorded by other code than today's {suite.module} and what it imports: "
+        f"re-record it with python -m attn_gym_lite.bench {suite.name} --out {path.parent}"
+    )
 
 
 @pytest.mark.parametrize("path", RECORDED, ids=lambda p: f"{p.parent.name}/{p.name}")

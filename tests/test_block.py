@@ -6,9 +6,7 @@ from unittest import mock
 import pytest
 import torch
 import torch.nn.functional as F
-from hypothesis import given
-from hypothesis import strategies as st
-from test_masking import (
+from helpers import (
     EDGE_LAYOUTS,
     FAST,
     FILLS,
@@ -17,18 +15,20 @@ from test_masking import (
     calling,
     contaminated,
     fill_inactive,
+    naive_short_conv,
     padded_and_exact,
     ragged_layouts,
 )
-from test_short_conv import naive_short_conv
+from hypothesis import given
+from hypothesis import strategies as st
 
-from attn_gym_lite.block import MASK_SITES, ShortConvAttentionBlock
-from attn_gym_lite.exactness import compare_gradients, exact_gradients, gradients_at_capacity
-from attn_gym_lite.masking import uninitialized_memory_as_nan
+from attn_gym_lite.models.block import MASK_SITES, ShortConvAttentionBlock
+from attn_gym_lite.ops.masking import uninitialized_memory_as_nan
 from attn_gym_lite.ragged import cu_seqlens_from_lengths, pad_cu_seqlens
+from attn_gym_lite.testing.exactness import compare_gradients, exact_gradients, gradients_at_capacity
 
 #: torch's varlen_attn contract (rows past L of the output and of ∇q/∇k/∇v undefined) on the CPU.
-TORCH_CONTRACT = mock.patch("attn_gym_lite.block.varlen_attention", calling(attention_with_undefined_capacity))
+TORCH_CONTRACT = mock.patch("attn_gym_lite.models.block.varlen_attention", calling(attention_with_undefined_capacity))
 
 
 def block(masks=MASK_SITES, seed=0):
@@ -173,7 +173,7 @@ def test_cuda_padded_capacity_gives_the_exact_gradients(lengths, fill):
 @pytest.mark.gpu
 @pytest.mark.parametrize("masks", [MASK_SITES, ()], ids=["masked", "unmasked"])
 def test_cuda_graph_replay_with_new_layouts_gives_the_exact_gradients(masks):
-    from attn_gym_lite.graphs import capture_graph
+    from attn_gym_lite.graph.capture import capture_graph
 
     module = gpu_block(masks)
     static_x, static_target, static_cu = gpu_batch(GPU_LAYOUTS["L=T"], "nan")

@@ -8,14 +8,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from attn_gym_lite.buckets import (
-    GraphBuckets,
-    StaleOutputError,
-    _Guarded,
-    plan_buckets,
-    private_pool_bytes,
-    select_bucket,
-)
+from attn_gym_lite.data.capacity import plan_buckets, select_bucket
+from attn_gym_lite.graph.buckets import GraphBuckets, StaleOutputError, _Guarded, private_pool_bytes
 
 
 def brute_force(samples, k, align):

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers import ByteTokenizer, assert_batch_invariants, sequences_of
 
 from attn_gym_lite import data
 from attn_gym_lite.data import (
@@ -35,65 +36,9 @@ TINY_CORPUS = FIXTURES / "tiny_corpus"
 TINY_JSONL = FIXTURES / "tiny.jsonl"
 
 
-class ByteTokenizer:
-    """One token per UTF-8 byte: token counts are len(text.encode())."""
-
-    name = "bytes"
-    vocab_size = 256
-
-    def encode(self, text: str) -> list[int]:
-        return list(text.encode("utf-8"))
-
-    def encode_batch(self, texts):
-        return [self.encode(text) for text in texts]
-
-    def decode(self, ids) -> str:
-        return bytes(ids).decode("utf-8")
-
-
 # ---------------------------------------------------------------------------------------------
 # Reference checks
 # ---------------------------------------------------------------------------------------------
-
-
-def sequences_of(batch: PackedBatch) -> list[list[int]]:
-    """The active sequences' token ids, cut at cu_seqlens (empty tail slots dropped)."""
-    ids = batch.input_ids.tolist()
-    return [ids[start:end] for start, end in pairwise(batch.cu_seqlens.tolist()) if end > start]
-
-
-def assert_batch_invariants(
-    batch: PackedBatch, token_capacity: int, sequence_capacity: int, *, second_half_loss=False
-) -> None:
-    """Check every documented property of a PackedBatch with plain loops."""
-    T, N = token_capacity, sequence_capacity
-    assert batch.input_ids.dtype == torch.int64 and batch.input_ids.shape == (T,)
-    assert batch.labels.dtype == torch.int64 and batch.labels.shape == (T,)
-    assert batch.loss_mask.dtype == torch.bool and batch.loss_mask.shape == (T,)
-    assert batch.cu_seqlens.dtype == torch.int32 and batch.cu_seqlens.shape == (N + 1,)
-    assert batch.token_capacity == T and batch.sequence_capacity == N
-
-    cu = batch.cu_seqlens.tolist()
-    L, M = batch.active_tokens, batch.active_sequences
-    lengths = [end - start for start, end in pairwise(cu)]
-    assert cu[0] == 0 and cu[-1] == L
-    assert 1 <= L <= T and 1 <= M <= N
-    # M non-empty sequences first, then empty slots whose boundary repeats L.
-    assert all(length > 0 for length in lengths[:M])
-    assert cu[M:] == [L] * (N + 1 - M)
-    assert batch.max_seqlen == max(lengths)
-
-    ids, labels, mask = batch.input_ids.tolist(), batch.labels.tolist(), batch.loss_mask.tolist()
-    for start, end in pairwise(cu[: M + 1]):
-        loss_start = start + (end - start) // 2 if second_half_loss else start
-        for t in range(start, end - 1):
-            assert mask[t] == (t >= loss_start), (t, start, end)
-            if mask[t]:
-                assert labels[t] == ids[t + 1]
-        assert not mask[end - 1] and labels[end - 1] == 0
-    for t in range(L, T):
-        assert ids[t] == 0 and labels[t] == 0 and not mask[t]
-    assert all(label == 0 for label, counted in zip(labels, mask) if not counted)
 
 
 def expected_pieces(documents, tokenizer, max_document_tokens, min_document_tokens=2):
@@ -218,9 +163,9 @@ def test_packed_batch_properties_and_frozen():
             ValueError,
             r"N \+ 1 >= 2 entries, got 1",
         ),
-        ({"active_tokens": 5}, ValueError, r"active_tokens must be an int <= 4, got 5"),
-        ({"active_sequences": 4}, ValueError, r"active_sequences must be an int <= 3, got 4"),
-        ({"max_seqlen": 2.0}, TypeError, r"max_seqlen must be an int, got 2.0"),
+        ({"active_tokens": 5}, ValueError, r"active_tokens must be an int in \[0, 4\], got 5"),
+        ({"active_sequences": 4}, ValueError, r"active_sequences must be an int in \[0, 3\], got 4"),
+        ({"max_seqlen": 2.0}, TypeError, r"max_seqlen must be an int in \[0, 3\], got 2.0"),
     ],
 )
 def test_packed_batch_rejects_bad_fields(overrides, error, match):
@@ -281,10 +226,10 @@ def test_synthetic_loader_single_batch_is_full():
     [
         ((0, 64, 10, 4), {}, ValueError, r"num_batches must be an int >= 1, got 0"),
         ((2, 0, 10, 4), {}, ValueError, r"token_capacity must be an int >= 1, got 0"),
-        ((2, 64, 10, 65), {}, ValueError, r"sequence_capacity must be an int <= 64, got 65"),
+        ((2, 64, 10, 65), {}, ValueError, r"sequence_capacity must be an int in \[1, 64\], got 65"),
         ((2, 64, 0, 4), {}, ValueError, r"vocab_size must be an int >= 1, got 0"),
-        ((2, 64.0, 10, 4), {}, TypeError, r"token_capacity must be an int, got 64.0"),
-        ((2, 64, 10, True), {}, TypeError, r"sequence_capacity must be an int, got True"),
+        ((2, 64.0, 10, 4), {}, TypeError, r"token_capacity must be an int >= 1, got 64.0"),
+        ((2, 64, 10, True), {}, TypeError, r"sequence_capacity must be an int in \[1, 64\], got True"),
         ((2, 64, 10, 4), {"seed": -1}, ValueError, r"seed must be an int >= 0, got -1"),
     ],
 )
@@ -392,7 +337,7 @@ def test_python_stdlib_corpus_is_real_source():
 def test_python_stdlib_corpus_rejects_bad_limit():
     with pytest.raises(ValueError, match=r"limit must be an int >= 0, got -1"):
         python_stdlib_corpus(limit=-1)
-    with pytest.raises(TypeError, match=r"limit must be an int, got '3'"):
+    with pytest.raises(TypeError, match=r"limit must be an int >= 0, got '3'"):
         python_stdlib_corpus(limit="3")
 
 
@@ -590,13 +535,13 @@ def test_real_text_loader_random_cases(seed):
     ("kwargs", "error", "match"),
     [
         ({"token_capacity": 0}, ValueError, r"token_capacity must be an int >= 1, got 0"),
-        ({"sequence_capacity": 65}, ValueError, r"sequence_capacity must be an int <= 64, got 65"),
+        ({"sequence_capacity": 65}, ValueError, r"sequence_capacity must be an int in \[1, 64\], got 65"),
         (
             {"max_document_tokens": 65},
             ValueError,
-            r"max_document_tokens must be an int <= 64, got 65",
+            r"max_document_tokens must be an int in \[1, 64\], got 65",
         ),
-        ({"max_document_tokens": 0}, ValueError, r"max_document_tokens must be an int >= 1, got 0"),
+        ({"max_document_tokens": 0}, ValueError, r"max_document_tokens must be an int in \[1, 64\], got 0"),
         ({"num_batches": 0}, ValueError, r"num_batches must be an int >= 1, got 0"),
         ({"min_document_tokens": 0}, ValueError, r"min_document_tokens must be an int >= 1, got 0"),
         (

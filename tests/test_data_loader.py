@@ -15,7 +15,7 @@ from itertools import islice
 
 import pytest
 import torch
-from test_data import ByteTokenizer, assert_batch_invariants, sequences_of
+from helpers import ByteTokenizer, assert_batch_invariants, sequences_of
 
 from attn_gym_lite.data import (
     BestFit,
@@ -225,8 +225,8 @@ def test_batches_are_pinned_with_cuda():
         ({"corpus": iter(["a b"])}, TypeError, r"corpus must be re-readable .* got list_iterator"),
         ({"corpus": "one document"}, TypeError, r"corpus must be re-readable .* got str"),
         ({"policy": "best-fit"}, TypeError, r"policy must be a PackingPolicy .* got str"),
-        ({"sequence_capacity": 65}, ValueError, r"sequence_capacity must be an int <= 64, got 65"),
-        ({"max_piece_tokens": 65}, ValueError, r"max_piece_tokens must be an int <= 64, got 65"),
+        ({"sequence_capacity": 65}, ValueError, r"sequence_capacity must be an int in \[1, 64\], got 65"),
+        ({"max_piece_tokens": 65}, ValueError, r"max_piece_tokens must be an int in \[1, 64\], got 65"),
         ({"shuffle_buffer": 0}, ValueError, r"shuffle_buffer must be an int >= 1, got 0"),
         ({"epochs": 0}, ValueError, r"epochs must be an int >= 1, got 0"),
         ({"prefetch": -1}, ValueError, r"prefetch must be an int >= 0, got -1"),

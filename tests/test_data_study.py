@@ -12,31 +12,30 @@ import random
 
 import matplotlib
 import pytest
-from test_data import ByteTokenizer
+from helpers import ByteTokenizer
 
 from attn_gym_lite.bench import packing as packing_bench
+from attn_gym_lite.bench.packing import packer_throughput
 from attn_gym_lite.bench.suites import SUITES
-from attn_gym_lite.data import BestFit, FirstFit, InOrder, segment_lengths
-from attn_gym_lite.data.figures import (
+from attn_gym_lite.book.plots import (
     plot_length_distribution,
     plot_packing_run,
     plot_packing_study,
     plot_policy_batches,
 )
+from attn_gym_lite.book.results import step_token_rate, study_markdown
+from attn_gym_lite.book.seed import SEED_PUBLISHED
+from attn_gym_lite.data import BestFit, FirstFit, InOrder, segment_lengths
+from attn_gym_lite.data.recommend import recommend
 from attn_gym_lite.data.study import (
-    SEED_PUBLISHED,
     PackingStats,
     document_lengths,
     length_summary,
     nearest_rank,
     pack_lengths,
-    packer_throughput,
     packing_stats,
     packing_study,
     piece_stream,
-    recommend,
-    step_token_rate,
-    study_markdown,
 )
 
 matplotlib.use("Agg")
@@ -237,7 +236,7 @@ def test_figures_draw_the_data():
 
 
 def test_packing_study_suite_is_registered_and_recordable(monkeypatch):
-    assert SUITES["packing-study"] is packing_bench.packing_study_suite
+    assert SUITES["packing-study"].load() is packing_bench.packing_study_suite
     tokenizer = ByteTokenizer()
     monkeypatch.setattr(packing_bench, "load_tokenizer", lambda: tokenizer)
     corpus = ["a" * n for n in (10, 5000, 300, 9000, 40, 700)] * 3

@@ -4,8 +4,8 @@ import pytest
 import torch
 
 from attn_gym_lite.data import real_text_loader
-from attn_gym_lite.graphs import StaticInputs, capture_graph
-from attn_gym_lite.modules import PackedLM
+from attn_gym_lite.graph.capture import StaticInputs, capture_graph
+from attn_gym_lite.models import PackedLM
 
 
 def test_static_inputs_copy_into_the_same_buffers():
@@ -44,7 +44,7 @@ def test_static_inputs_reject_non_batches():
     with pytest.raises(TypeError, match="at least one Tensor field"):
         StaticInputs({"n": 3}, "cpu")
     with pytest.raises(AttributeError, match="has no buffer 'y'"):
-        StaticInputs({"x": torch.zeros(1)}, "cpu").y
+        _ = StaticInputs({"x": torch.zeros(1)}, "cpu").y
 
 
 def test_capture_graph_checks_its_arguments():
@@ -52,7 +52,7 @@ def test_capture_graph_checks_its_arguments():
         capture_graph(3)
     with pytest.raises(TypeError, match="warmup must be an int >= 0, got 1.5"):
         capture_graph(lambda: None, warmup=1.5)
-    with pytest.raises(ValueError, match="warmup must be >= 0, got -1"):
+    with pytest.raises(ValueError, match="warmup must be an int >= 0, got -1"):
         capture_graph(lambda: None, warmup=-1)
 
 

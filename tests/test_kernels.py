@@ -12,9 +12,9 @@ import triton.language as tl
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from attn_gym_lite.attention import varlen_attention_reference
-from attn_gym_lite.kernels import AttentionConfig, KernelConfig, varlen_attention_triton
-from attn_gym_lite.kernels.tasks import task_at, task_count
+from attn_gym_lite.ops.attention import varlen_attention_reference
+from attn_gym_lite.ops.kernels import AttentionConfig, KernelConfig, varlen_attention_triton
+from attn_gym_lite.ops.kernels.tasks import task_at, task_count
 from attn_gym_lite.ragged import cu_seqlens_from_lengths, pad_cu_seqlens
 from attn_gym_lite.schedule import chunk_capacity, chunk_offsets, decode_chunk, launch_grid, num_sms
 

@@ -6,9 +6,9 @@ static ``cu_seqlens``."""
 import pytest
 import torch
 
-from attn_gym_lite.attention import varlen_attention_reference
-from attn_gym_lite.graphs import capture_graph
-from attn_gym_lite.kernels import varlen_attention_triton
+from attn_gym_lite.graph.capture import capture_graph
+from attn_gym_lite.ops.attention import varlen_attention_reference
+from attn_gym_lite.ops.kernels import varlen_attention_triton
 from attn_gym_lite.ragged import cu_seqlens_from_lengths, pad_cu_seqlens, zipf_lengths
 
 pytestmark = pytest.mark.gpu
@@ -47,7 +47,7 @@ def assert_close(ours, reference, active, what):
 @pytest.mark.parametrize("schedule", ["rect", "flat", "persistent", "auto"])
 @pytest.mark.parametrize("head_dim,dtype", [(128, torch.bfloat16), (64, torch.float16)], ids=["d128-bf16", "d64-fp16"])
 def test_real_sizes_match_reference(head_dim, dtype, schedule, causal):
-    T, L = 4096, 3500  # noqa: N806 - 596 rows of capacity past the active tokens
+    T, L = 4096, 3500
     cu, s_max = zipf_cu(L, 24, 32)
     q, k, v, do = random_qkvo(T, head_dim, dtype)
     q, k, v = (x.requires_grad_() for x in (q, k, v))
@@ -69,7 +69,7 @@ def test_backward_is_deterministic():
         assert torch.equal(first, second)
 
 
-def replay_layouts(T):  # noqa: N803
+def replay_layouts(T):
     """Layouts a graph captured at T tokens, 16 slots must replay correctly, padded to N = 16."""
     return {
         "zipf_M<N": zipf_lengths(T - 300, 9, generator=torch.Generator().manual_seed(7)).tolist(),
@@ -83,7 +83,7 @@ def replay_layouts(T):  # noqa: N803
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 @pytest.mark.parametrize("schedule", ["rect", "flat", "persistent"])
 def test_capture_then_replay_new_layouts(schedule, causal):
-    T, N = 2048, 16  # noqa: N806
+    T, N = 2048, 16
     q, k, v, do = random_qkvo(T, 128, torch.bfloat16, seed=1)
     q, k, v = (x.requires_grad_() for x in (q, k, v))
     cu = pad_cu_seqlens(cu_seqlens_from_lengths([T], device="cuda"), N)  # the static buffer

@@ -1,11 +1,10 @@
-"""The masks of attn_gym_lite.masking, and the proof that each masked op is exact at capacity.
+"""The masks of attn_gym_lite.ops.masking, and the proof that each masked op is exact at capacity.
 
 The proof, for every op: fill the inactive rows of every input with NaN, +Inf or a huge value,
 compute the loss and every gradient at capacity T, and compare with the same computation on exactly
-the L real rows (attn_gym_lite.exactness). With the masks they match; without them the test asserts
+the L real rows (attn_gym_lite.testing.exactness). With the masks they match; without them the test asserts
 the contamination, so it shows that the masks matter. Layouts are random (hypothesis), with L = T,
-L = 0 and M < N among them. The helpers at the top are shared with test_block.py and
-test_short_conv.py.
+L = 0 and M < N among them. The shared helpers live in helpers.py.
 """
 
 import math
@@ -13,95 +12,37 @@ from unittest import mock
 
 import pytest
 import torch
-from hypothesis import given, settings
+from helpers import (
+    EDGE_LAYOUTS,
+    FAST,
+    FILLS,
+    assert_exact,
+    attention_with_undefined_capacity,
+    calling,
+    contaminated,
+    fill_inactive,
+    padded_and_exact,
+    ragged_layouts,
+)
+from hypothesis import given
 from hypothesis import strategies as st
 from torch import nn
 
-from attn_gym_lite import masking, ragged
-from attn_gym_lite.attention import varlen_attention_reference
-from attn_gym_lite.exactness import capacity_loss, compare_gradients, exact_gradients, gradients_at_capacity
-from attn_gym_lite.masking import (
+from attn_gym_lite import ragged
+from attn_gym_lite.models import VarLenAttention
+from attn_gym_lite.ops import masking
+from attn_gym_lite.ops.masking import (
     active_token_mask,
     mask_inactive_token_gradients,
     mask_inactive_tokens,
     uninitialized_memory_as_nan,
 )
-from attn_gym_lite.modules import VarLenAttention
+from attn_gym_lite.ops.short_conv import ShortConv
 from attn_gym_lite.ragged import cu_seqlens_from_lengths, pad_cu_seqlens
-from attn_gym_lite.short_conv import ShortConv
-
-FAST = settings(max_examples=30, deadline=None)
-FILLS = ("nan", "inf", "huge")
-
+from attn_gym_lite.testing.exactness import capacity_loss, compare_gradients, exact_gradients, gradients_at_capacity
 
 # ---------------------------------------------------------------------------------------------
 # Shared helpers
-
-
-@st.composite
-def ragged_layouts(draw, max_tokens=12, max_sequences=5):
-    """``(T, cu_seqlens)``: N slots, L <= T tokens in M <= N sequences (empty ones included),
-    drawn so that L = T, L = 0 and partial fills all come up."""
-    tokens = draw(st.integers(1, max_tokens))
-    slots = draw(st.integers(1, max_sequences))
-    fill = draw(st.sampled_from(["full", "empty", "partial"]))
-    active = {"full": tokens, "empty": 0, "partial": draw(st.integers(0, tokens))}[fill]
-    used = draw(st.integers(1, slots))
-    cuts = sorted(draw(st.lists(st.integers(0, active), min_size=used - 1, max_size=used - 1)))
-    lengths = [b - a for a, b in zip([0, *cuts], [*cuts, active])]
-    return tokens, pad_cu_seqlens(cu_seqlens_from_lengths(lengths), slots)
-
-
-#: Fixed layouts that must always be covered: L = T, L = 0, and M < N with an empty slot inside.
-EDGE_LAYOUTS = {
-    "L=T": (10, pad_cu_seqlens(cu_seqlens_from_lengths([6, 4]), 2)),
-    "L=0": (7, pad_cu_seqlens(cu_seqlens_from_lengths([0]), 3)),
-    "M<N": (12, pad_cu_seqlens(cu_seqlens_from_lengths([4, 0, 3]), 6)),
-}
-
-
-def fill_value(fill, dtype):
-    return {"nan": math.nan, "inf": math.inf, "huge": torch.finfo(dtype).max}[fill]
-
-
-def fill_inactive(x, cu_seqlens, fill):
-    """A copy of ``x`` with rows ``L..T-1`` set to NaN, +Inf or the dtype's largest value."""
-    out = x.clone()
-    out[int(cu_seqlens[-1]):] = fill_value(fill, x.dtype)
-    return out
-
-
-def padded_and_exact(module, x, target, cu_seqlens, max_seqlen):
-    """``compare_gradients`` of one step at capacity against the exact step on the L real rows."""
-    return compare_gradients(
-        gradients_at_capacity(module, x, target, cu_seqlens, max_seqlen),
-        exact_gradients(module, x, target, cu_seqlens),
-    )
-
-
-def assert_exact(report, rtol):
-    """No non-finite gradient, and every gradient within ``rtol`` of the exact one's scale."""
-    for name, g in report["gradients"].items():
-        assert g["nonfinite"] == 0, f"{name}: {g['nonfinite']} non-finite entries"
-        assert g["max_abs_diff"] <= rtol * max(g["max_abs_exact"], 1e-3), (name, g)
-    assert report["loss_at_capacity"] == pytest.approx(report["loss_exact"], rel=rtol, abs=rtol)
-
-
-def contaminated(report, rtol):
-    """Names of the gradients that are non-finite or not within ``rtol`` of the exact ones."""
-    return {
-        name for name, g in report["gradients"].items()
-        if g["nonfinite"] or g["max_abs_diff"] > rtol * max(g["max_abs_exact"], 1e-3)
-    }
-
-
-def attention_with_undefined_capacity(q, k, v, cu_seqlens, max_seqlen, *, causal=False):
-    """torch's ``varlen_attn`` contract on the CPU: rows past L of the output and of the q/k/v
-    gradients are NaN (torch leaves them undefined); active rows are exact."""
-    out = varlen_attention_reference(q, k, v, cu_seqlens, causal=causal)
-    inactive = torch.arange(q.shape[0]) >= cu_seqlens[-1]
-    poison = (q + k + v) * torch.where(inactive, math.nan, 0.0)[:, None, None]
-    return torch.where(inactive[:, None, None], out + poison, out)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -259,13 +200,6 @@ def test_gradient_barrier_stops_undefined_short_conv_gradients(layout, fill):
             assert contaminated(padded_and_exact(module, x, target, cu, tokens), 1e-12) == {"proj.weight"}
 
 
-def calling(attention):
-    """Patch target for a module's ``varlen_attention``: same call, another implementation."""
-    return lambda q, k, v, cu_seqlens, max_seqlen, *, causal=False: attention(
-        q, k, v, cu_seqlens, max_seqlen, causal=causal
-    )
-
-
 @FAST
 @given(layout=ragged_layouts(max_tokens=10), fill=st.sampled_from(FILLS), causal=st.booleans())
 def test_varlen_attention_module_is_exact_at_capacity(layout, fill, causal):
@@ -276,7 +210,7 @@ def test_varlen_attention_module_is_exact_at_capacity(layout, fill, causal):
     module = VarLenAttention(8, 2, causal=causal, mask_inactive_capacity=True).double()
     assert_exact(padded_and_exact(module, x, target, cu, tokens), rtol=1e-10)
     undefined = calling(attention_with_undefined_capacity)
-    with mock.patch("attn_gym_lite.modules.varlen_attention", undefined):
+    with mock.patch("attn_gym_lite.models.attention.varlen_attention", undefined):
         assert_exact(padded_and_exact(module, x, target, cu, tokens), rtol=1e-10)
         # Without masks, torch's contract (undefined output rows and q/k/v gradients past L)
         # reaches the output projection's weight gradient, whatever the input rows hold.
@@ -300,7 +234,7 @@ def test_edge_layouts_through_the_projection_and_short_conv(layout, fill):
 
 
 # ---------------------------------------------------------------------------------------------
-# The comparison itself (attn_gym_lite.exactness)
+# The comparison itself (attn_gym_lite.testing.exactness)
 
 
 def test_capacity_loss_is_the_inner_product_over_active_rows():
@@ -335,7 +269,7 @@ def test_exact_gradients_of_no_tokens_are_zero_and_comparisons_name_mismatches()
 
 @pytest.mark.gpu
 def test_masks_under_graph_replay_follow_the_new_layout():
-    from attn_gym_lite.graphs import capture_graph
+    from attn_gym_lite.graph.capture import capture_graph
 
     tokens = 64
     static_x = torch.randn(tokens, 8, device="cuda", requires_grad=True)
@@ -377,7 +311,7 @@ def test_torch_varlen_attn_nan_gradients_at_padded_capacity_and_the_fix():
 @pytest.mark.gpu
 @pytest.mark.parametrize("fill", FILLS)
 def test_cuda_varlen_attention_module_is_exact_at_capacity_eagerly_and_replayed(fill):
-    from attn_gym_lite.graphs import capture_graph
+    from attn_gym_lite.graph.capture import capture_graph
 
     tokens, slots, dim = 256, 16, 256
     layouts = ([256], [0], [40, 0, 3, 100], [7] * 16)

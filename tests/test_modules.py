@@ -4,8 +4,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from attn_gym_lite.attention import varlen_attention_reference
-from attn_gym_lite.modules import PackedLM, VarLenAttention
+from attn_gym_lite.models import PackedLM, VarLenAttention
+from attn_gym_lite.ops.attention import varlen_attention_reference
 from attn_gym_lite.ragged import cu_seqlens_from_lengths, pad_cu_seqlens
 
 
@@ -35,7 +35,7 @@ def nan_on_inactive_rows(q, k, v, cu_seqlens, max_seqlen, *, causal=False):
 
 @pytest.mark.parametrize("masked", [True, False])
 def test_mask_inactive_capacity_stops_undefined_attention_rows(monkeypatch, masked):
-    monkeypatch.setattr("attn_gym_lite.modules.varlen_attention", nan_on_inactive_rows)
+    monkeypatch.setattr("attn_gym_lite.models.attention.varlen_attention", nan_on_inactive_rows)
     torch.manual_seed(0)
     module = VarLenAttention(8, 2, mask_inactive_capacity=masked).double()
     x = torch.randn(8, 8, dtype=torch.float64)  # rows 5..7 are inactive capacity

@@ -49,7 +49,7 @@ def test_segment_loses_and_duplicates_nothing(ids, size):
 def test_segment_rejects_bad_sizes():
     with pytest.raises(ValueError, match=r"max_piece_tokens must be an int >= 1, got 0"):
         segment([1, 2], 0)
-    with pytest.raises(TypeError, match=r"max_piece_tokens must be an int, got 2.0"):
+    with pytest.raises(TypeError, match=r"max_piece_tokens must be an int >= 1, got 2.0"):
         segment_lengths(5, 2.0)
     with pytest.raises(ValueError, match=r"length must be an int >= 0, got -1"):
         segment_lengths(-1, 4)
@@ -207,7 +207,7 @@ def test_numpy_lengths_are_accepted():
     ("call", "error", "match"),
     [
         (lambda: FirstFit(0), ValueError, r"buffer_size must be an int >= 1, got 0"),
-        (lambda: BestFit(2.0), TypeError, r"buffer_size must be an int, got 2.0"),
+        (lambda: BestFit(2.0), TypeError, r"buffer_size must be an int >= 1, got 2.0"),
         (lambda: InOrder().batches([1], 0), ValueError, r"token_capacity must be an int >= 1"),
         (lambda: BestFit(4).batches([1], 8, 0), ValueError, r"sequence_capacity must be an int >= 1"),
         (lambda: FirstFit(4).sequence_bound(True), TypeError, r"token_capacity must be an int"),

@@ -10,6 +10,7 @@ import json
 import pytest
 import torch
 
+from attn_gym_lite.book.plots import plot_timeline
 from attn_gym_lite.profiling import (
     CAPTURE_ORDER,
     GRAPH_NODE_ID,
@@ -18,7 +19,6 @@ from attn_gym_lite.profiling import (
     graphs_from_capture_trace,
     load_trace,
     mark_kernels,
-    plot_timeline,
     profile,
     record_annotations,
     save_trace,
@@ -398,7 +398,7 @@ def _three_regions(x, w):
 
 @pytest.mark.gpu
 def test_replayed_graph_kernels_carry_their_region_label():
-    from attn_gym_lite.graphs import capture_graph
+    from attn_gym_lite.graph.capture import capture_graph
 
     torch.manual_seed(0)
     x = torch.randn(512, 256, device="cuda", dtype=torch.bfloat16)

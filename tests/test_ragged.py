@@ -233,13 +233,14 @@ def test_zipf_lengths_one_token_each():
 @pytest.mark.parametrize(
     ("args", "kwargs", "error", "match"),
     [
-        ((3, 4), {}, ValueError, "total_tokens must be >= num_sequences (each sequence gets at least 1 token), got total_tokens = 3 < num_sequences = 4"),
+        ((3, 4), {}, ValueError,
+         "total_tokens must be >= num_sequences (each sequence gets at least 1 token), got total_tokens = 3 < num_sequences = 4"),
         ((10, 0), {}, ValueError, "num_sequences must be an int >= 1, got 0"),
         ((10.0, 2), {}, TypeError, "total_tokens must be an int >= 0, got 10.0"),
         ((2**31, 2), {}, ValueError, "total_tokens must be <= 2147483647"),
         ((10, 2), {"exponent": -1.0}, ValueError, "exponent must be a finite real number >= 0, got -1.0"),
         ((10, 2), {"exponent": float("nan")}, ValueError, "exponent must be a finite real number >= 0, got nan"),
-        ((10, 2), {"exponent": "1.2"}, TypeError, "exponent must be a real number >= 0, got '1.2'"),
+        ((10, 2), {"exponent": "1.2"}, TypeError, "exponent must be a finite real number >= 0, got '1.2'"),
         ((10, 2), {"generator": 0}, TypeError, "generator must be a torch.Generator or None, got int"),
     ],
 )

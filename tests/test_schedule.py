@@ -126,7 +126,8 @@ def test_bad_arguments_name_themselves():
 def test_grid_sizes_and_their_figure():
     import matplotlib
 
-    from attn_gym_lite.plots_schedulers import grid_sizes, plot_grid_sizes
+    from attn_gym_lite.book.plots import plot_grid_sizes
+    from attn_gym_lite.schedule import grid_sizes
 
     matplotlib.use("Agg")
     sizes = grid_sizes(16384, 256, [700, 200, 124], 128, 16, 132)
@@ -142,7 +143,7 @@ def _fake_sweep_record():
     def rows(points):
         return [{"L": L, "M": M, "S_max": 1, "captured_us": 2.0 * i + 3, "exact_us": i + 1.0,
                  "ratio": (2.0 * i + 3) / (i + 1)} for i, (L, M) in enumerate(points)]
-    series = lambda points: {"varlen_attn": rows(points), "persistent": rows(points)}  # noqa: E731
+    series = lambda points: {"varlen_attn": rows(points), "persistent": rows(points)}
     table = {name: {"fwd_tflops": 100.0 + i, "fwd_bwd_tflops": 80.0 + i, "fwd_us": 1.0, "fwd_bwd_us": 2.0}
              for i, name in enumerate(("varlen_attn", "persistent"))}
     return {
@@ -156,7 +157,7 @@ def _fake_sweep_record():
 def test_sweep_and_throughput_figures_read_the_suite_format():
     import matplotlib
 
-    from attn_gym_lite.plots_schedulers import plot_sweeps, plot_throughput
+    from attn_gym_lite.book.plots import plot_sweeps, plot_throughput
 
     matplotlib.use("Agg")
     record = _fake_sweep_record()

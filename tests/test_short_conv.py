@@ -5,29 +5,13 @@ import math
 
 import pytest
 import torch
+from helpers import EDGE_LAYOUTS, FAST, FILLS, fill_inactive, naive_short_conv, ragged_layouts
 from hypothesis import given
 from hypothesis import strategies as st
-from test_masking import EDGE_LAYOUTS, FAST, FILLS, fill_inactive, ragged_layouts
 
-from attn_gym_lite.masking import uninitialized_memory_as_nan
+from attn_gym_lite.ops.masking import uninitialized_memory_as_nan
+from attn_gym_lite.ops.short_conv import ShortConv, short_conv, short_conv_reference
 from attn_gym_lite.ragged import cu_seqlens_from_lengths, pad_cu_seqlens
-from attn_gym_lite.short_conv import ShortConv, short_conv, short_conv_reference
-
-
-def naive_short_conv(x, weight, cu_seqlens):
-    """y[t, c] = Σ_k w[c, k] x[t - (W-1) + k, c] over the taps inside t's own sequence; rows past
-    L are 0. One token at a time, in float64, differentiable through plain indexing."""
-    x, weight = x.double(), weight.double()
-    width = weight.shape[1]
-    rows = [x.new_zeros(x.shape[1]) for _ in range(x.shape[0])]
-    bounds = cu_seqlens.tolist()
-    for start, end in zip(bounds[:-1], bounds[1:]):
-        for t in range(start, end):
-            for k in range(width):
-                source = t - (width - 1) + k
-                if source >= start:
-                    rows[t] = rows[t] + weight[:, k] * x[source]
-    return torch.stack(rows) if rows else x.new_zeros(0, x.shape[1])
 
 
 @FAST
@@ -123,7 +107,7 @@ def test_module_initialises_like_a_depthwise_conv1d():
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_cuda_graph_replay_with_new_layouts_matches_the_reference(dtype):
-    from attn_gym_lite.graphs import capture_graph
+    from attn_gym_lite.graph.capture import capture_graph
 
     tokens, channels = 256, 64
     torch.manual_seed(0)

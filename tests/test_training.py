@@ -4,8 +4,8 @@ import pytest
 import torch
 
 from attn_gym_lite.data import packed_batch_loader
-from attn_gym_lite.modules import PackedLM
-from attn_gym_lite.training import FixedCapacityTrainer
+from attn_gym_lite.graph.training import FixedCapacityTrainer
+from attn_gym_lite.models import PackedLM
 
 
 def _batches(n=3):

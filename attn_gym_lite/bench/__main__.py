@@ -1,8 +1,11 @@
-"""``python -m attn_gym_lite.bench SUITE --out DIR``: run a suite on this GPU, write DIR/SUITE.json."""
+"""``python -m attn_gym_lite.bench SUITE --out DIR``: run a suite, write ``DIR/<suite>.json``.
+
+``python -m attn_gym_lite.bench --help`` lists the suites; ``... SUITE --help`` says what one
+measures.
+"""
 
 from __future__ import annotations
 
-import inspect
 import json
 from pathlib import Path
 
@@ -10,30 +13,43 @@ import torch
 import typer
 
 from .provenance import provenance
-from .suites import SUITES
+from .suites import SUITES, Suite
 
-app = typer.Typer(add_completion=False)
+app = typer.Typer(add_completion=False, no_args_is_help=True,
+                  help="Run a benchmark suite and record it, with provenance, as OUT/<suite>.json.")
 
 
-@app.command()
-def main(
-    suite: str = typer.Argument(..., help=f"one of: {', '.join(SUITES)}"),
-    out: Path = typer.Option(..., help="folder for SUITE.json, e.g. results/h200"),
-) -> None:
-    """Run one benchmark suite on the current GPU and record it with provenance."""
-    if suite not in SUITES:
-        raise typer.BadParameter(f"SUITE must be one of {', '.join(SUITES)}, got {suite!r}")
-    if not torch.cuda.is_available():
-        typer.echo("error: benchmarks record GPU measurements; no CUDA device is available", err=True)
-        raise typer.Exit(code=1)
+def record(suite: Suite, out: Path) -> Path:
+    """Run ``suite`` and write its record; returns the file written.
+
+    Raises:
+        RuntimeError: the suite needs CUDA and none is available.
+    """
+    if suite.needs_cuda and not torch.cuda.is_available():
+        raise RuntimeError(f"{suite.name} records GPU measurements; no CUDA device is available")
     out.mkdir(parents=True, exist_ok=True)
-    run = SUITES[suite]
-    # A suite that writes files beside its JSON (the profiling traces) takes the folder.
-    extra = {"out": out} if "out" in inspect.signature(run).parameters else {}
-    record = {"suite": suite, "provenance": provenance(), **run(**extra)}
-    path = out / f"{suite.replace('-', '_')}.json"
-    path.write_text(json.dumps(record, indent=1) + "\n")
-    typer.echo(f"wrote {path}")
+    run = suite.load()
+    result = run(out=out) if suite.writes_files else run()
+    path = out / f"{suite.name.replace('-', '_')}.json"
+    path.write_text(json.dumps({"suite": suite.name, "provenance": provenance(suite.module), **result}, indent=1) + "\n")
+    return path
+
+
+def _command(suite: Suite):
+    def command(out: Path = typer.Option(..., help="folder for the JSON, e.g. results/h200")) -> None:
+        try:
+            path = record(suite, out)
+        except RuntimeError as error:
+            typer.echo(f"error: {error}", err=True)
+            raise typer.Exit(code=1) from None
+        typer.echo(f"wrote {path}")
+
+    command.__doc__ = suite.summary
+    return command
+
+
+for _suite in SUITES.values():
+    app.command(_suite.name, help=_suite.summary)(_command(_suite))
 
 
 if __name__ == "__main__":

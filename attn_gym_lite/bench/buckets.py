@@ -13,19 +13,18 @@
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
 import time
 from itertools import islice
 
 import torch
 from torch import nn
 
-from ..buckets import GraphBuckets, plan_buckets, private_pool_bytes, select_bucket
 from ..data import load_tokenizer, real_text_loader
-from ..graphs import capture_graph
-from ..modules import PackedLM
+from ..data.capacity import plan_buckets, select_bucket
+from ..graph.buckets import GraphBuckets, private_pool_bytes
+from ..graph.capture import capture_graph
+from ..isolation import IsolatedRunError, run_isolated
+from ..models import PackedLM
 from .timing import cuda_event_us, median
 
 MIB = 2**20
@@ -91,17 +90,7 @@ def memory_point(config: str, token_capacity: int, dim: int, k: int) -> dict:
 
 def memory(token_capacity: int, dim: int, k: int = 4, configs: tuple[str, ...] = CONFIGS) -> list[dict]:
     """Each configuration (default: all of :data:`CONFIGS`) in a fresh Python process."""
-    points = []
-    for config in configs:
-        code = (
-            "import json, sys; from attn_gym_lite.bench.buckets import memory_point; "
-            f"print(json.dumps(memory_point({config!r}, {token_capacity}, {dim}, {k})))"
-        )
-        done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
-        if done.returncode != 0:
-            raise RuntimeError(f"memory point {config!r} failed:\n{done.stderr[-2000:]}")
-        points.append(json.loads(done.stdout.strip().splitlines()[-1]))
-    return points
+    return [run_isolated(memory_point, config, token_capacity, dim, k) for config in configs]
 
 
 def compute(token_capacity: int = 8192, dim: int = 4096, iters: int = 30) -> list[dict]:
@@ -246,8 +235,13 @@ def optimizer_boundary(token_capacity: int = 4096, dim: int = 1024, num_heads: i
     return {"config": {"T": token_capacity, "dim": dim, "num_heads": num_heads}, **results}
 
 
+def memory_part() -> list[dict]:
+    """The memory part: the seed's size (``T = 1024``) and a larger one, dim 4096."""
+    return memory(1024, 4096) + memory(8192, 4096)
+
+
 PARTS = {
-    "memory": lambda: memory(1024, 4096) + memory(8192, 4096),
+    "memory": memory_part,
     "compute": compute,
     "lifetime": lifetime,
     "optimizer_boundary": optimizer_boundary,
@@ -261,16 +255,11 @@ def buckets_suite() -> dict:
     recorded under ``"errors"`` and the others are still measured."""
     start = time.perf_counter()
     record, errors = {}, {}
-    for part in PARTS:
-        done = subprocess.run([sys.executable, "-m", __name__, part], capture_output=True, text=True)
-        if done.returncode == 0:
-            record[part] = json.loads(done.stdout.strip().splitlines()[-1])
-        else:
-            errors[part] = done.stderr[-4000:]
+    for part, function in PARTS.items():
+        try:
+            record[part] = run_isolated(function)
+        except IsolatedRunError as error:
+            errors[part] = str(error)[-4000:]
     record["errors"] = errors
     record["suite_seconds"] = time.perf_counter() - start
     return record
-
-
-if __name__ == "__main__":
-    print(json.dumps(PARTS[sys.argv[1]]()))

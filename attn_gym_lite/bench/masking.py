@@ -18,12 +18,12 @@ from contextlib import nullcontext
 
 import torch
 
-from ..block import MASK_SITES, ShortConvAttentionBlock
-from ..exactness import compare_gradients, exact_gradients, gradients_at_capacity
-from ..graphs import capture_graph
-from ..masking import uninitialized_memory_as_nan
-from ..modules import VarLenAttention
+from ..graph.capture import capture_graph
+from ..models import VarLenAttention
+from ..models.block import MASK_SITES, ShortConvAttentionBlock
+from ..ops.masking import uninitialized_memory_as_nan
 from ..ragged import cu_seqlens_from_lengths, pad_cu_seqlens, zipf_lengths
+from ..testing.exactness import compare_gradients, exact_gradients, gradients_at_capacity
 from .timing import cuda_event_us, median
 
 MEMORY_MODES = ("as allocated", "uninitialized as NaN")

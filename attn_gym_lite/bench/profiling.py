@@ -22,10 +22,10 @@ from pathlib import Path
 import torch
 
 from ..data import load_tokenizer, real_text_loader
-from ..modules import PackedLM
+from ..graph.training import FixedCapacityTrainer
+from ..models import PackedLM
 from ..profiling import annotate_trace, device_events, profile, record_annotations, save_trace, trace_summary
-from ..profiling.regions import native_annotations_available
-from ..training import FixedCapacityTrainer
+from ..regions import native_annotations_available
 from .timing import cuda_event_us, median
 
 TRACE_FOLDER = "profiling_traces"

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import ast
 import datetime
+import hashlib
 import os
 import platform
 import shlex
@@ -11,6 +13,10 @@ import sys
 from pathlib import Path
 
 import torch
+
+import attn_gym_lite
+
+PACKAGE_ROOT = Path(attn_gym_lite.__file__).resolve().parent
 
 
 def _run(command: list[str], cwd: Path | None = None) -> str | None:
@@ -34,8 +40,63 @@ def git_commit() -> str | None:
     return commit + ("+dirty" if dirty else "")
 
 
-def provenance() -> dict:
-    """GPU (name, SM count, memory), driver, CUDA, torch, triton, Python, date, command, commit.
+def _module_file(module: str) -> Path | None:
+    parts = module.split(".")[1:]
+    if not parts:
+        return PACKAGE_ROOT / "__init__.py"
+    relative = Path(*parts)
+    for candidate in (PACKAGE_ROOT / relative.with_suffix(".py"), PACKAGE_ROOT / relative / "__init__.py"):
+        if candidate.is_file():
+            return candidate
+    return None
+
+
+def _imports(path: Path, module: str) -> set[str]:
+    package = module if path.name == "__init__.py" else module.rsplit(".", 1)[0]
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found |= {a.name for a in node.names if a.name.startswith("attn_gym_lite")}
+        elif isinstance(node, ast.ImportFrom):
+            base = package.split(".")[: len(package.split(".")) - max(node.level - 1, 0)] if node.level else []
+            target = ".".join([*base, node.module] if node.module else base) if node.level else node.module or ""
+            if target.startswith("attn_gym_lite"):
+                found.add(target)
+                # `from .x import y` may import the submodule y
+                found |= {f"{target}.{a.name}" for a in node.names}
+    return found
+
+
+def source_files(module: str) -> list[Path]:
+    """The package's source files ``module`` runs: itself and every package module it imports,
+    transitively (read statically, function-level imports included), parent packages too."""
+    seen: dict[str, Path] = {}
+    pending = [module]
+    while pending:
+        name = pending.pop()
+        parts = name.split(".")
+        for i in range(1, len(parts) + 1):  # importing a.b.c runs a/__init__, a/b/__init__ too
+            prefix = ".".join(parts[:i])
+            path = _module_file(prefix)
+            if path is None or prefix in seen:
+                continue
+            seen[prefix] = path
+            pending.extend(_imports(path, prefix))
+    return sorted(set(seen.values()))
+
+
+def source_digest(module: str) -> str:
+    """SHA-256 of :func:`source_files` (relative path and bytes of each, in order): a recording
+    whose digest differs from today's was made by other code, and is stale."""
+    digest = hashlib.sha256()
+    for path in source_files(module):
+        digest.update(str(path.relative_to(PACKAGE_ROOT)).encode() + b"\0" + path.read_bytes() + b"\0")
+    return digest.hexdigest()
+
+
+def provenance(suite_module: str | None = None) -> dict:
+    """GPU (name, SM count, memory), driver, CUDA, torch, triton, Python, date, command, commit,
+    the package version and, for a suite, the digest of the source it ran (:func:`source_digest`).
 
     Returns a JSON-ready dict; GPU fields are ``None`` without CUDA.
     """
@@ -65,4 +126,6 @@ def provenance() -> dict:
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "command": " ".join(shlex.quote(a) for a in ["python", "-m", "attn_gym_lite.bench", *sys.argv[1:]]),
         "commit": git_commit(),
+        "package_version": attn_gym_lite.__version__,
+        "source_sha256": source_digest(suite_module) if suite_module else None,
     }

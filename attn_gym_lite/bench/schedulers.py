@@ -22,15 +22,13 @@ is measured in a process of its own, so a CUDA fault in one is recorded and the 
 from __future__ import annotations
 
 import dataclasses
-import json
-import subprocess
-import sys
 
 import torch
 
-from ..attention import varlen_attention
-from ..graphs import capture_graph
-from ..kernels import varlen_attention_triton
+from ..graph.capture import capture_graph
+from ..isolation import IsolatedRunError, run_isolated
+from ..ops.attention import varlen_attention
+from ..ops.kernels import varlen_attention_triton
 from ..ragged import cu_seqlens_from_lengths, pad_cu_seqlens, zipf_lengths
 from .timing import cuda_event_us, median
 
@@ -65,7 +63,7 @@ class AttentionGraph:
     """One captured attention call (``backward=True``: forward and ``dq, dk, dv``) at a fixed
     token capacity ``T`` and sequence capacity ``N``, replayed for any layout that fits."""
 
-    def __init__(self, implementation: str, T: int, N: int, max_seqlen: int, shapes: Shapes,  # noqa: N803
+    def __init__(self, implementation: str, T: int, N: int, max_seqlen: int, shapes: Shapes,
                  *, backward: bool = True, seed: int = 0) -> None:
         generator = torch.Generator(device="cuda").manual_seed(seed)
         size = (T, shapes.heads, shapes.head_dim)
@@ -94,7 +92,7 @@ def _layout(lengths: torch.Tensor) -> tuple[torch.Tensor, int]:
     return cu_seqlens_from_lengths(lengths, device="cuda"), int(lengths.max()) if lengths.numel() else 0
 
 
-def overcapture_sweep(points: list[torch.Tensor], T: int, N: int, shapes: Shapes,  # noqa: N803
+def overcapture_sweep(points: list[torch.Tensor], T: int, N: int, shapes: Shapes,
                       iters: int, implementations=IMPLEMENTATIONS) -> dict:
     """For each layout (lengths, ``sum <= T``, ``len <= N``): captured and exact replay µs."""
     series = {}
@@ -103,7 +101,7 @@ def overcapture_sweep(points: list[torch.Tensor], T: int, N: int, shapes: Shapes
         rows = []
         for lengths in points:
             cu, s_max = _layout(lengths)
-            L, M = int(cu[-1]), lengths.numel()  # noqa: N806
+            L, M = int(cu[-1]), lengths.numel()
             captured_us = captured.replay_us(pad_cu_seqlens(cu, N), iters)
             exact = AttentionGraph(implementation, L, M, s_max, shapes)
             exact_us = exact.replay_us(cu, iters)
@@ -128,7 +126,7 @@ def throughput(lengths: torch.Tensor, shapes: Shapes, iters: int,
                implementations=("varlen_attn", "rect", "flat", "persistent")) -> dict:
     """Exact-shape graphs, forward alone and forward + backward: µs and TFLOP/s per implementation."""
     cu, s_max = _layout(lengths)
-    L = int(cu[-1])  # noqa: N806
+    L = int(cu[-1])
     flops = attention_flops(lengths, shapes.heads, shapes.head_dim, shapes.causal)
     result = {}
     for implementation in implementations:
@@ -197,16 +195,10 @@ def schedulers_suite(iters: int = 30, seed: int = 0, timeout_s: float = 600) -> 
     """
     runs, errors = {}, {}
     for implementation in IMPLEMENTATIONS:
-        command = [sys.executable, "-m", __name__, implementation, str(iters), str(seed)]
         try:
-            done = subprocess.run(command, capture_output=True, text=True, timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            errors[implementation] = f"timed out after {timeout_s} s"
-            continue
-        if done.returncode == 0:
-            runs[implementation] = json.loads(done.stdout.strip().splitlines()[-1])
-        else:
-            errors[implementation] = done.stderr[-3000:]
+            runs[implementation] = run_isolated(implementation_run, implementation, iters, seed, timeout_s=timeout_s)
+        except IsolatedRunError as error:
+            errors[implementation] = str(error)[-3000:]
     layouts = sweep_layouts(seed)
     tables = {}
     for implementation, run in runs.items():
@@ -223,6 +215,3 @@ def schedulers_suite(iters: int = 30, seed: int = 0, timeout_s: float = 600) -> 
         "errors": errors,
     }
 
-
-if __name__ == "__main__":
-    print(json.dumps(implementation_run(sys.argv[1], int(sys.argv[2]), int(sys.argv[3]))))

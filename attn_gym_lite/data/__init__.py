@@ -17,16 +17,20 @@ batches and measures how full they are. One concept per module:
 * :mod:`.loader`: :func:`real_text_loader` (in order, one pass) and :class:`PackedLoader`
   (any policy, shuffled, prefetched, pinned, resumable);
 * :mod:`.synthetic`: :func:`packed_batch_loader`, random batches of a prescribed shape;
-* :mod:`.study`: measuring a corpus and its packing, and choosing ``T``, ``N`` and ``B``;
-* :mod:`.figures`: the chapter's plots of those measurements.
+* :mod:`.study`: measuring a corpus and how well each policy packs it;
+* :mod:`.recommend`: choosing ``B`` and ``N`` for a padding budget, and whether one graph is enough;
+* :mod:`.capacity`: choosing graph-bucket capacities from data (:func:`plan_buckets`) and picking
+  one for a batch (:func:`select_bucket`).
 
 Everything here runs on the CPU and is deterministic.
 """
 
 from .batch import PackedBatch, batch_from_pieces
+from .capacity import BucketPlan, plan_buckets, select_bucket
 from .corpora import hf_dataset_texts, jsonl_texts, parquet_texts, python_stdlib_corpus, text_files
 from .loader import PackedLoader, real_text_loader
 from .packing import BestFit, FirstFit, InOrder, PackingPolicy
+from .recommend import Recommendation, recommend
 from .segment import segment, segment_lengths
 from .synthetic import packed_batch_loader
 from .tokenizer import HFTokenizer, TiktokenTokenizer, Tokenizer, load_tokenizer
@@ -52,4 +56,9 @@ __all__ = [
     "BestFit",
     "real_text_loader",
     "PackedLoader",
+    "BucketPlan",
+    "plan_buckets",
+    "select_bucket",
+    "Recommendation",
+    "recommend",
 ]

@@ -18,7 +18,7 @@ from torch import Tensor
 
 from attn_gym_lite.ragged import cu_seqlens_from_lengths, pad_cu_seqlens
 
-from ._validate import check_capacities, check_int
+from ..checks import check_capacities, check_int
 
 __all__ = ["PackedBatch", "batch_from_pieces"]
 

@@ -20,7 +20,7 @@ import sysconfig
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
-from ._validate import check_file, check_int, check_path
+from ..checks import check_file, check_int, check_path
 
 __all__ = [
     "python_stdlib_corpus",

@@ -20,7 +20,7 @@ import threading
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import TypeVar
 
-from ._validate import check_capacities, check_int
+from ..checks import check_capacities, check_int
 from .batch import PackedBatch, batch_from_pieces
 from .corpora import python_stdlib_corpus, resolve_corpus
 from .packing import BestFit, InOrder, PackingPolicy

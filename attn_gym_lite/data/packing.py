@@ -34,7 +34,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from itertools import islice
 
-from ._validate import check_int
+from ..checks import check_int
 
 __all__ = ["PackingPolicy", "InOrder", "FirstFit", "BestFit"]
 

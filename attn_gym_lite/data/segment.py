@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TypeVar
 
-from ._validate import check_int
+from ..checks import check_int
 
 __all__ = ["segment", "segment_lengths"]
 

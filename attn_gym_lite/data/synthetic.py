@@ -12,7 +12,7 @@ import torch
 
 from attn_gym_lite.ragged import zipf_lengths
 
-from ._validate import check_capacities, check_int
+from ..checks import check_capacities, check_int
 from .batch import PackedBatch, assemble
 
 __all__ = ["packed_batch_loader"]

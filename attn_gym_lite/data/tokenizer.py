@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Protocol, runtime_checkable
 
-from ._validate import check_file, check_int
+from ..checks import check_file, check_int
 from .corpora import python_stdlib_corpus
 
 __all__ = ["Tokenizer", "HFTokenizer", "TiktokenTokenizer", "load_tokenizer"]

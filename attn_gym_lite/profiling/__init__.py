@@ -5,25 +5,19 @@
 * :func:`record_annotations` records, while graphs are captured, which region each graph node
   came from (torch's graph annotations where available, a profiled capture elsewhere);
 * :func:`annotate_trace` joins those labels to a replay trace;
-* :func:`trace_summary` and :func:`plot_timeline` read a trace as numbers and as a picture.
+* :func:`trace_summary` reads a trace as numbers (``attn_gym_lite.book.plots.plot_timeline``
+  draws it).
 """
 
+from ..regions import mark_kernels, native_annotations_available
 from .annotate import annotate_trace
-from .regions import (
-    CAPTURE_ORDER,
-    GRAPH_NODE_ID,
-    GraphAnnotations,
-    graphs_from_capture_trace,
-    mark_kernels,
-    native_annotations_available,
-    record_annotations,
-)
-from .summary import device_events, plot_timeline, trace_summary
+from .record import CAPTURE_ORDER, GRAPH_NODE_ID, GraphAnnotations, graphs_from_capture_trace, record_annotations
+from .summary import device_events, trace_summary
 from .trace import load_trace, profile, save_trace, split_overlapping_lanes
 
 __all__ = [
     "CAPTURE_ORDER", "GRAPH_NODE_ID", "GraphAnnotations", "annotate_trace", "device_events",
     "graphs_from_capture_trace", "load_trace", "mark_kernels", "native_annotations_available",
-    "plot_timeline", "profile", "record_annotations", "save_trace", "split_overlapping_lanes",
+    "profile", "record_annotations", "save_trace", "split_overlapping_lanes",
     "trace_summary",
 ]

@@ -31,7 +31,7 @@ from collections import defaultdict
 from collections.abc import Iterable
 from typing import Any
 
-from .regions import (
+from .record import (
     CAPTURE_ORDER,
     DEVICE_CATEGORIES,
     GRAPH_NODE_ID,

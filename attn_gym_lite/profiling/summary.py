@@ -14,9 +14,8 @@ import bisect
 from collections import defaultdict
 from typing import Any
 
-from .annotate import REGION_CATEGORY, REGION_TRACK_OFFSET
-from .regions import DEVICE_CATEGORIES
-from .trace import LANE_TID_BASE, Trace, check_trace
+from .record import DEVICE_CATEGORIES
+from .trace import Trace, check_trace
 
 _NO_GPU_HINT = " (a trace recorded without a GPU has none)"
 
@@ -89,93 +88,6 @@ def trace_summary(trace: Trace, steps: int | None = None, min_gap_us: float = 0.
         "gaps": {"count": len(counted), "total_us": sum(counted), "largest_us": max(counted, default=0.0)},
         "region_us": dict(regions),
     }
-
-
-def plot_timeline(
-    trace: Trace,
-    ax=None,
-    *,
-    title: str | None = None,
-    start_us: float | None = None,
-    end_us: float | None = None,
-    show_region_boxes: bool = True,
-):
-    """Draw a trace's GPU side: one row per stream (and per region track), boxes per event.
-
-    Kernels are coloured by ``args["region"]`` (grey when unlabelled); region boxes from
-    :func:`annotate_trace` get their own row above their stream, with their names written in.
-    Time is shown in µs from the first device event (kernel, memcpy or memset).
-
-    Args:
-        trace: Chrome trace dict.
-        ax: a matplotlib ``Axes`` to draw on; default a new figure.
-        title: axes title.
-        start_us, end_us: window to show, in µs from the first device event (default all).
-        show_region_boxes: draw the region rows if present.
-
-    Returns:
-        The matplotlib ``Axes``.
-
-    Raises:
-        TypeError: ``trace`` is not a trace dict.
-        ValueError: the trace has no device events, or ``start_us >= end_us``.
-    """
-    import matplotlib.pyplot as plt
-    from matplotlib.patches import Patch
-
-    check_trace(trace, "plot_timeline")
-    if start_us is not None and end_us is not None and not start_us < end_us:
-        raise ValueError(f"plot_timeline: start_us must be < end_us, got start_us={start_us}, end_us={end_us}")
-    events = device_events(trace)
-    if not events:
-        raise ValueError(f"plot_timeline: the trace has no kernel, memcpy or memset events{_NO_GPU_HINT}")
-    origin = events[0]["ts"]
-    boxes = [e for e in trace.get("traceEvents", []) if e.get("cat") == REGION_CATEGORY and e.get("ph") == "X"]
-    rows: dict[Any, int] = {}
-    names = {
-        e.get("tid"): str(e.get("args", {}).get("name"))
-        for e in trace.get("traceEvents", [])
-        if e.get("ph") == "M" and e.get("name") == "thread_name"
-    }
-    shown = events + (boxes if show_region_boxes else [])
-    for tid in sorted({e.get("tid") for e in shown}, key=_row_order, reverse=True):
-        rows[tid] = len(rows)  # row 0 is at the bottom: the first stream ends up on top
-    regions = sorted({str(e.get("args", {}).get("region")) for e in shown if e.get("args", {}).get("region")})
-    # tab20 comes in dark/light pairs: a region is dark, its backward the light shade of it.
-    palette = plt.get_cmap("tab20")
-    bases = sorted({r.removesuffix(" backward") or r for r in regions})
-    colours = {r: palette((2 * bases.index(r.removesuffix(" backward") or r) + r.endswith(" backward")) % 20)
-               for r in regions}
-    if ax is None:
-        _, ax = plt.subplots(figsize=(11, 0.6 + 0.5 * len(rows)))
-    box_ids = {id(b) for b in boxes}
-    for event in shown:
-        region = event.get("args", {}).get("region")
-        colour = colours.get(str(region), (0.6, 0.6, 0.6, 1.0)) if region else (0.6, 0.6, 0.6, 1.0)
-        left = event["ts"] - origin
-        ax.broken_barh([(left, max(event["dur"], 1e-3))], (rows[event.get("tid")] - 0.4, 0.8),
-                       facecolors=colour, edgecolors="white" if id(event) in box_ids else "none", linewidth=0.3)
-    ax.set_yticks(list(rows.values()))
-    ax.set_yticklabels([names.get(tid, f"stream {tid}") for tid in rows])
-    ax.set_xlabel("time (µs from the first GPU event)")
-    if start_us is not None or end_us is not None:
-        low, high = ax.get_xlim()
-        ax.set_xlim(low if start_us is None else start_us, high if end_us is None else end_us)
-    if title:
-        ax.set_title(title)
-    if regions:
-        ax.legend(handles=[Patch(color=colours[r], label=r) for r in regions] + [Patch(color=(0.6, 0.6, 0.6), label="(unlabelled)")],
-                  loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize="small", frameon=False)
-    return ax
-
-
-def _row_order(tid: Any) -> tuple:
-    """Streams in id order, each with its region track first and its extra lanes after."""
-    if not isinstance(tid, int):
-        return (float("inf"), 0, 0)
-    lane, base = divmod(tid, LANE_TID_BASE)
-    is_regions = base >= REGION_TRACK_OFFSET
-    return (base - REGION_TRACK_OFFSET if is_regions else base, 0 if is_regions else 1, lane)
 
 
 def _profiler_steps(trace: Trace) -> int:

@@ -201,7 +201,7 @@ def split_overlapping_lanes(trace: Trace) -> Trace:
         lanes: list[list[float]] = []  # per lane: stack of end times of open slices
         for event in slices:
             start, end = event["ts"], event["ts"] + event["dur"]
-            for lane, stack in enumerate(lanes):
+            for lane, stack in enumerate(lanes):  # noqa: B007 - `lane` is read after the break
                 # Timestamps near 5e12 µs carry ~1e-3 µs of float error: touching is not overlapping.
                 while stack and stack[-1] <= start + TOLERANCE_US:
                     stack.pop()

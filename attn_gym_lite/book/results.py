@@ -8,11 +8,12 @@ real GPU; each carries a ``provenance`` block (see :mod:`attn_gym_lite.bench.pro
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from pathlib import Path
 
 import torch
 
-RESULTS_ROOT = Path(__file__).resolve().parents[1] / "results"
+RESULTS_ROOT = Path(__file__).resolve().parents[2] / "results"
 
 
 def load_result(suite: str, gpu: str = "h200", root: Path | str | None = None) -> dict:
@@ -54,3 +55,47 @@ def banner(record: dict, not_run: str) -> str:
         f"CPU mode: no CUDA device here, so {not_run} did not run.\n"
         f"Showing the recording from:\n  {provenance_line(record)}"
     )
+
+
+def study_markdown(rows: Sequence[dict]) -> str:
+    """The study's rows as a Markdown table (fill in %, padding in tokens)."""
+    lines = [
+        "| T | policy | B | mean fill | mean padding | median M | p99 M | max M | M bound |",
+        "|---:|---|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for row in rows:
+        lines.append(
+            f"| {row['T']} | {row['policy']} | {row['B'] if row['B'] is not None else '–'} "
+            f"| {row['mean_fill']:.2%} | {row['mean_padding']:.0f} | {row['median_M']} "
+            f"| {row['p99_M']} | {row['max_M']} | {row['N_bound']} |"
+        )
+    return "\n".join(lines)
+
+
+def step_token_rate(training_loop_record: dict, mode: str = "graph") -> dict:
+    """Tokens per second a recorded training step consumes: ``T / step time``.
+
+    Every step takes one batch of ``T`` rows, so a loader must deliver ``T`` tokens per step
+    (an upper bound on the real tokens, ``L <= T``).
+
+    Args:
+        training_loop_record: the ``training-loop`` suite's result
+            (``attn_gym_lite.results.load_result("training-loop")``).
+        mode: ``"graph"`` or ``"eager"``.
+
+    Returns:
+        ``{"T", "step_us", "batches_per_s", "tokens_per_s"}``.
+
+    Raises:
+        ValueError: ``mode`` is not in the record.
+    """
+    if mode not in ("graph", "eager") or mode not in training_loop_record:
+        raise ValueError(f"mode must be 'graph' or 'eager' and present in the record, got {mode!r}")
+    token_capacity = training_loop_record["config"]["T"]
+    step_us = training_loop_record[mode]["step_us"]
+    return {
+        "T": token_capacity,
+        "step_us": step_us,
+        "batches_per_s": 1e6 / step_us,
+        "tokens_per_s": token_capacity * 1e6 / step_us,
+    }

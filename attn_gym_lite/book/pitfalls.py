@@ -3,23 +3,22 @@
 Every pitfall is a function that sets up a small graph on the GPU, commits the mistake, and
 returns what happened: the error CUDA/PyTorch raised, or numbers that show a silently wrong
 result. A failed capture can leave the CUDA context unusable, so :func:`run_pitfall` runs each
-one in a fresh Python process (``python -m attn_gym_lite.pitfalls NAME`` prints JSON).
+one in a fresh Python process (:func:`attn_gym_lite.isolation.run_isolated`).
 
 The "Graph capture" chapter shows these live on a GPU and from ``results/`` on CPU.
 """
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
 from collections.abc import Callable
 
 import torch
 
-from .graphs import StaticInputs, capture_graph
-from .modules import VarLenAttention
-from .ragged import cu_seqlens_from_lengths
+from ..checks import check_choice
+from ..graph.capture import StaticInputs, capture_graph
+from ..isolation import run_isolated
+from ..models import VarLenAttention
+from ..ragged import cu_seqlens_from_lengths
 
 PITFALLS: dict[str, Callable[[], dict]] = {}
 
@@ -157,18 +156,14 @@ def run_pitfall(name: str) -> dict:
 
     Raises:
         ValueError: unknown ``name`` (the message lists the known ones).
-        RuntimeError: the child process failed for a reason other than the pitfall itself.
+        IsolatedRunError: the child process failed for a reason other than the pitfall itself.
     """
-    if name not in PITFALLS:
-        raise ValueError(f"run_pitfall: name must be one of {sorted(PITFALLS)}, got {name!r}")
-    done = subprocess.run(
-        [sys.executable, "-m", "attn_gym_lite.pitfalls", name], capture_output=True, text=True
-    )
-    if done.returncode != 0:
-        raise RuntimeError(f"run_pitfall({name!r}) failed:\n{done.stderr[-2000:]}")
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    check_choice("name", name, sorted(PITFALLS))
+    return run_isolated(pitfall_report, name)
 
 
-if __name__ == "__main__":
-    fn = PITFALLS[sys.argv[1]]
-    print(json.dumps({"name": fn.__name__, "what": fn.__doc__.strip().splitlines()[0], **fn()}))
+def pitfall_report(name: str) -> dict:
+    """Pitfall ``name`` run in this process: ``{"name", "what", **its result}``. Use
+    :func:`run_pitfall` to give it a fresh process."""
+    fn = PITFALLS[name]
+    return {"name": fn.__name__, "what": fn.__doc__.strip().splitlines()[0], **fn()}

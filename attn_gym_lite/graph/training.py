@@ -16,10 +16,10 @@ from __future__ import annotations
 
 import torch
 
-from .data import PackedBatch
-from .graphs import StaticInputs, capture_graph
-from .modules import PackedLM
-from .profiling import mark_kernels
+from ..data import PackedBatch
+from ..models import PackedLM
+from ..regions import mark_kernels
+from .capture import StaticInputs, capture_graph
 
 Tensor = torch.Tensor
 

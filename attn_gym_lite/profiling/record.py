@@ -33,7 +33,6 @@ correlation).
 
 from __future__ import annotations
 
-import contextvars
 import dataclasses
 import json
 import os
@@ -46,6 +45,9 @@ from typing import Any
 
 import torch
 from torch.profiler import ProfilerActivity
+
+from ..graph.capture import capture_options
+from ..regions import collect_region_names, native_annotations_available
 
 CAPTURE_ORDER = "capture order"
 GRAPH_NODE_ID = "graph node id"
@@ -105,61 +107,6 @@ class GraphAnnotations:
         return cls.from_dict(json.loads(Path(path).read_text()))
 
 
-@dataclasses.dataclass
-class _Recording:
-    route: str
-    regions: set[str] = dataclasses.field(default_factory=set)
-
-
-_ACTIVE: contextvars.ContextVar[_Recording | None] = contextvars.ContextVar("attn_gym_lite_recording", default=None)
-
-
-def native_annotations_available() -> bool:
-    """True where torch's own graph annotations work: the public
-    ``torch.cuda.graph_annotations`` module (torch >= 2.14) reports ``is_available()`` (a CUDA
-    device, ``cuda-bindings`` and a driver with ``cudaGraphNodeGetToolsId``, CUDA >= 13.1)."""
-    module = getattr(torch.cuda, "graph_annotations", None)
-    return module is not None and torch.cuda.is_available() and bool(module.is_available())
-
-
-def native_annotations_requested() -> bool:
-    """True inside :func:`record_annotations` on the graph-node-id route: captures must then
-    pass ``enable_annotations=True`` to ``torch.cuda.graph`` (``capture_graph`` does)."""
-    recording = _ACTIVE.get()
-    return recording is not None and recording.route == GRAPH_NODE_ID
-
-
-@contextmanager
-def mark_kernels(name: str) -> Iterator[None]:
-    """Label the GPU work launched inside the block as region ``name``.
-
-    Always a ``torch.profiler.record_function(name)`` range, so eager traces show the region
-    too. Inside a capture within :func:`record_annotations`, the graph nodes the block adds are
-    attributed to ``name`` (and, through autograd, their backward kernels to
-    ``"<name> backward"``). Nested regions: the innermost wins for forward work; a backward
-    kernel is labelled by the forward region of its autograd node, whatever region is open when
-    the backward runs. Where torch's graph annotations work (torch >= 2.14, CUDA >= 13.1),
-    every capture also enters ``torch.cuda.graph_annotations.mark_kernels(name)``. No host
-    synchronisation: safe inside a captured function.
-
-    Raises:
-        ValueError: ``name`` is not a non-empty string.
-    """
-    if not isinstance(name, str) or not name:
-        raise ValueError(f"mark_kernels: name must be a non-empty string, got {name!r}")
-    recording = _ACTIVE.get()
-    if recording is not None:
-        recording.regions.add(name)
-    with torch.profiler.record_function(name):
-        # torch's own annotations whenever they work, also for a capture made directly with
-        # torch.cuda.graph(..., enable_annotations=True) outside record_annotations.
-        if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing() and native_annotations_available():
-            with torch.cuda.graph_annotations.mark_kernels(name):
-                yield
-        else:
-            yield
-
-
 @contextmanager
 def record_annotations(names: Sequence[str] | None = None) -> Iterator[GraphAnnotations]:
     """Record the region labels of every CUDA graph captured inside the block.
@@ -188,23 +135,21 @@ def record_annotations(names: Sequence[str] | None = None) -> Iterator[GraphAnno
     """
     if names is not None and (isinstance(names, str) or not all(isinstance(n, str) for n in names)):
         raise TypeError(f"record_annotations: names must be a list of strings (one per graph), got {names!r}")
-    if _ACTIVE.get() is not None:
-        raise RuntimeError("record_annotations: blocks cannot be nested; one is already active")
     route = GRAPH_NODE_ID if native_annotations_available() else CAPTURE_ORDER
-    recording = _Recording(route)
     annotations = GraphAnnotations(route)
-    token = _ACTIVE.set(recording)
-    try:
+    with collect_region_names() as regions:
         if route == GRAPH_NODE_ID:
             module = torch.cuda.graph_annotations
             before = dict(module.get_kernel_annotations())
-            yield annotations
+            # Captures must ask torch to record the node ids: the capture machinery offers a hook.
+            with capture_options(enable_annotations=True):
+                yield annotations
             annotations.nodes = {
                 int(tools_id): _native_label(entries)
                 for tools_id, entries in module.get_kernel_annotations().items()
                 if tools_id not in before
             }
-            annotations.region_names = sorted(recording.regions)
+            annotations.region_names = sorted(regions)
             return
         activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
         with torch.profiler.profile(activities=activities) as profiler:
@@ -215,10 +160,8 @@ def record_annotations(names: Sequence[str] | None = None) -> Iterator[GraphAnno
             raw = Path(folder) / "capture.json"
             profiler.export_chrome_trace(str(raw))
             trace = json.loads(raw.read_text())
-        annotations.graphs = graphs_from_capture_trace(trace, recording.regions, names)
-        annotations.region_names = sorted(recording.regions)
-    finally:
-        _ACTIVE.reset(token)
+        annotations.graphs = graphs_from_capture_trace(trace, regions, names)
+        annotations.region_names = sorted(regions)
 
 
 def _native_label(entries: list[Any]) -> str:

@@ -46,9 +46,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .attention import varlen_attention
-from .masking import active_token_mask, mask_inactive_token_gradients, mask_inactive_tokens
-from .short_conv import ShortConv
+from ..ops.attention import varlen_attention
+from ..ops.masking import active_token_mask, mask_inactive_token_gradients, mask_inactive_tokens
+from ..ops.short_conv import ShortConv
 
 Tensor = torch.Tensor
 

@@ -43,7 +43,7 @@ from collections.abc import Iterator
 
 import torch
 
-from .ragged import active_token_mask
+from ..ragged import active_token_mask
 
 Tensor = torch.Tensor
 

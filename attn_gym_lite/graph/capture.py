@@ -16,16 +16,39 @@ Source: PyTorch's CUDA-graph notes ("Whole-network capture"), and the seed artic
 
 from __future__ import annotations
 
+import contextvars
 import dataclasses
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from typing import Any, TypeVar
 
 import torch
 
-from .profiling.regions import native_annotations_requested
+from ..checks import check_int
 
 Tensor = torch.Tensor
 Output = TypeVar("Output")
+
+# Extra keyword arguments for torch.cuda.graph, set by whoever wraps captures (profiling's
+# record_annotations asks for enable_annotations=True on torch >= 2.14).
+_CAPTURE_OPTIONS: contextvars.ContextVar[dict[str, Any] | None] = contextvars.ContextVar(
+    "attn_gym_lite_capture_options", default=None
+)
+
+
+@contextmanager
+def capture_options(**options: Any) -> Iterator[None]:
+    """Pass ``options`` to ``torch.cuda.graph`` in every :func:`capture_graph` inside the block.
+
+    The hook through which tools that wrap capture (e.g.
+    :func:`attn_gym_lite.profiling.record_annotations`) change it, so that capture itself knows
+    nothing about them. Blocks nest; inner options win.
+    """
+    token = _CAPTURE_OPTIONS.set({**(_CAPTURE_OPTIONS.get() or {}), **options})
+    try:
+        yield
+    finally:
+        _CAPTURE_OPTIONS.reset(token)
 
 
 def capture_graph(
@@ -67,10 +90,7 @@ def capture_graph(
     """
     if not callable(fn):
         raise TypeError(f"capture_graph: fn must be callable, got {type(fn).__name__}")
-    if not isinstance(warmup, int) or isinstance(warmup, bool):
-        raise TypeError(f"capture_graph: warmup must be an int >= 0, got {warmup!r}")
-    if warmup < 0:
-        raise ValueError(f"capture_graph: warmup must be >= 0, got {warmup}")
+    check_int("warmup", warmup, minimum=0)
     if not torch.cuda.is_available():
         raise RuntimeError("capture_graph: CUDA graphs need a CUDA device; none is available")
 
@@ -84,10 +104,7 @@ def capture_graph(
     torch.cuda.current_stream().wait_stream(stream)
 
     graph = torch.cuda.CUDAGraph()
-    # Inside profiling.record_annotations on torch >= 2.14, torch's graph annotations record
-    # which node each mark_kernels region added; the capture has to ask for them.
-    annotate = {"enable_annotations": True} if native_annotations_requested() else {}
-    with torch.cuda.graph(graph, pool=pool, stream=stream, **annotate):
+    with torch.cuda.graph(graph, pool=pool, stream=stream, **(_CAPTURE_OPTIONS.get() or {})):
         outputs = fn()
     torch.cuda.current_stream().wait_stream(stream)
     graph.captured_outputs = outputs  # keeps them allocated for as long as the graph can replay

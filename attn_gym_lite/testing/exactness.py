@@ -29,9 +29,9 @@ import math
 import torch
 from torch import nn
 
-from .masking import active_token_mask, mask_inactive_tokens
-from .ragged import max_seqlen as longest_sequence
-from .ragged import validate_cu_seqlens
+from ..ops.masking import active_token_mask, mask_inactive_tokens
+from ..ragged import max_seqlen as longest_sequence
+from ..ragged import validate_cu_seqlens
 
 Tensor = torch.Tensor
 

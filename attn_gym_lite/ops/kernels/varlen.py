@@ -16,8 +16,8 @@ import numbers
 import torch
 import triton
 
-from ..ragged import _check_cu_seqlens_layout
-from ..schedule import SCHEDULES, choose_schedule, chunk_offsets, launch_grid, num_sms
+from ...checks import check_cu_seqlens
+from ...schedule import SCHEDULES, choose_schedule, chunk_offsets, launch_grid, num_sms
 from .backward import attention_dkdv_kernel, attention_dq_kernel
 from .forward import attention_forward_kernel
 from .inactive import zero_inactive_rows_kernel
@@ -130,7 +130,7 @@ class _Plan:
     num_sms: int
 
 
-def _launch(schedule: str, chunk: int, config: KernelConfig, *, T: int, N: int, H: int,  # noqa: N803
+def _launch(schedule: str, chunk: int, config: KernelConfig, *, T: int, N: int, H: int,
             max_seqlen: int | None, sms: int) -> _Launch:
     if schedule == "auto":
         schedule = choose_schedule(T, N, chunk, H, sms, config.ctas_per_sm)
@@ -155,7 +155,7 @@ def _check_inputs(q: object, k: object, v: object, cu_seqlens: object) -> None:
         raise TypeError(f"q, k, v must have one dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
     if not (q.device == k.device == v.device):
         raise ValueError(f"q, k, v must be on one device, got {q.device}, {k.device}, {v.device}")
-    _check_cu_seqlens_layout(cu_seqlens, device=q.device)
+    check_cu_seqlens(cu_seqlens, device=q.device)
     if q.shape[2] not in _HEAD_DIMS:
         raise ValueError(f"q.shape[2] (head dim D) must be one of {_HEAD_DIMS}, got {q.shape[2]}")
     if INTERPRETED and q.is_cuda:

@@ -29,7 +29,6 @@ import triton.language as tl
 
 from .tasks import task_at, task_count
 
-
 # -----------------------------------------------------------------------------
 # dQ (and delta): one query chunk, looping over key blocks.
 

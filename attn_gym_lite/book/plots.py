@@ -1,0 +1,477 @@
+"""Every figure of the book, in one place and one style.
+
+Each function draws from a recorded result (``results/<gpu>/<suite>.json``) and, on a GPU, the
+reader's live run beside it, or from values the chapter computed on the CPU. Sections follow the
+chapters: ragged tensors and graph capture, profiling (timelines), schedulers, graph buckets, data
+packing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import matplotlib.pyplot as plt
+import numpy as np
+import torch
+from matplotlib.patches import Patch
+from matplotlib.ticker import NullLocator
+
+from ..data.packing import PackingPolicy
+from ..data.study import nearest_rank
+from ..profiling.annotate import REGION_CATEGORY, REGION_TRACK_OFFSET
+from ..profiling.summary import _NO_GPU_HINT, device_events
+from ..profiling.trace import LANE_TID_BASE, Trace, check_trace
+from .seed import SEED_PUBLISHED
+
+# ---------------------------------------------------------------------------------------------
+# Ragged tensors, graph capture, buckets
+# ---------------------------------------------------------------------------------------------
+
+
+def plot_packed_batch(cu_seqlens: torch.Tensor, token_capacity: int, ax=None):
+    """Draw one packed batch as a strip of ``T`` rows: one colour per sequence, grey padding.
+
+    Args:
+        cu_seqlens: int32 ``[N + 1]`` (tail repeating ``L``), any device.
+        token_capacity: ``T``, the strip's length in tokens.
+    Returns: the matplotlib ``Axes``.
+    """
+    bounds = cu_seqlens.cpu().tolist()
+    ax = ax or plt.subplots(figsize=(10, 1.4))[1]
+    colours = plt.get_cmap("tab20").colors
+    for i, (start, end) in enumerate(zip(bounds[:-1], bounds[1:])):
+        if end > start:
+            ax.barh(0, end - start, left=start, color=colours[i % len(colours)], edgecolor="white", linewidth=0.5)
+    active = bounds[-1]
+    ax.barh(0, token_capacity - active, left=active, color="0.85", hatch="//", edgecolor="0.6")
+    m = sum(e > s for s, e in zip(bounds[:-1], bounds[1:]))
+    ax.set(xlim=(0, token_capacity), yticks=[], xlabel="token row")
+    ax.set_title(f"T={token_capacity}, L={active}, N={len(bounds) - 1}, M={m}, padding={token_capacity - active}")
+    return ax
+
+
+def plot_hello_world(recorded: dict, live: dict | None = None):
+    """Bars of µs per forward+backward, eager versus graph replay, per model size.
+
+    Args:
+        recorded: the ``hello_world`` result from ``results/``.
+        live: the same suite run on this machine's GPU, drawn beside it when given.
+    Returns: the matplotlib ``Figure``.
+    """
+    sources = [("recorded", recorded)] + ([("live", live)] if live else [])
+    runs = recorded["runs"]
+    fig, axes = plt.subplots(1, len(runs), figsize=(5 * len(runs), 3.5))
+    for ax, index in zip(np.atleast_1d(axes), range(len(runs))):
+        config = runs[index]["config"]
+        labels, values = [], []
+        for name, record in sources:
+            run = record["runs"][index]
+            labels += [f"eager\n{name}", f"replay\n{name}"]
+            values += [run["eager_wall_us"], run["replay_wall_us"]]
+        bars = ax.bar(labels, values, color=["tab:red", "tab:blue"] * len(sources))
+        ax.bar_label(bars, fmt="%.0f")
+        ax.set(title=f"dim {config['dim']}, {config['num_heads']} heads, T={config['T']}, N={config['N']}",
+               ylabel="µs per fwd+bwd (wall clock)")
+    fig.tight_layout()
+    return fig
+
+
+def plot_training_loop(recorded: dict, live: dict | None = None):
+    """Loss per step (eager and graph, same batches; faint: per step, bold: running mean) and
+    step time, recorded and live.
+
+    Returns: the matplotlib ``Figure``.
+    """
+    fig, (loss_ax, time_ax) = plt.subplots(1, 2, figsize=(11, 3.5), gridspec_kw={"width_ratios": [2, 1]})
+    labels, values = [], []
+    for name, record, style in [("recorded", recorded, "-")] + ([("live", live, ":")] if live else []):
+        for mode, colour in (("eager", "tab:red"), ("graph", "tab:blue")):
+            if mode in record:
+                losses = np.asarray(record[mode]["losses"])
+                loss_ax.plot(losses, style, color=colour, alpha=0.25, linewidth=0.8)
+                # Batches differ (a test file, a parser): a running mean shows the trend.
+                window = max(1, min(20, len(losses) // 5))
+                trend = np.convolve(losses, np.ones(window) / window, mode="valid")
+                loss_ax.plot(np.arange(window - 1, len(losses)), trend, style, color=colour,
+                             label=f"{mode} ({name}), {window}-step mean")
+                if record[mode]["step_us"] is not None:
+                    labels.append(f"{mode}\n{name}")
+                    values.append(record[mode]["step_us"] / 1e3)
+    loss_ax.set(xlabel="step", ylabel="loss (nats/token)", title="same batches, same initial weights")
+    loss_ax.legend()
+    bars = time_ax.bar(labels, values, color=["tab:red" if "eager" in l else "tab:blue" for l in labels])
+    time_ax.bar_label(bars, fmt="%.2f")
+    time_ax.set(ylabel="ms per training step", title="step time (wall clock)")
+    fig.tight_layout()
+    return fig
+
+
+def plot_bucket_compute(recorded: dict, live: list[dict] | None = None):
+    """Forward + backward replay time versus active tokens ``L``: one graph at ``T`` (flat) versus
+    the bucket that fits ``L``. ``recorded`` is the ``buckets`` result; ``live`` a ``compute()``
+    list from this machine.
+
+    Returns: the matplotlib ``Figure``.
+    """
+    fig, ax = plt.subplots(figsize=(7, 3.5))
+    for name, points, style in [("recorded", recorded["compute"], "-")] + ([("live", live, ":")] if live else []):
+        ls = [p["L"] for p in points]
+        ax.plot(ls, [p["one_graph_us"] / 1e3 for p in points], style + "o", color="tab:red", label=f"one graph at T ({name})")
+        ax.plot(ls, [p["bucket_us"] / 1e3 for p in points], style + "o", color="tab:blue", label=f"smallest bucket >= L ({name})")
+    ax.set(xscale="log", yscale="log", xlabel="active tokens L", ylabel="ms per fwd+bwd replay",
+           title="the projection tax, and what buckets take back")
+    ax.legend()
+    fig.tight_layout()
+    return fig
+
+
+def plot_padding_versus_buckets(plans: list, samples_mean: float):
+    """Expected padded rows (as a fraction of all replayed rows) versus the number of buckets,
+    for a list of :class:`attn_gym_lite.buckets.BucketPlan` with k = 1, 2, ...
+
+    Returns: the matplotlib ``Figure``.
+    """
+    fig, ax = plt.subplots(figsize=(6, 3.2))
+    ks = range(1, len(plans) + 1)
+    ax.plot(ks, [1 - p.expected_fill for p in plans], "o-")
+    for k, plan in zip(ks, plans):
+        ax.annotate(",".join(str(c) for c in plan.capacities), (k, 1 - plan.expected_fill),
+                    textcoords="offset points", xytext=(4, 6), fontsize=7)
+    ax.set(xlabel="buckets k", ylabel="padding / replayed rows", xticks=list(ks),
+           title=f"plan_buckets on the loader's L (mean {samples_mean:.0f} tokens)")
+    fig.tight_layout()
+    return fig
+
+
+# ---------------------------------------------------------------------------------------------
+# Profiling: a trace's GPU side as a timeline
+# ---------------------------------------------------------------------------------------------
+
+
+def plot_timeline(
+    trace: Trace,
+    ax=None,
+    *,
+    title: str | None = None,
+    start_us: float | None = None,
+    end_us: float | None = None,
+    show_region_boxes: bool = True,
+):
+    """Draw a trace's GPU side: one row per stream (and per region track), boxes per event.
+
+    Kernels are coloured by ``args["region"]`` (grey when unlabelled); region boxes from
+    :func:`annotate_trace` get their own row above their stream, with their names written in.
+    Time is shown in µs from the first device event (kernel, memcpy or memset).
+
+    Args:
+        trace: Chrome trace dict.
+        ax: a matplotlib ``Axes`` to draw on; default a new figure.
+        title: axes title.
+        start_us, end_us: window to show, in µs from the first device event (default all).
+        show_region_boxes: draw the region rows if present.
+
+    Returns:
+        The matplotlib ``Axes``.
+
+    Raises:
+        TypeError: ``trace`` is not a trace dict.
+        ValueError: the trace has no device events, or ``start_us >= end_us``.
+    """
+    check_trace(trace, "plot_timeline")
+    if start_us is not None and end_us is not None and not start_us < end_us:
+        raise ValueError(f"plot_timeline: start_us must be < end_us, got start_us={start_us}, end_us={end_us}")
+    events = device_events(trace)
+    if not events:
+        raise ValueError(f"plot_timeline: the trace has no kernel, memcpy or memset events{_NO_GPU_HINT}")
+    origin = events[0]["ts"]
+    boxes = [e for e in trace.get("traceEvents", []) if e.get("cat") == REGION_CATEGORY and e.get("ph") == "X"]
+    rows: dict[Any, int] = {}
+    names = {
+        e.get("tid"): str(e.get("args", {}).get("name"))
+        for e in trace.get("traceEvents", [])
+        if e.get("ph") == "M" and e.get("name") == "thread_name"
+    }
+    shown = events + (boxes if show_region_boxes else [])
+    for tid in sorted({e.get("tid") for e in shown}, key=_row_order, reverse=True):
+        rows[tid] = len(rows)  # row 0 is at the bottom: the first stream ends up on top
+    regions = sorted({str(e.get("args", {}).get("region")) for e in shown if e.get("args", {}).get("region")})
+    # tab20 comes in dark/light pairs: a region is dark, its backward the light shade of it.
+    palette = plt.get_cmap("tab20")
+    bases = sorted({r.removesuffix(" backward") or r for r in regions})
+    colours = {r: palette((2 * bases.index(r.removesuffix(" backward") or r) + r.endswith(" backward")) % 20)
+               for r in regions}
+    if ax is None:
+        _, ax = plt.subplots(figsize=(11, 0.6 + 0.5 * len(rows)))
+    box_ids = {id(b) for b in boxes}
+    for event in shown:
+        region = event.get("args", {}).get("region")
+        colour = colours.get(str(region), (0.6, 0.6, 0.6, 1.0)) if region else (0.6, 0.6, 0.6, 1.0)
+        left = event["ts"] - origin
+        ax.broken_barh([(left, max(event["dur"], 1e-3))], (rows[event.get("tid")] - 0.4, 0.8),
+                       facecolors=colour, edgecolors="white" if id(event) in box_ids else "none", linewidth=0.3)
+    ax.set_yticks(list(rows.values()))
+    ax.set_yticklabels([names.get(tid, f"stream {tid}") for tid in rows])
+    ax.set_xlabel("time (µs from the first GPU event)")
+    if start_us is not None or end_us is not None:
+        low, high = ax.get_xlim()
+        ax.set_xlim(low if start_us is None else start_us, high if end_us is None else end_us)
+    if title:
+        ax.set_title(title)
+    if regions:
+        ax.legend(handles=[Patch(color=colours[r], label=r) for r in regions] + [Patch(color=(0.6, 0.6, 0.6), label="(unlabelled)")],
+                  loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize="small", frameon=False)
+    return ax
+
+
+def _row_order(tid: Any) -> tuple:
+    """Streams in id order, each with its region track first and its extra lanes after."""
+    if not isinstance(tid, int):
+        return (float("inf"), 0, 0)
+    lane, base = divmod(tid, LANE_TID_BASE)
+    is_regions = base >= REGION_TRACK_OFFSET
+    return (base - REGION_TRACK_OFFSET if is_regions else base, 0 if is_regions else 1, lane)
+
+
+# ---------------------------------------------------------------------------------------------
+# Schedulers
+# ---------------------------------------------------------------------------------------------
+
+# One colour per implementation, the same in every figure.
+COLOURS = {"varlen_attn": "tab:red", "rect": "tab:orange", "flat": "tab:green", "persistent": "tab:blue",
+           "persistent+zero": "tab:purple"}
+
+# The three sweeps: what the x axis is, and how to read it from a row.
+SWEEPS = {
+    "fragmentation": ("active sequences M (L fixed)", lambda row: row["M"]),
+    "overcapture": ("active tokens L (M fixed)", lambda row: row["L"]),
+    "constant": ("active fraction M/N = L/T (128 tokens each)", None),
+}
+
+
+def plot_grid_sizes(sizes: dict, ax=None):
+    """Bars of launched CTAs per schedule (log scale), split into CTAs with work and CTAs that exit
+    at once. A persistent worker runs several tasks, so it has no idle part while tasks remain.
+
+    Returns: the matplotlib ``Axes``.
+    """
+    ax = ax or plt.subplots(figsize=(7, 3))[1]
+    names = ["rect", "flat", "persistent"]
+    launched = np.array([sizes[n] for n in names], dtype=float)
+    working = np.minimum(launched, sizes["active"])
+    ax.barh(names, working, color=[COLOURS[n] for n in names], label="CTAs with work")
+    ax.barh(names, launched - working, left=working, color="0.85", hatch="//", edgecolor="0.6",
+            label="CTAs that exit at once")
+    for y, (total, busy) in enumerate(zip(launched, working)):
+        ax.text(total, y, f" {int(total):,} launched, {int(total - busy):,} wasted", va="center", fontsize=8)
+    ax.set_xscale("log")
+    ax.set_xlim(1, launched.max() * 30)
+    ax.set_xlabel(f"CTAs (active tasks: {sizes['active']:,})")
+    ax.legend(loc="upper right", fontsize=8)
+    return ax
+
+
+def _x(sweep: str, record: dict, row: dict) -> float:
+    if sweep == "constant":
+        return row["M"] / record[sweep]["N"]
+    return SWEEPS[sweep][1](row)
+
+
+def plot_sweeps(recorded: dict, live: dict | None = None, implementations=None):
+    """The three overcapture sweeps: replay µs of the captured graph (solid) and of the exact-shape
+    graph (dashed) per implementation; a live run, if given, dotted beside them.
+
+    Args:
+        recorded: the ``schedulers`` result from ``results/`` (or any dict holding some of the
+            sweeps in its format); one panel per sweep it holds.
+        live: the same suite (or part of it) run on this machine.
+        implementations: which series to draw; all recorded ones by default.
+    Returns: the matplotlib ``Figure``.
+    """
+    sweeps = [sweep for sweep in SWEEPS if sweep in recorded]
+    fig, axes = plt.subplots(1, len(sweeps), figsize=(5.3 * len(sweeps), 4.5), squeeze=False)
+    axes = axes[0]
+    for ax, sweep in zip(axes, sweeps):
+        sources = [("recorded", recorded, 1.0)] + ([("live", live, 0.5)] if live and sweep in live else [])
+        for source, record, alpha in sources:
+            for name, rows in record[sweep]["series"].items():
+                if implementations and name not in implementations:
+                    continue
+                x = [_x(sweep, record, row) for row in rows]
+                label = name if source == "recorded" else f"{name} (live)"
+                style = ("-", "--") if source == "recorded" else (":", ":")
+                ax.plot(x, [row["captured_us"] for row in rows], style[0], marker="o", ms=3,
+                        color=COLOURS[name], alpha=alpha, label=label)
+                ax.plot(x, [row["exact_us"] for row in rows], style[1], color=COLOURS[name], alpha=alpha)
+        c = recorded[sweep]
+        ax.set(xscale="log", yscale="log", xlabel=SWEEPS[sweep][0], ylabel="µs per fwd+bwd replay",
+               title=f"{sweep}: T={c['T']}, N={c['N']}")
+        ax.grid(True, which="both", alpha=0.3)
+    axes[0].legend(fontsize=8, title="solid: captured, dashed: exact", title_fontsize=8)
+    fig.tight_layout()
+    return fig
+
+
+def plot_throughput(recorded: dict):
+    """Exact-shape TFLOP/s per implementation, forward and forward+backward, for each layout.
+
+    Returns: the matplotlib ``Figure``.
+    """
+    tables = recorded["throughput"]
+    fig, axes = plt.subplots(1, len(tables), figsize=(4 * len(tables), 3.5), sharey=True)
+    for ax, (layout, table) in zip(np.atleast_1d(axes), tables.items()):
+        names = list(table)
+        x = np.arange(len(names))
+        for offset, (metric, hatch) in zip((-0.2, 0.2), (("fwd", ""), ("fwd_bwd", "//"))):
+            values = [table[n][f"{metric}_tflops"] for n in names]
+            bars = ax.bar(x + offset, values, 0.4, color=[COLOURS[n] for n in names], hatch=hatch,
+                          edgecolor="white", label=metric.replace("_", "+"))
+            ax.bar_label(bars, fmt="%.0f", fontsize=7)
+        ax.set_xticks(x, names, rotation=20)
+        ax.set_title(layout, fontsize=9)
+    np.atleast_1d(axes)[0].set_ylabel("TFLOP/s (exact-shape graph)")
+    np.atleast_1d(axes)[0].legend(fontsize=8)
+    fig.tight_layout()
+    return fig
+
+
+# ---------------------------------------------------------------------------------------------
+# Data packing
+# ---------------------------------------------------------------------------------------------
+
+_RULE_COLOURS = {"in-order": "0.4", "first-fit": "tab:blue", "best-fit": "tab:orange"}
+
+
+def plot_length_distribution(lengths: Sequence[int], *, title: str = "", ax=None):
+    """Histogram of document lengths on log-spaced bins, with the p50/p90/p99 lengths marked.
+
+    Args:
+        lengths: document lengths in tokens (documents of 0 tokens are not drawn).
+        title: the axes title.
+    Returns: the matplotlib ``Axes``.
+    """
+    ax = ax or plt.subplots(figsize=(8, 3))[1]
+    positive = [length for length in lengths if length > 0]
+    edges = np.logspace(0, np.log10(max(positive)) + 0.05, 60)
+    ax.hist(positive, bins=edges, color="tab:blue", alpha=0.8)
+    for quantile, style in ((0.5, "-"), (0.9, "--"), (0.99, ":")):
+        value = nearest_rank(positive, quantile)
+        ax.axvline(value, color="black", linestyle=style, linewidth=1,
+                   label=f"p{round(quantile * 100)} = {value:,} tokens")
+    ax.set(xscale="log", xlabel="document length (tokens)", ylabel="documents", title=title)
+    ax.legend(loc="upper left", fontsize="small")
+    return ax
+
+
+def plot_policy_batches(
+    pieces: Sequence[int], policies: Sequence[PackingPolicy], token_capacity: int
+):
+    """Each policy's batches of the same pieces, one row per batch: coloured pieces, grey padding.
+
+    A piece keeps its colour across panels, so reordering is visible.
+
+    Returns: the matplotlib ``Figure``.
+    """
+    colours = plt.get_cmap("tab20").colors
+    runs = [list(policy.batches(pieces, token_capacity)) for policy in policies]
+    rows = max(len(batches) for batches in runs)
+    fig, axes = plt.subplots(1, len(policies), figsize=(4 * len(policies), 0.35 * rows + 1.2),
+                             sharey=True, squeeze=False)
+    for ax, policy, batches in zip(axes[0], policies, runs):
+        padding = 0
+        for row, batch in enumerate(batches):
+            left = 0
+            for position in batch:
+                ax.barh(row, pieces[position], left=left, color=colours[position % len(colours)],
+                        edgecolor="white", linewidth=0.8)
+                left += pieces[position]
+            ax.barh(row, token_capacity - left, left=left, color="0.9", hatch="//", edgecolor="0.7")
+            padding += token_capacity - left
+        ax.set(xlim=(0, token_capacity), xlabel="token row",
+               title=f"{policy.label}\n{len(batches)} batches, {padding} padding rows")
+    axes[0][0].set(ylabel="batch", ylim=(rows - 0.5, -0.5))
+    fig.tight_layout()
+    return fig
+
+
+def plot_packing_study(rows: Sequence[dict], *, seed_published: dict = SEED_PUBLISHED):
+    """The study as two rows of panels, one column per ``T``.
+
+    Top: mean padding as a percentage of ``T`` against the buffer size ``B`` (log scales; in
+    order as a horizontal line). Bottom: p99 and max ``M`` against ``B``, with the guaranteed
+    bound ``M <= B``. The seed article's published points are drawn where their ``T`` matches.
+
+    Args:
+        rows: :func:`~attn_gym_lite.data.study.packing_study` rows (live or recorded).
+        seed_published: the seed's figures (:data:`~attn_gym_lite.data.study.SEED_PUBLISHED`).
+    Returns: the matplotlib ``Figure``.
+    """
+    capacities = sorted({row["T"] for row in rows})
+    fig, axes = plt.subplots(2, len(capacities), figsize=(4.2 * len(capacities), 6.4),
+                             squeeze=False, sharex=True)
+    markers = {"Dolma 3": "*", "FineWeb sample-10BT": "P"}
+    for column, token_capacity in enumerate(capacities):
+        top, bottom = axes[0][column], axes[1][column]
+        here = [row for row in rows if row["T"] == token_capacity]
+        sizes = sorted({row["B"] for row in here if row["B"] is not None})
+        for name in ("first-fit", "best-fit"):
+            series = sorted((row["B"], row) for row in here if row["policy"] == name)
+            if not series:
+                continue
+            xs = [b for b, _ in series]
+            top.plot(xs, [100 * (1 - r["mean_fill"]) for _, r in series], "o-",
+                     color=_RULE_COLOURS[name], label=name)
+            bottom.plot(xs, [r["p99_M"] for _, r in series], "o-", color=_RULE_COLOURS[name],
+                        label=f"{name} p99 M")
+            bottom.plot(xs, [r["max_M"] for _, r in series], "x:", color=_RULE_COLOURS[name],
+                        alpha=0.7, label=f"{name} max M")
+        for row in here:
+            if row["policy"] == "in-order":
+                top.axhline(100 * (1 - row["mean_fill"]), color=_RULE_COLOURS["in-order"],
+                            linestyle="--", label="in order")
+        if sizes:
+            bottom.plot(sizes, sizes, color="black", linewidth=0.8, label="bound M = B")
+        for corpus, published in seed_published["corpora"].items():
+            for point in published["rows"]:
+                if point["T"] != token_capacity:
+                    continue
+                top.plot(point["B"], 100 * (1 - point["mean_fill"]), markers[corpus],
+                         color="black", markersize=10, label=f"seed: {corpus}")
+                if "p99_M" in point:
+                    bottom.plot(point["B"], point["p99_M"], markers[corpus], color="black",
+                                markersize=10, label=f"seed: {corpus} p99 M")
+        top.set(xscale="log", yscale="log", title=f"T = {token_capacity}",
+                ylabel="mean padding (% of T)" if column == 0 else None)
+        bottom.set(xscale="log", yscale="log", xlabel="candidate buffer B",
+                   ylabel="sequences per batch M" if column == 0 else None)
+        for ax in (top, bottom):
+            ax.set_xticks(sizes, [str(size) for size in sizes])
+            ax.xaxis.set_minor_locator(NullLocator())
+            handles, labels = ax.get_legend_handles_labels()
+            unique = dict(zip(labels, handles))
+            ax.legend(unique.values(), unique.keys(), fontsize="x-small")
+    fig.tight_layout()
+    return fig
+
+
+def plot_packing_run(batch_lengths: Sequence[Sequence[int]], token_capacity: int, bound: int):
+    """One packing run: the fill of every batch in order, and the histogram of ``M``.
+
+    Args:
+        batch_lengths: each batch's piece lengths (:func:`~attn_gym_lite.data.study.pack_lengths`).
+        token_capacity: ``T``.
+        bound: the policy's guaranteed bound on ``M``, drawn as a line.
+    Returns: the matplotlib ``Figure``.
+    """
+    fill = [100 * sum(batch) / token_capacity for batch in batch_lengths]
+    sizes = [len(batch) for batch in batch_lengths]
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 3), gridspec_kw={"width_ratios": [2, 1]})
+    left.plot(fill, linewidth=0.7)
+    left.set(xlabel="batch", ylabel="L / T (%)", ylim=(0, 102), title="fill of each batch")
+    right.hist(sizes, bins=np.arange(0.5, max(sizes) + 1.5), color="tab:orange")
+    right.axvline(bound, color="black", linestyle="--", label=f"guaranteed bound {bound}")
+    right.set(xlabel="M (sequences in the batch)", ylabel="batches", title="M per batch",
+              xlim=(0, max(max(sizes), min(bound, 4 * max(sizes))) + 1))
+    right.legend(fontsize="small")
+    fig.tight_layout()
+    return fig

@@ -1,0 +1,275 @@
+"""Argument checks: one helper per kind of argument, one message format for the whole package.
+
+Every public function checks its arguments when it is called and raises an error of the form
+
+    ``<argument> must be <expectation>, got <value>``
+
+``TypeError`` when the value has the wrong type, ``ValueError`` when it has the right type but is
+out of range or malformed. The checks here read only Python values and tensor *metadata* (type,
+dtype, device, shape, strides), never tensor contents, so they are safe inside a CUDA graph
+capture; the one exception, :func:`check_cu_seqlens_values`, says so.
+
+This module is the bottom layer of the package: it imports nothing from it.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+import os
+from collections.abc import Collection
+from pathlib import Path
+
+import torch
+
+Tensor = torch.Tensor
+
+__all__ = [
+    "check_bool",
+    "check_capacities",
+    "check_choice",
+    "check_cu_seqlens",
+    "check_cu_seqlens_values",
+    "check_file",
+    "check_int",
+    "check_path",
+    "check_real",
+    "check_tensor",
+]
+
+#: cu_seqlens is int32, so no batch may hold more tokens than this.
+INT32_MAX = torch.iinfo(torch.int32).max
+
+
+def _int_expectation(minimum: int | None, maximum: int | None) -> str:
+    if minimum is not None and maximum is not None:
+        return f"an int in [{minimum}, {maximum}]"
+    if minimum is not None:
+        return f"an int >= {minimum}"
+    if maximum is not None:
+        return f"an int <= {maximum}"
+    return "an int"
+
+
+def check_int(argument: str, value: object, *, minimum: int | None = None,
+              maximum: int | None = None) -> int:
+    """``value`` as an ``int`` in ``[minimum, maximum]`` (either bound optional).
+
+    ``bool`` is refused although Python counts it as an integer: ``k=True`` is always a slip.
+
+    Raises:
+        TypeError: ``value`` is not an integer (``1.0``, ``"3"``, ``True``, ...).
+        ValueError: it is outside the bounds.
+    """
+    expected = _int_expectation(minimum, maximum)
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise TypeError(f"{argument} must be {expected}, got {value!r}")
+    value = int(value)
+    if (minimum is not None and value < minimum) or (maximum is not None and value > maximum):
+        raise ValueError(f"{argument} must be {expected}, got {value}")
+    return value
+
+
+def check_real(argument: str, value: object, *, minimum: float | None = None,
+               maximum: float | None = None) -> float:
+    """``value`` as a finite ``float`` in ``[minimum, maximum]`` (either bound optional).
+
+    Raises:
+        TypeError: ``value`` is not a real number (``bool`` included).
+        ValueError: it is NaN, infinite or outside the bounds.
+    """
+    bounds = "".join(
+        [f" >= {minimum}" if minimum is not None else "", f" <= {maximum}" if maximum is not None else ""]
+    )
+    expected = f"a finite real number{bounds}"
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(f"{argument} must be {expected}, got {value!r}")
+    value = float(value)
+    if not math.isfinite(value) or (minimum is not None and value < minimum) or (
+        maximum is not None and value > maximum
+    ):
+        raise ValueError(f"{argument} must be {expected}, got {value!r}")
+    return value
+
+
+def check_bool(argument: str, value: object) -> bool:
+    """``value`` if it is a ``bool``.
+
+    Raises:
+        TypeError: anything else (``0``, ``"yes"``, ``None``).
+    """
+    if not isinstance(value, bool):
+        raise TypeError(f"{argument} must be a bool, got {value!r}")
+    return value
+
+
+def check_choice(argument: str, value: object, choices: Collection[object]) -> object:
+    """``value`` if it is one of ``choices``.
+
+    Raises:
+        ValueError: it is not.
+    """
+    if isinstance(value, (list, dict, set)) or value not in choices:
+        raise ValueError(f"{argument} must be one of {tuple(choices)}, got {value!r}")
+    return value
+
+
+def check_capacities(token_capacity: object, sequence_capacity: object) -> tuple[int, int]:
+    """``(T, N)`` with ``T >= 1`` and ``1 <= N <= T`` (every sequence holds a token).
+
+    Raises:
+        TypeError / ValueError: from :func:`check_int`, naming ``token_capacity`` or
+            ``sequence_capacity``.
+    """
+    token_capacity = check_int("token_capacity", token_capacity, minimum=1)
+    sequence_capacity = check_int("sequence_capacity", sequence_capacity, minimum=1, maximum=token_capacity)
+    return token_capacity, sequence_capacity
+
+
+def check_path(argument: str, path: object) -> Path:
+    """``path`` as a :class:`~pathlib.Path`.
+
+    Raises:
+        TypeError: it is not a ``str`` or ``os.PathLike``.
+    """
+    if not isinstance(path, (str, os.PathLike)):
+        raise TypeError(f"{argument} must be a str or os.PathLike, got {type(path).__name__}")
+    return Path(path)
+
+
+def check_file(argument: str, path: object) -> Path:
+    """``path`` as a :class:`~pathlib.Path` to an existing file.
+
+    Raises:
+        TypeError: see :func:`check_path`.
+        FileNotFoundError: no file is there.
+    """
+    path = check_path(argument, path)
+    if not path.is_file():
+        raise FileNotFoundError(f"{argument}={str(path)!r}: no such file")
+    return path
+
+
+def _same_device(expected: torch.device | str, actual: torch.device) -> bool:
+    # torch.device("cuda") carries no index and matches any CUDA device.
+    expected = torch.device(expected)
+    return actual.type == expected.type and expected.index in (None, actual.index)
+
+
+def check_tensor(argument: str, value: object, *, ndim: int | None = None, shape: str = "",
+                 dtypes: Collection[torch.dtype] | None = None,
+                 device: torch.device | str | None = None) -> Tensor:
+    """``value`` if it is a tensor of ``ndim`` dims, one of ``dtypes``, on ``device``.
+
+    Args:
+        shape: the expected shape in words (``"[T, H, D]"``) for the messages.
+
+    Raises:
+        TypeError: not a tensor, or a dtype outside ``dtypes``.
+        ValueError: another number of dims, or another device.
+    """
+    described = f" of shape {shape}" if shape else ""
+    if not isinstance(value, Tensor):
+        raise TypeError(f"{argument} must be a torch.Tensor{described}, got {type(value).__name__}")
+    if ndim is not None and value.dim() != ndim:
+        raise ValueError(f"{argument} must have shape {shape or f'of {ndim} dims'}, got shape {tuple(value.shape)}")
+    if dtypes is not None and value.dtype not in dtypes:
+        names = ", ".join(str(d).removeprefix("torch.") for d in dtypes)
+        raise TypeError(f"{argument} must have dtype {names}, got {value.dtype}")
+    if device is not None and not _same_device(device, value.device):
+        raise ValueError(f"{argument} must be on device {torch.device(device)}, got {value.device}")
+    return value
+
+
+def check_cu_seqlens(cu_seqlens: object, *, device: torch.device | str | None = None,
+                     sequence_capacity: int | None = None, argument: str = "cu_seqlens") -> Tensor:
+    """The layout rules every consumer of ``cu_seqlens`` shares (metadata only, capture-safe).
+
+    ``cu_seqlens`` must be a 1-D, contiguous int32 tensor of ``N + 1 >= 2`` entries on
+    ``device``. Contiguity matters because kernels read it through its data pointer: a strided
+    view (``x[:, 0]``) would be read as if it were dense.
+
+    Args:
+        device: if given, the device it must be on (``"cuda"`` matches any GPU).
+        sequence_capacity: if given, ``N``: it must have exactly ``N + 1`` entries.
+
+    Raises:
+        TypeError: not a tensor, or not int32.
+        ValueError: wrong device, not 1-D, fewer than 2 entries, not contiguous, or not
+            ``N + 1`` entries.
+
+    Source: FlashAttention's varlen convention (int32 prefix sums).
+    """
+    if not isinstance(cu_seqlens, Tensor):
+        raise TypeError(f"{argument} must be a torch.Tensor of int32 prefix sums, got {type(cu_seqlens).__name__}")
+    if cu_seqlens.dtype != torch.int32:
+        raise TypeError(
+            f"{argument} must have dtype torch.int32 (FlashAttention varlen convention), got {cu_seqlens.dtype}"
+        )
+    if device is not None and not _same_device(device, cu_seqlens.device):
+        raise ValueError(f"{argument} must be on device {torch.device(device)}, got {cu_seqlens.device}")
+    if cu_seqlens.ndim != 1:
+        raise ValueError(f"{argument} must be 1-D with shape [N + 1], got shape {tuple(cu_seqlens.shape)}")
+    if cu_seqlens.numel() < 2:
+        raise ValueError(
+            f"{argument} must have at least 2 entries (shape [N + 1] with N >= 1), got shape {tuple(cu_seqlens.shape)}"
+        )
+    if not cu_seqlens.is_contiguous():
+        raise ValueError(
+            f"{argument} must be contiguous (kernels read it through its data pointer), got stride "
+            f"{cu_seqlens.stride()}; pass {argument}.contiguous()"
+        )
+    if sequence_capacity is not None and cu_seqlens.numel() != sequence_capacity + 1:
+        raise ValueError(
+            f"{argument} must have N + 1 = {sequence_capacity + 1} entries, got {cu_seqlens.numel()}"
+        )
+    return cu_seqlens
+
+
+def check_cu_seqlens_values(cu_seqlens: Tensor, *, token_capacity: int | None = None,
+                            max_seqlen: int | None = None, argument: str = "cu_seqlens") -> None:
+    """The value rules: starts at 0, never decreases, ends at ``L <= T``, no sequence longer
+    than ``max_seqlen``. Layout first (:func:`check_cu_seqlens`).
+
+    Eager only: it reads ``cu_seqlens`` on the host (a device sync for a CUDA tensor), so it
+    refuses to run while the current CUDA stream is capturing.
+
+    Raises:
+        TypeError / ValueError: the layout errors; ``cu_seqlens[0] != 0``; a decrease; ``L > T``;
+            a sequence longer than ``max_seqlen`` (the message names ``max_seqlen``).
+        RuntimeError: called during CUDA graph capture.
+    """
+    check_cu_seqlens(cu_seqlens, argument=argument)
+    if token_capacity is not None:
+        token_capacity = check_int("token_capacity", token_capacity, minimum=0)
+    if max_seqlen is not None:
+        max_seqlen = check_int("max_seqlen", max_seqlen, minimum=0)
+    if cu_seqlens.is_cuda and torch.cuda.is_current_stream_capturing():
+        raise RuntimeError(
+            f"{argument}'s values are read on the host, which cannot happen during CUDA graph capture; "
+            "validate the batch before capturing or replaying"
+        )
+    host = cu_seqlens.detach().cpu().to(torch.int64)
+    if host[0] != 0:
+        raise ValueError(f"{argument}[0] must be 0, got {int(host[0])}")
+    steps = host.diff()
+    drops = torch.nonzero(steps < 0).flatten()
+    if drops.numel() > 0:
+        i = int(drops[0]) + 1
+        raise ValueError(
+            f"{argument} must be non-decreasing, but {argument}[{i}] = {int(host[i])} "
+            f"< {argument}[{i - 1}] = {int(host[i - 1])}"
+        )
+    active_tokens = int(host[-1])
+    if token_capacity is not None and active_tokens > token_capacity:
+        raise ValueError(
+            f"{argument}[-1] (active tokens L) must be <= token_capacity T = {token_capacity}, got L = {active_tokens}"
+        )
+    if max_seqlen is not None:
+        longest_index = int(steps.argmax())
+        longest = int(steps[longest_index])
+        if longest > max_seqlen:
+            raise ValueError(
+                f"max_seqlen must be >= the longest sequence, got max_seqlen = {max_seqlen} "
+                f"but sequence {longest_index} has length {longest}"
+            )

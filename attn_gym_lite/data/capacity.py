@@ -1,0 +1,125 @@
+"""Choosing graph-bucket capacities from data, and picking one for a batch: pure Python, no CUDA.
+
+:func:`plan_buckets` chooses ``k`` token capacities for a measured distribution of active tokens
+``L`` (an exact dynamic program); :func:`select_bucket` picks the smallest captured capacity that
+holds a batch. The capture side, :class:`~attn_gym_lite.graph.buckets.GraphBuckets`, lives with
+the graph machinery; the data layer (the study's recommendation) needs only this part.
+
+Source: the seed article, section "Could we use more than one graph?"; vLLM's captured batch sizes.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+__all__ = ["BucketPlan", "plan_buckets", "select_bucket"]
+
+
+@dataclass(frozen=True)
+class BucketPlan:
+    """Capacities chosen by :func:`plan_buckets`.
+
+    Attributes:
+        capacities: ascending token capacities; the last one holds every sample.
+        expected_padded_rows: mean over the samples of ``bucket(L) - L`` (tokens per batch).
+        expected_fill: mean real fraction of the replayed rows, ``sum L / sum bucket(L)``.
+    """
+
+    capacities: tuple[int, ...]
+    expected_padded_rows: float
+    expected_fill: float
+
+
+def plan_buckets(active_token_samples: Sequence[int], k: int, *, align: int = 128) -> BucketPlan:
+    """Choose ``k`` token capacities that minimise the expected padded rows for a measured
+    distribution of active tokens ``L``.
+
+    Every capacity is a multiple of ``align`` (kernels like tiles of 64 or 128 rows). An optimal
+    set only ever uses capacities equal to some sample rounded up to ``align``, so an exact
+    dynamic program over those sorted candidates finds it in ``O(k m^2)`` for ``m`` distinct
+    candidates: ``best[b][j]`` is the least padding that covers every sample up to candidate
+    ``j`` with ``b`` buckets, the top one at candidate ``j``.
+
+    Args:
+        active_token_samples: observed ``L`` per batch (ints >= 0, at least one).
+        k: number of buckets (>= 1); fewer are returned when there are fewer distinct candidates.
+        align: capacity granularity in tokens (>= 1).
+
+    Returns:
+        A :class:`BucketPlan`.
+
+    Raises:
+        ValueError: empty or negative samples, ``k < 1``, ``align < 1``.
+    """
+    samples = np.asarray(list(active_token_samples), dtype=np.int64)
+    if samples.size == 0 or samples.ndim != 1:
+        raise ValueError(f"plan_buckets: active_token_samples must be a non-empty 1-D list of ints, got {samples.shape}")
+    if (samples < 0).any():
+        raise ValueError(f"plan_buckets: active_token_samples must be >= 0, got min {samples.min()}")
+    if not isinstance(k, int) or k < 1:
+        raise ValueError(f"plan_buckets: k must be an int >= 1, got {k!r}")
+    if not isinstance(align, int) or align < 1:
+        raise ValueError(f"plan_buckets: align must be an int >= 1, got {align!r}")
+
+    # A batch with L = 0 still needs a graph to replay: round it up to one tile.
+    rounded = np.maximum(-(-samples // align) * align, align)
+    candidates, counts = np.unique(rounded, return_counts=True)
+    sums = np.array([samples[rounded == c].sum() for c in candidates])
+    # Padding if candidates i..j (inclusive) are all served by candidate j:
+    #   cost(i, j) = c_j * count(i..j) - sum(i..j), from prefix sums.
+    count_prefix = np.concatenate(([0], np.cumsum(counts)))
+    sum_prefix = np.concatenate(([0], np.cumsum(sums)))
+
+    def cost(i: int, j: int) -> int:
+        return int(candidates[j] * (count_prefix[j + 1] - count_prefix[i]) - (sum_prefix[j + 1] - sum_prefix[i]))
+
+    m = len(candidates)
+    buckets = min(k, m)
+    best = [[cost(0, j) for j in range(m)]]
+    choice = [[-1] * m]
+    for _ in range(1, buckets):
+        previous = best[-1]
+        row, back = [], []
+        for j in range(m):
+            # The bucket below the top one sits at candidate i - 1 < j.
+            options = [(previous[i - 1] + cost(i, j), i - 1) for i in range(1, j + 1)]
+            value, arg = min(options) if options else (previous[j], -1)
+            row.append(value)
+            back.append(arg)
+        best.append(row)
+        choice.append(back)
+
+    capacities, j = [], m - 1
+    for b in range(buckets - 1, -1, -1):
+        capacities.append(int(candidates[j]))
+        j = choice[b][j]
+        if j < 0:
+            break
+    capacities.reverse()
+    padded = best[buckets - 1][m - 1]
+    total = int(samples.sum())
+    return BucketPlan(tuple(capacities), padded / samples.size, total / (total + padded) if total + padded else 1.0)
+
+
+def select_bucket(capacities: Sequence[int], active_tokens: int) -> int:
+    """The smallest of the ascending ``capacities`` that is ``>= active_tokens``.
+
+    ``active_tokens`` is the host-side ``L`` the loader already knows: reading
+    ``cu_seqlens[-1]`` to dispatch would sync with the device.
+
+    Raises:
+        ValueError: ``active_tokens`` is not an int >= 0, or exceeds the largest capacity.
+    """
+    if not isinstance(active_tokens, int) or isinstance(active_tokens, bool) or active_tokens < 0:
+        raise ValueError(f"select_bucket: active_tokens must be an int >= 0, got {active_tokens!r}")
+    index = bisect.bisect_left(capacities, active_tokens)
+    if index == len(capacities):
+        raise ValueError(
+            f"select_bucket: active_tokens = {active_tokens} exceeds the largest captured capacity "
+            f"{capacities[-1]}; capacities are {list(capacities)}"
+        )
+    return capacities[index]

@@ -1,0 +1,1 @@
+"""Helpers the chapters and the tests share to prove exactness (:mod:`.exactness`)."""
