@@ -32,6 +32,7 @@ __all__ = [
     "check_cu_seqlens_values",
     "check_file",
     "check_int",
+    "check_int_sequence",
     "check_path",
     "check_real",
     "check_tensor",
@@ -68,6 +69,29 @@ def check_int(argument: str, value: object, *, minimum: int | None = None,
     if (minimum is not None and value < minimum) or (maximum is not None and value > maximum):
         raise ValueError(f"{argument} must be {expected}, got {value}")
     return value
+
+
+def check_int_sequence(argument: str, values: object, *, minimum: int | None = None,
+                       maximum: int | None = None) -> list[int]:
+    """``values`` as a non-empty list of ints, each checked like :func:`check_int` (the message
+    names the entry, e.g. ``capacities[1]``). A 1-D integer tensor or array is accepted.
+
+    Raises:
+        TypeError: ``values`` is not a sequence (a string is not), or an entry is not an int.
+        ValueError: it is empty, or an entry is out of range.
+    """
+    if hasattr(values, "tolist") and not isinstance(values, (str, bytes)):
+        values = values.tolist()
+    if isinstance(values, (str, bytes)):
+        raise TypeError(f"{argument} must be a sequence of ints, got the string {values!r}")
+    if not isinstance(values, (list, tuple, range)):
+        try:
+            values = list(values)  # any other iterable, e.g. a generator of samples
+        except TypeError:
+            raise TypeError(f"{argument} must be a sequence of ints, got {type(values).__name__}") from None
+    if len(values) == 0:
+        raise ValueError(f"{argument} must hold at least one int, got none")
+    return [check_int(f"{argument}[{i}]", v, minimum=minimum, maximum=maximum) for i, v in enumerate(values)]
 
 
 def check_real(argument: str, value: object, *, minimum: float | None = None,

@@ -40,6 +40,7 @@ __all__ = [
     "pack_sequences",
     "packed_to_padded",
     "pad_cu_seqlens",
+    "positions_in_sequence",
     "padded_to_packed",
     "unpack_sequences",
     "validate_cu_seqlens",
@@ -524,3 +525,32 @@ def active_token_mask(x_or_token_capacity: Tensor | int, cu_seqlens: Tensor) -> 
         )
     positions = torch.arange(token_capacity, device=cu_seqlens.device, dtype=cu_seqlens.dtype)
     return positions < cu_seqlens[-1]
+
+
+def positions_in_sequence(cu_seqlens: Tensor, token_capacity: int) -> Tensor:
+    """Each row's position inside its own sequence: ``t - cu_seqlens[i]`` for row ``t`` of
+    sequence ``i``, so positions restart at 0 at every boundary (RoPE, convolution taps).
+
+    Rows ``t >= L`` fall past every boundary and count from ``L``, as if the inactive rows were one
+    more sequence: nothing computed from positions ever links an active row to an inactive one.
+
+    Args:
+        cu_seqlens: int32 ``[N + 1]``.
+        token_capacity: ``T``, the rows to number (``>= 0``).
+
+    Returns:
+        int32 ``[T]`` on ``cu_seqlens``'s device.
+
+    Raises:
+        TypeError / ValueError: the layout errors of ``cu_seqlens``; ``token_capacity`` not an int
+            ``>= 0``.
+
+    Capture-safe: a ``searchsorted`` on the device (``right=True`` steps over empty sequences to
+    the last boundary ``<= t``). Source: the packed-RoPE convention of FlashAttention's varlen
+    training scripts (positions reset per document).
+    """
+    check_cu_seqlens(cu_seqlens)
+    rows = torch.arange(check_int("token_capacity", token_capacity, minimum=0), device=cu_seqlens.device,
+                        dtype=torch.int32)
+    sequence = torch.searchsorted(cu_seqlens, rows, right=True) - 1
+    return rows - cu_seqlens[sequence]

@@ -46,7 +46,7 @@ __all__ = [
 ]
 
 #: The schedules a ragged kernel of this package can launch with.
-SCHEDULES = ("rect", "flat", "persistent", "auto")
+SCHEDULES = ("rect", "flat", "persistent", "dynamic", "auto")
 
 # Without a GPU the Triton interpreter runs kernels on the CPU; a small nominal "SM" count there
 # keeps the persistent grid smaller than its task list, so tests exercise the striding loop.
@@ -156,15 +156,16 @@ def choose_schedule(T: int, N: int, C: int, heads: int, num_sms: int, ctas_per_s
 
     ``"flat"`` when its whole static grid, ``chunk_capacity(T, N, C) * heads`` CTAs, fits in one
     wave of resident CTAs (``num_sms * ctas_per_sm``): then the exiting CTAs cost one cheap wave
-    and the hardware's block scheduler balances the real ones. Otherwise ``"persistent"``, whose
-    launch never exceeds that wave however large the capacity.
+    and the hardware's block scheduler balances the real ones. Otherwise ``"dynamic"``, whose
+    launch never exceeds that wave however large the capacity and whose workers balance their
+    load through a task counter (the "Schedulers" chapter measures the choice on an H200).
 
     Raises:
         TypeError / ValueError: an argument is not an int in range.
     """
     tasks = chunk_capacity(T, N, C) * check_int("heads", heads, minimum=1)
     resident = check_int("num_sms", num_sms, minimum=1) * check_int("ctas_per_sm", ctas_per_sm, minimum=1)
-    return "flat" if tasks <= resident else "persistent"
+    return "flat" if tasks <= resident else "dynamic"
 
 
 def launch_grid(
@@ -182,11 +183,11 @@ def launch_grid(
 
     * ``"rect"``: ``(ceil(max_seqlen / C), N, heads)``, FlashAttention-2's layout.
     * ``"flat"``: ``(chunk_capacity(T, N, C), heads)``.
-    * ``"persistent"``: ``(persistent_workers(chunk_capacity(T, N, C) * heads, ...),)``.
+    * ``"persistent"`` and ``"dynamic"``: ``(persistent_workers(chunk_capacity(T, N, C) * heads, ...),)``.
 
     Args:
-        schedule: ``"rect"``, ``"flat"`` or ``"persistent"`` (resolve ``"auto"`` first with
-            :func:`choose_schedule`).
+        schedule: ``"rect"``, ``"flat"``, ``"persistent"`` or ``"dynamic"`` (resolve ``"auto"``
+            first with :func:`choose_schedule`).
         T, N, C, heads: token capacity, sequence capacity, chunk size, attention heads.
         max_seqlen: required by ``"rect"`` (``>= 1``), refused by the others.
         num_sms, ctas_per_sm: the device's SMs and this kernel's resident CTAs per SM, which cap
@@ -209,10 +210,10 @@ def launch_grid(
         )
     if schedule == "flat":
         return (chunk_capacity(T, N, C), check_int("heads", heads, minimum=1))
-    if schedule == "persistent":
+    if schedule in ("persistent", "dynamic"):
         tasks = chunk_capacity(T, N, C) * check_int("heads", heads, minimum=1)
         return (persistent_workers(tasks, num_sms, ctas_per_sm),)
-    raise ValueError(f"schedule must be one of 'rect', 'flat', 'persistent', got {schedule!r}")
+    raise ValueError(f"schedule must be one of 'rect', 'flat', 'persistent', 'dynamic', got {schedule!r}")
 
 
 # -----------------------------------------------------------------------------

@@ -92,7 +92,7 @@ def attention_with_undefined_capacity(q, k, v, cu_seqlens, max_seqlen, *, causal
 
 def calling(attention):
     """Patch target for a module's ``varlen_attention``: same call, another implementation."""
-    return lambda q, k, v, cu_seqlens, max_seqlen, *, causal=False: attention(
+    return lambda q, k, v, cu_seqlens, *, causal=False, max_seqlen=None, **options: attention(
         q, k, v, cu_seqlens, max_seqlen, causal=causal
     )
 

@@ -1,5 +1,6 @@
-"""varlen attention: the reference path against a naive float64 loop, and torch's CUDA kernel
-against the reference (GPU)."""
+"""varlen_attention, the one entry point: the reference path against a naive float64 loop, the
+dispatch, the checks every implementation shares, and torch's and our CUDA kernels against the
+reference (GPU)."""
 
 import math
 
@@ -8,7 +9,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from attn_gym_lite.ops.attention import varlen_attention, varlen_attention_reference
+from attn_gym_lite.ops.attention import needs_max_seqlen, resolve_impl, varlen_attention, varlen_attention_reference
+from attn_gym_lite.ops.kernels import INTERPRETED
 from attn_gym_lite.ragged import cu_seqlens_from_lengths, pad_cu_seqlens
 
 
@@ -41,7 +43,7 @@ def test_reference_matches_naive_loop(lengths, spare_slots, spare_rows, causal):
     rows = sum(lengths) + spare_rows
     g = torch.Generator().manual_seed(len(lengths) * 31 + rows)
     q, k, v = (torch.randn(rows, 2, 4, generator=g) for _ in range(3))
-    out = varlen_attention_reference(q, k, v, cu, causal=causal)
+    out = varlen_attention(q, k, v, cu, impl="reference", causal=causal)
     torch.testing.assert_close(out.double(), naive_attention(q, k, v, cu, causal), atol=1e-5, rtol=1e-5)
     # Inactive capacity rows are zero on the reference path.
     assert torch.equal(out[sum(lengths):], torch.zeros_like(out[sum(lengths):]))
@@ -57,30 +59,105 @@ def test_reference_gradients_stay_inside_sequences():
         assert tensor.grad[:3].abs().max() > 0
 
 
-def test_cpu_dispatches_to_reference():
-    cu = cu_seqlens_from_lengths([5, 2])
-    q, k, v = (torch.randn(7, 2, 8) for _ in range(3))
-    torch.testing.assert_close(
-        varlen_attention(q, k, v, cu, 5, causal=True), varlen_attention_reference(q, k, v, cu, causal=True)
-    )
+def test_auto_picks_the_kernels_where_they_run_and_the_reference_elsewhere():
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    kernel_dtype = torch.bfloat16 if device == "cuda" else torch.float32
+    runs_here = (device == "cuda") != INTERPRETED
+    assert resolve_impl("auto", torch.zeros(4, 2, 16, device=device, dtype=kernel_dtype)) == (
+        "triton" if runs_here else "reference")
+    assert resolve_impl("auto", torch.zeros(4, 2, 16, dtype=torch.float64)) == "reference"
+    assert resolve_impl("auto", torch.zeros(4, 2, 24, device=device, dtype=kernel_dtype)) == "reference"  # D
+    assert resolve_impl("varlen_attn", torch.zeros(4, 2, 16)) == "varlen_attn"
+    with pytest.raises(ValueError, match=r"impl must be one of \('auto', 'triton', 'varlen_attn', 'reference'\), got 'fa3'"):
+        resolve_impl("fa3", torch.zeros(4, 2, 16))
+    assert needs_max_seqlen("varlen_attn") and needs_max_seqlen("triton", "rect")
+    assert not needs_max_seqlen("triton") and not needs_max_seqlen("triton", "dynamic") and not needs_max_seqlen("reference")
 
 
-def test_shape_mismatch_is_rejected():
-    with pytest.raises(ValueError, match=r"q, k, v must all be \[T, H, D\]"):
-        varlen_attention(torch.randn(4, 2, 8), torch.randn(4, 2, 8), torch.randn(5, 2, 8),
-                         cu_seqlens_from_lengths([4]), 4)
+@pytest.mark.skipif(not INTERPRETED and not torch.cuda.is_available(), reason="the kernels run neither compiled nor interpreted")
+@pytest.mark.parametrize("causal", [False, True])
+def test_every_implementation_here_computes_the_same_attention(causal):
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    dtype = torch.bfloat16 if device == "cuda" else torch.float32
+    cu = pad_cu_seqlens(cu_seqlens_from_lengths([9, 0, 1, 14]), 6).to(device)
+    g = torch.Generator().manual_seed(3)
+    q, k, v = (torch.randn(30, 2, 16, generator=g).to(device, dtype) for _ in range(3))
+    expected = naive_attention(q.cpu(), k.cpu(), v.cpu(), cu.cpu(), causal)
+    impls = ["triton", "reference"] + (["varlen_attn"] if device == "cuda" else [])
+    tolerance = 2e-2 if dtype == torch.bfloat16 else 1e-5
+    for impl in impls:
+        out = varlen_attention(q, k, v, cu, impl=impl, causal=causal, max_seqlen=14)
+        torch.testing.assert_close(out[:24].double().cpu(), expected[:24], atol=tolerance, rtol=tolerance)
+
+
+# The reliability issue's examples, through every implementation available here: each gives the
+# same ValueError/TypeError, naming the argument, before dispatching. q, k, v are [12, 2, 4].
+BAD_METADATA = [
+    (torch.tensor([0, 5, 9, 9]), TypeError, "cu_seqlens must have dtype torch.int32"),  # int64
+    (torch.tensor([0, 5, 3, 9], dtype=torch.int32), ValueError,
+     r"cu_seqlens must be non-decreasing, but cu_seqlens\[2\] = 3 < cu_seqlens\[1\] = 5"),
+    (torch.tensor([0, 5, 9, 14], dtype=torch.int32), ValueError,
+     r"cu_seqlens\[-1\] \(active tokens L\) must be <= token_capacity T = 12, got L = 14"),
+    (torch.tensor([1, 5, 9, 9], dtype=torch.int32), ValueError, r"cu_seqlens\[0\] must be 0, got 1"),
+    (torch.tensor([[0, 7], [5, 7], [9, 7]], dtype=torch.int32)[:, 0], ValueError, "cu_seqlens must be contiguous"),
+    (torch.tensor([0, 5, 9], dtype=torch.int32, device="meta"), ValueError, "cu_seqlens must be on device cpu, got meta"),
+    ([0, 5, 9], TypeError, "cu_seqlens must be a torch.Tensor of int32 prefix sums, got list"),
+]
+
+
+@pytest.mark.parametrize("cu, error, match", BAD_METADATA, ids=[m[:30] for _, _, m in BAD_METADATA])
+def test_bad_metadata_is_refused_before_dispatch(cu, error, match):
+    q, k, v = (torch.randn(12, 2, 4, dtype=torch.float64) for _ in range(3))
+    with pytest.raises(error, match=match):
+        varlen_attention(q, k, v, cu, impl="reference")
+
+
+def test_bad_tensors_and_options_name_themselves():
+    q = torch.randn(4, 2, 8)
+    cu = cu_seqlens_from_lengths([4])
+    with pytest.raises(ValueError, match=r"q, k, v must have one shape \[T, H, D\]"):
+        varlen_attention(q, q, torch.randn(5, 2, 8), cu)
+    with pytest.raises(ValueError, match=r"k must have shape \[T, H, D\], got shape \(4, 16\)"):
+        varlen_attention(q, q.view(4, 16), q, cu)
+    with pytest.raises(TypeError, match="causal must be a bool, got 1"):
+        varlen_attention(q, q, q, cu, causal=1)
+    with pytest.raises(ValueError, match="max_seqlen must be an int >= 1 for impl='varlen_attn', got None"):
+        varlen_attention(q, q, q, cu, impl="varlen_attn")
+    with pytest.raises(ValueError, match="impl='varlen_attn' needs CUDA bfloat16/float16 tensors, got torch.float32 on cpu"):
+        varlen_attention(q, q, q, cu, impl="varlen_attn", max_seqlen=4)
+    with pytest.raises(ValueError, match=r"schedule must be one of .*got 'grid'"):
+        varlen_attention(q, q, q, cu, schedule="grid")
+    with pytest.raises(ValueError, match="max_seqlen must be an int >= 1, got 0"):
+        varlen_attention(q, q, q, cu, impl="reference", max_seqlen=0)
+
+
+@pytest.mark.skipif(not INTERPRETED and not torch.cuda.is_available(), reason="the kernels run neither compiled nor interpreted")
+def test_a_max_seqlen_below_the_longest_sequence_is_refused_outside_a_capture():
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    dtype = torch.bfloat16 if device == "cuda" else torch.float32
+    cu = torch.tensor([0, 40, 48, 48], dtype=torch.int32, device=device)
+    q = torch.randn(48, 2, 16, device=device, dtype=dtype)
+    message = "max_seqlen must be >= the longest sequence, got max_seqlen = 13 but sequence 0 has length 40"
+    with pytest.raises(ValueError, match=message):
+        varlen_attention(q, q, q, cu, impl="triton", schedule="rect", max_seqlen=13)
+    if device == "cuda":
+        with pytest.raises(ValueError, match=message):
+            varlen_attention(q, q, q, cu, impl="varlen_attn", max_seqlen=13)
+    # A bound the schedule does not use is not checked (nor needed): it reads cu_seqlens on the device.
+    varlen_attention(q, q, q, cu, impl="triton", max_seqlen=13)
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("head_dim", [64, 128])
-def test_cuda_varlen_attn_matches_reference(causal, head_dim):
+@pytest.mark.parametrize("impl", ["varlen_attn", "triton"])
+def test_cuda_implementations_match_reference(impl, causal, head_dim):
     torch.manual_seed(0)
     lengths = [1, 300, 17, 1024, 0, 129]
     cu = pad_cu_seqlens(cu_seqlens_from_lengths(lengths), 8).cuda()
     L = sum(lengths)
     q, k, v = (torch.randn(L, 4, head_dim, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
-    out = varlen_attention(q, k, v, cu, max(lengths), causal=causal)
+    out = varlen_attention(q, k, v, cu, impl=impl, max_seqlen=max(lengths), causal=causal)
     ref_inputs = [t.detach().float().requires_grad_() for t in (q, k, v)]
     ref = varlen_attention_reference(*ref_inputs, cu, causal=causal)
     torch.testing.assert_close(out.float(), ref, atol=2e-2, rtol=2e-2)

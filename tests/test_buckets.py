@@ -53,14 +53,35 @@ def test_plan_buckets_hand_example():
 
 
 def test_plan_buckets_errors():
-    with pytest.raises(ValueError, match="non-empty"):
+    with pytest.raises(ValueError, match="active_token_samples must hold at least one int, got none"):
         plan_buckets([], 2)
-    with pytest.raises(ValueError, match="must be >= 0, got min -3"):
+    with pytest.raises(ValueError, match=r"active_token_samples\[1\] must be an int >= 0, got -3"):
         plan_buckets([4, -3], 2)
     with pytest.raises(ValueError, match="k must be an int >= 1, got 0"):
         plan_buckets([4], 0)
     with pytest.raises(ValueError, match="align must be an int >= 1, got 0"):
         plan_buckets([4], 1, align=0)
+    # Never truncated, parsed or coerced (the reliability issue's examples).
+    with pytest.raises(TypeError, match=r"active_token_samples\[0\] must be an int >= 0, got 100.9"):
+        plan_buckets([100.9, 250.7], 2)
+    with pytest.raises(TypeError, match=r"active_token_samples\[0\] must be an int >= 0, got '100'"):
+        plan_buckets(["100", "300"], 2)
+    with pytest.raises(TypeError, match="k must be an int >= 1, got True"):
+        plan_buckets([100, 300], True)
+    with pytest.raises(TypeError, match="active_token_samples must be a sequence of ints, got the string '100'"):
+        plan_buckets("100", 1)
+    # A tensor of samples and a generator are fine.
+    assert plan_buckets(torch.tensor([100, 300]), 2) == plan_buckets((s for s in [100, 300]), 2)
+
+
+def test_select_bucket_refuses_what_it_cannot_search():
+    with pytest.raises(ValueError, match=r"capacities must be strictly ascending, got \[2048, 1024\]"):
+        select_bucket((2048, 1024), 1500)
+    with pytest.raises(ValueError, match="capacities must hold at least one int, got none"):
+        select_bucket((), 10)
+    with pytest.raises(TypeError, match="active_tokens must be an int >= 0, got 10.0"):
+        select_bucket((16,), 10.0)
+    assert select_bucket((1024, 2048), 1500) == 2048
 
 
 def test_select_bucket_picks_the_smallest_that_fits():

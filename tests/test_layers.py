@@ -79,7 +79,7 @@ def test_the_checker_sees_relative_and_function_level_imports(tmp_path):
     # A known upward import must be found: graph.training imports models (allowed, 5 > 4), and
     # the capture machinery must not import profiling (it would be 5 -> 6).
     training = package_imports(PACKAGE / "graph" / "training.py")
-    assert "attn_gym_lite.models" in training and "attn_gym_lite.regions" in training
+    assert "attn_gym_lite.data" in training and "attn_gym_lite.regions" in training
     assert not any(t.startswith("attn_gym_lite.profiling") for t in package_imports(PACKAGE / "graph" / "capture.py"))
     pitfalls = package_imports(PACKAGE / "bench" / "pitfalls.py")
     assert layer("attn_gym_lite.bench.pitfalls") == 8 and "attn_gym_lite.book.pitfalls" in pitfalls

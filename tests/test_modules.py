@@ -1,8 +1,11 @@
 """VarLenAttention and PackedLM against independent computations."""
 
+import math
+
 import pytest
 import torch
 import torch.nn.functional as F
+from helpers import calling
 
 from attn_gym_lite.models import PackedLM, VarLenAttention
 from attn_gym_lite.ops.attention import varlen_attention_reference
@@ -35,7 +38,7 @@ def nan_on_inactive_rows(q, k, v, cu_seqlens, max_seqlen, *, causal=False):
 
 @pytest.mark.parametrize("masked", [True, False])
 def test_mask_inactive_capacity_stops_undefined_attention_rows(monkeypatch, masked):
-    monkeypatch.setattr("attn_gym_lite.models.attention.varlen_attention", nan_on_inactive_rows)
+    monkeypatch.setattr("attn_gym_lite.models.attention.varlen_attention", calling(nan_on_inactive_rows))
     torch.manual_seed(0)
     module = VarLenAttention(8, 2, mask_inactive_capacity=masked).double()
     x = torch.randn(8, 8, dtype=torch.float64)  # rows 5..7 are inactive capacity
@@ -99,3 +102,63 @@ def test_cuda_module_matches_cpu_reference():
     out = cuda(x.cuda().bfloat16(), cu.cuda(), 400)
     torch.testing.assert_close(out.float().cpu(), expected, atol=3e-2, rtol=3e-2)
     assert torch.equal(out[501:].float().cpu(), torch.zeros(99, 256))
+
+
+# ---------------------------------------------------------------------------------------------
+# The transformer of chapter 8: at capacity, with uninitialised memory read as NaN, its loss and
+# every gradient equal those of the same model on the L real rows alone.
+
+
+def _lm_batch(lengths, capacity, slots, vocab, seed):
+    g = torch.Generator().manual_seed(seed)
+    active = sum(lengths)
+    ids = torch.zeros(capacity, dtype=torch.int64)
+    ids[:active] = torch.randint(0, vocab, (active,), generator=g)
+    labels = torch.zeros_like(ids)
+    mask = torch.zeros(capacity, dtype=torch.bool)
+    start = 0
+    for length in lengths:
+        labels[start:start + length - 1] = ids[start + 1:start + length]
+        mask[start:start + length - 1] = True
+        start += length
+    return ids, labels, mask, pad_cu_seqlens(cu_seqlens_from_lengths(lengths), slots)
+
+
+@pytest.mark.parametrize("impl, dtype, tolerance", [("reference", torch.float64, 1e-10), ("auto", torch.float32, 1e-4)])
+def test_transformer_at_capacity_equals_the_exact_computation(impl, dtype, tolerance):
+    from attn_gym_lite.models import PackedTransformer
+    from attn_gym_lite.ops.masking import uninitialized_memory_as_nan
+
+    torch.manual_seed(0)
+    model = PackedTransformer(50, 32, 2, 2, impl=impl).to(dtype)  # "auto": the Triton kernels here
+    ids, labels, mask, cu = _lm_batch([7, 1, 9], capacity=24, slots=5, vocab=50, seed=0)
+    params = tuple(model.parameters())
+    with uninitialized_memory_as_nan():
+        loss = model.loss(ids, labels, mask, cu)
+        grads = torch.autograd.grad(loss, params)
+    active = int(cu[-1])
+    exact_loss = model.loss(ids[:active], labels[:active], mask[:active], cu)
+    exact_grads = torch.autograd.grad(exact_loss, params)
+    torch.testing.assert_close(loss, exact_loss, atol=tolerance, rtol=tolerance)
+    for (name, _), g, e in zip(model.named_parameters(), grads, exact_grads):
+        assert torch.isfinite(g).all(), name
+        torch.testing.assert_close(g, e, atol=tolerance, rtol=tolerance, msg=name)
+
+
+def test_rotary_positions_restart_at_every_sequence():
+    from attn_gym_lite.ops.rotary import apply_rotary, rotary_tables
+    from attn_gym_lite.ragged import positions_in_sequence
+
+    cu = pad_cu_seqlens(cu_seqlens_from_lengths([3, 0, 2]), 4)
+    positions = positions_in_sequence(cu, 7)
+    assert positions.tolist() == [0, 1, 2, 0, 1, 0, 1]  # rows 5, 6 are capacity: they count from L
+    cos, sin = rotary_tables(positions, 4, base=100.0)
+    # The published formula, element by element: angle = p * base^(-2j / D), pairs (j, j + D/2).
+    x = torch.randn(7, 1, 4, dtype=torch.float64)
+    out = apply_rotary(x, cos.double(), sin.double())
+    for t, p in enumerate(positions.tolist()):
+        for j in range(2):
+            angle = p * 100.0 ** (-2 * j / 4)
+            a, b = x[t, 0, j].item(), x[t, 0, j + 2].item()
+            assert out[t, 0, j].item() == pytest.approx(a * math.cos(angle) - b * math.sin(angle), abs=1e-6)
+            assert out[t, 0, j + 2].item() == pytest.approx(b * math.cos(angle) + a * math.sin(angle), abs=1e-6)

@@ -92,9 +92,9 @@ def test_oracle_decodes_every_chunk_exactly_once(lengths, spare_slots, C):
 
 
 def test_choose_schedule_is_static():
-    # 1 chunk-capacity per head * 16 heads fits in 132 resident CTAs: flat; a big capacity: persistent.
+    # 1 chunk-capacity per head * 16 heads fits in 132 resident CTAs: flat; a big capacity: dynamic.
     assert choose_schedule(100, 1, 128, 16, 132, 1) == "flat"
-    assert choose_schedule(16384, 256, 128, 16, 132, 1) == "persistent"
+    assert choose_schedule(16384, 256, 128, 16, 132, 1) == "dynamic"
 
 
 def test_launch_grids():
@@ -102,6 +102,7 @@ def test_launch_grids():
     assert launch_grid("rect", max_seqlen=300, **sizes) == (5, 10, 4)
     assert launch_grid("flat", **sizes) == (chunk_capacity(1000, 10, 64), 4)
     assert launch_grid("persistent", **sizes) == (16,)
+    assert launch_grid("dynamic", **sizes) == (16,)
 
 
 def test_bad_arguments_name_themselves():

@@ -34,7 +34,7 @@ def test_step_is_loss_then_adam_on_the_exact_gradients():
 def test_arguments_are_checked():
     batch = _batches(1)[0]
     model = PackedLM(97, 16, 2)
-    with pytest.raises(ValueError, match=r"max_seqlen must be in \[1, T=128\], got 129"):
+    with pytest.raises(ValueError, match=r"max_seqlen must be an int in \[1, 128\], got 129"):
         FixedCapacityTrainer(model, batch, use_graph=False, max_seqlen=129)
     if not torch.cuda.is_available():
         with pytest.raises(ValueError, match="use_graph=True needs CUDA parameters, got cpu"):
@@ -51,3 +51,47 @@ def test_graph_training_matches_eager_training():
         trainer = FixedCapacityTrainer(model, batches[0], use_graph=use_graph)
         losses[use_graph] = torch.stack([trainer.step(b) for b in batches])
     torch.testing.assert_close(losses[True], losses[False], atol=1e-2, rtol=1e-2)
+
+
+def test_a_model_without_loss_is_refused():
+    with pytest.raises(TypeError, match="model must be an nn.Module with a loss"):
+        FixedCapacityTrainer(torch.nn.Linear(2, 2), _batches(1)[0], use_graph=False)
+
+
+@pytest.mark.gpu
+def test_the_graph_key_holds_max_seqlen_only_where_the_attention_needs_it():
+    # The first batch is full (L = T) with Zipf lengths; later ones are shorter. Capture with a
+    # bound below the first batch's longest sequence and feed that batch again.
+    batches = [b.pin_memory() for b in packed_batch_loader(4, 1024, 512, 8, seed=2)]
+    longest = batches[0].max_seqlen
+    bound = max(b.max_seqlen for b in batches[1:])
+    assert bound < longest
+    for impl, schedule in (("varlen_attn", "auto"), ("triton", "rect")):
+        torch.manual_seed(0)
+        model = PackedLM(512, 128, 2, impl=impl, schedule=schedule, device="cuda", dtype=torch.bfloat16)
+        assert model.needs_max_seqlen
+        trainer = FixedCapacityTrainer(model, batches[1], use_graph=True, max_seqlen=bound)
+        trainer.step(batches[2])  # within the bound: fine
+        with pytest.raises(ValueError, match=f"batch.max_seqlen must be <= the max_seqlen = {bound} the graph was "
+                                             f"captured with .*got {longest}"):
+            trainer.step(batches[0])
+    # The default attention reads the layout on the device: no bound, any batch of the capacity.
+    model = PackedLM(512, 128, 2, device="cuda", dtype=torch.bfloat16)
+    assert not model.needs_max_seqlen
+    trainer = FixedCapacityTrainer(model, batches[1], use_graph=True, max_seqlen=bound)
+    assert torch.isfinite(trainer.step(batches[0]))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("impl", ["triton", "varlen_attn"])
+def test_a_transformer_trains_the_same_from_a_graph_and_eagerly(impl):
+    from attn_gym_lite.models import PackedTransformer
+
+    batches = [b.pin_memory() for b in packed_batch_loader(6, 1024, 512, 8, seed=3)]
+    losses = {}
+    for use_graph in (False, True):
+        torch.manual_seed(0)
+        model = PackedTransformer(512, 128, 2, 2, impl=impl, device="cuda", dtype=torch.bfloat16)
+        trainer = FixedCapacityTrainer(model, batches[0], use_graph=use_graph)
+        losses[use_graph] = torch.stack([trainer.step(b) for b in batches])
+    torch.testing.assert_close(losses[True], losses[False], atol=2e-2, rtol=2e-2)

@@ -16,6 +16,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..checks import check_int, check_int_sequence
+
 __all__ = ["BucketPlan", "plan_buckets", "select_bucket"]
 
 
@@ -53,17 +55,14 @@ def plan_buckets(active_token_samples: Sequence[int], k: int, *, align: int = 12
         A :class:`BucketPlan`.
 
     Raises:
-        ValueError: empty or negative samples, ``k < 1``, ``align < 1``.
+        TypeError: a sample, ``k`` or ``align`` is not an int (floats are not truncated, strings
+            not parsed, ``True`` is not 1).
+        ValueError: no samples, a negative one, ``k < 1``, ``align < 1``.
     """
-    samples = np.asarray(list(active_token_samples), dtype=np.int64)
-    if samples.size == 0 or samples.ndim != 1:
-        raise ValueError(f"plan_buckets: active_token_samples must be a non-empty 1-D list of ints, got {samples.shape}")
-    if (samples < 0).any():
-        raise ValueError(f"plan_buckets: active_token_samples must be >= 0, got min {samples.min()}")
-    if not isinstance(k, int) or k < 1:
-        raise ValueError(f"plan_buckets: k must be an int >= 1, got {k!r}")
-    if not isinstance(align, int) or align < 1:
-        raise ValueError(f"plan_buckets: align must be an int >= 1, got {align!r}")
+    values = check_int_sequence("active_token_samples", active_token_samples, minimum=0)
+    samples = np.asarray(values, dtype=np.int64)
+    k = check_int("k", k, minimum=1)
+    align = check_int("align", align, minimum=1)
 
     # A batch with L = 0 still needs a graph to replay: round it up to one tile.
     rounded = np.maximum(-(-samples // align) * align, align)
@@ -112,10 +111,15 @@ def select_bucket(capacities: Sequence[int], active_tokens: int) -> int:
     ``cu_seqlens[-1]`` to dispatch would sync with the device.
 
     Raises:
-        ValueError: ``active_tokens`` is not an int >= 0, or exceeds the largest capacity.
+        TypeError: ``active_tokens`` or a capacity is not an int.
+        ValueError: ``active_tokens < 0``; ``capacities`` empty, not positive or not strictly
+            ascending (a plan's or ``GraphBuckets.capacities`` are); ``active_tokens`` past the
+            largest capacity.
     """
-    if not isinstance(active_tokens, int) or isinstance(active_tokens, bool) or active_tokens < 0:
-        raise ValueError(f"select_bucket: active_tokens must be an int >= 0, got {active_tokens!r}")
+    active_tokens = check_int("active_tokens", active_tokens, minimum=0)
+    capacities = check_int_sequence("capacities", capacities, minimum=1)
+    if any(a >= b for a, b in zip(capacities, capacities[1:])):
+        raise ValueError(f"capacities must be strictly ascending, got {list(capacities)}")
     index = bisect.bisect_left(capacities, active_tokens)
     if index == len(capacities):
         raise ValueError(

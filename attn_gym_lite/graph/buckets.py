@@ -27,6 +27,7 @@ from collections.abc import Callable, Mapping, Sequence
 
 import torch
 
+from ..checks import check_int, check_int_sequence
 from ..data.capacity import select_bucket
 from .capture import capture_graph
 
@@ -92,6 +93,10 @@ class GraphBuckets:
         debug: ``replay`` returns guarded views that raise :class:`StaleOutputError` when used
             after a later replay (costs a Python check per op on them; for debugging).
         warmup: eager calls per bucket before its capture.
+        max_seqlen: the ``max_seqlen`` bound ``fn`` bakes into its graphs, if its attention sizes its
+            work by one (torch's ``varlen_attn``, the Triton ``"rect"`` schedule); part of every
+            bucket's key. :meth:`replay` then needs each batch's longest sequence and refuses one
+            past the bound. ``None`` (the package's default attention) for no such bound.
 
     Raises:
         ValueError: bad capacities, a token input whose first dimension is not the largest
@@ -110,6 +115,7 @@ class GraphBuckets:
         copy_out: bool = False,
         debug: bool = False,
         warmup: int = 3,
+        max_seqlen: int | None = None,
     ) -> None:
         if not torch.cuda.is_available():
             raise RuntimeError("GraphBuckets: CUDA graphs need a CUDA device; none is available")
@@ -122,6 +128,7 @@ class GraphBuckets:
                     f"(the largest capacity), got shape {tuple(template.shape)}"
                 )
         self.copy_out, self.debug = copy_out, debug
+        self.max_seqlen = None if max_seqlen is None else check_int("max_seqlen", max_seqlen, minimum=1)
         self.generation = 0
         # One set of backing buffers, allocated outside the pool: every bucket sees prefix views.
         # They start as copies of the templates: uninitialised token ids would send the warm-up's
@@ -196,7 +203,7 @@ class GraphBuckets:
         self.graphs[capacity] = graph
 
     def replay(
-        self, batch: Mapping[str, Tensor], active_tokens: int
+        self, batch: Mapping[str, Tensor], active_tokens: int, max_seqlen: int | None = None
     ) -> Tensor | tuple[Tensor, ...]:
         """Copy ``batch`` into the bucket for ``active_tokens`` and replay it.
 
@@ -205,15 +212,29 @@ class GraphBuckets:
                 only the first ``capacity`` rows are copied) and every fixed input, with the
                 templates' dtypes; host tensors should be pinned for an asynchronous copy.
             active_tokens: ``L`` for this batch, as a host int.
+            max_seqlen: the batch's longest sequence, as a host int; required when the buckets
+                were captured with a ``max_seqlen`` bound.
 
         Returns:
             The outputs (token outputs cut to the bucket's capacity), valid until the next
             ``replay`` unless ``copy_out`` is set.
 
         Raises:
-            ValueError: unknown or missing names, or ``active_tokens`` out of range.
+            ValueError: unknown or missing names, ``active_tokens`` out of range, or ``max_seqlen``
+                missing or past the captured bound. Nothing is copied then.
         """
         capacity = select_bucket(self.capacities, active_tokens)
+        if self.max_seqlen is not None:
+            if max_seqlen is None:
+                raise ValueError(
+                    f"max_seqlen must be the batch's longest sequence (an int) for buckets captured with "
+                    f"max_seqlen = {self.max_seqlen}, got None"
+                )
+            if check_int("max_seqlen", max_seqlen, minimum=0) > self.max_seqlen:
+                raise ValueError(
+                    f"max_seqlen must be <= the max_seqlen = {self.max_seqlen} the buckets were captured with, "
+                    f"got {max_seqlen}"
+                )
         expected = set(self.token_inputs) | set(self.fixed_inputs)
         if set(batch) != expected:
             raise ValueError(f"GraphBuckets.replay: batch must have exactly the inputs {sorted(expected)}, got {sorted(batch)}")
@@ -245,7 +266,4 @@ def private_pool_bytes(pool) -> int:
 
 
 def _check_capacities(capacities: Sequence[int]) -> tuple[int, ...]:
-    values = list(capacities)
-    if not values or not all(isinstance(c, int) and not isinstance(c, bool) and c > 0 for c in values):
-        raise ValueError(f"GraphBuckets: capacities must be a non-empty list of positive ints, got {values!r}")
-    return tuple(sorted(set(values)))
+    return tuple(sorted(set(check_int_sequence("capacities", capacities, minimum=1))))

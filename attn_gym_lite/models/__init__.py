@@ -2,6 +2,7 @@
 
 from .attention import VarLenAttention
 from .block import MASK_SITES, ShortConvAttentionBlock
-from .lm import PackedLM
+from .lm import PackedLM, PackedTransformer, TransformerBlock, packed_lm_loss
 
-__all__ = ["MASK_SITES", "PackedLM", "ShortConvAttentionBlock", "VarLenAttention"]
+__all__ = ["MASK_SITES", "PackedLM", "PackedTransformer", "ShortConvAttentionBlock", "TransformerBlock", "VarLenAttention",
+           "packed_lm_loss"]

@@ -11,32 +11,65 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ..ops.attention import varlen_attention
+from ..checks import check_bool, check_choice
+from ..ops.attention import IMPLEMENTATIONS, needs_max_seqlen, varlen_attention
 from ..ops.masking import active_token_mask, mask_inactive_token_gradients, mask_inactive_tokens
+from ..ops.rotary import apply_rotary, rotary_tables
+from ..ragged import positions_in_sequence
+from ..schedule import SCHEDULES
 
 Tensor = torch.Tensor
 
 
+def check_heads(owner: str, dim: object, num_heads: object) -> tuple[int, int]:
+    """``(dim, num_heads)`` with ``dim`` a positive multiple of ``num_heads``.
+
+    Raises:
+        TypeError / ValueError: naming ``owner`` and both values.
+    """
+    integers = all(isinstance(v, int) and not isinstance(v, bool) for v in (dim, num_heads))
+    if not integers or num_heads < 1 or dim < 1 or dim % num_heads:
+        raise ValueError(f"{owner}: dim must be a positive multiple of num_heads, got dim={dim!r}, num_heads={num_heads!r}")
+    return dim, num_heads
+
+
 class VarLenAttention(nn.Module):
-    """QKV projection -> packed multi-head attention -> output projection.
+    """QKV projection -> (RoPE) -> packed multi-head attention -> output projection.
 
     Args:
         dim: model width; must be divisible by ``num_heads``.
-        num_heads: attention heads; head dim is ``dim // num_heads`` (the CUDA path supports the
-            head dims FlashAttention-2 does, e.g. 64 and 128).
+        num_heads: attention heads; head dim is ``dim // num_heads`` (16, 32, 64 or 128 for the
+            Triton kernels; the head dims FlashAttention-2 supports for ``"varlen_attn"``).
         causal: causal attention within each sequence.
         mask_inactive_capacity: make rows past ``L`` harmless, with the masks of
-            :mod:`attn_gym_lite.masking` placed by its rule (mask where inactive rows can mix,
+            :mod:`attn_gym_lite.ops.masking` placed by its rule (mask where inactive rows can mix,
             reduce, or become undefined): a value mask on the input, because the QKV weight
             gradient ``Xᵀ∇Y`` sums over every row and the rows past ``L`` may hold anything; a
-            gradient barrier on the QKV projection's output, because torch's ``varlen_attn``
-            returns undefined (NaN) q/k/v gradients for those rows; a value mask on the attention
-            output, whose rows past ``L`` are undefined, before the output projection reads them.
-            The output's inactive rows are then 0 and the gradients equal those of the exact
-            computation on the ``L`` real rows alone. Needed whenever ``L < T``, i.e. under a
-            graph captured at token capacity.
+            gradient barrier on the QKV projection's output, because the attention kernels leave
+            the q/k/v gradients of those rows unspecified; a value mask on the attention output,
+            whose rows past ``L`` are unspecified, before the output projection reads them. The
+            output's inactive rows are then 0 and the gradients equal those of the exact
+            computation on the ``L`` real rows alone. Needed whenever ``L < T``, i.e. under a graph
+            captured at token capacity; with it the kernels need not zero those rows.
+        impl: the attention implementation (:func:`attn_gym_lite.ops.attention.varlen_attention`):
+            ``"auto"`` (this package's Triton kernels wherever they run, else the reference),
+            ``"triton"``, ``"varlen_attn"`` (torch's FlashAttention-2) or ``"reference"``.
+        schedule: the Triton schedule (default ``"auto"``).
+        rotary: apply rotary position embeddings to q and k, with positions that restart at every
+            sequence (:mod:`attn_gym_lite.ops.rotary`).
+        rope_base: the RoPE base (``10000``).
+        device, dtype: of the parameters.
 
-    Shapes: ``forward(x [T, dim], cu_seqlens int32 [N + 1], max_seqlen int) -> [T, dim]``.
+    Shapes: ``forward(x [T, dim], cu_seqlens int32 [N + 1], max_seqlen=None, rotary=None) -> [T, dim]``.
+    ``max_seqlen`` (an int ``>=`` the longest sequence) is needed only where :attr:`needs_max_seqlen`;
+    ``rotary`` optionally passes precomputed ``(cos, sin)`` tables (a model shares one set across
+    its layers). The module trusts ``max_seqlen``: validate batches on the host
+    (:class:`~attn_gym_lite.graph.training.FixedCapacityTrainer` does) or call
+    :func:`~attn_gym_lite.ops.attention.varlen_attention` directly, which checks it.
+
+    Raises:
+        ValueError: ``dim`` is not a positive multiple of ``num_heads``; ``impl`` or ``schedule``
+            unknown; a flag is not a bool.
 
     Source: the seed article, "Hello World" (module) and "Correctness tangent" (masking).
     """
@@ -48,22 +81,36 @@ class VarLenAttention(nn.Module):
         *,
         causal: bool = False,
         mask_inactive_capacity: bool = False,
+        impl: str = "auto",
+        schedule: str = "auto",
+        rotary: bool = False,
+        rope_base: float = 10000.0,
         device: torch.device | str | None = None,
         dtype: torch.dtype | None = None,
     ) -> None:
         super().__init__()
-        if num_heads < 1 or dim % num_heads:
-            raise ValueError(
-                f"VarLenAttention: dim must be a positive multiple of num_heads, got dim={dim}, "
-                f"num_heads={num_heads}"
-            )
-        self.dim, self.num_heads, self.head_dim = dim, num_heads, dim // num_heads
-        self.causal = causal
-        self.mask_inactive_capacity = mask_inactive_capacity
+        self.dim, self.num_heads = check_heads("VarLenAttention", dim, num_heads)
+        self.head_dim = dim // num_heads
+        self.causal = check_bool("causal", causal)
+        self.mask_inactive_capacity = check_bool("mask_inactive_capacity", mask_inactive_capacity)
+        self.impl = check_choice("impl", impl, ("auto", *IMPLEMENTATIONS))
+        self.schedule = check_choice("schedule", schedule, SCHEDULES)
+        self.rotary, self.rope_base = check_bool("rotary", rotary), rope_base
         self.qkv = nn.Linear(dim, 3 * dim, bias=False, device=device, dtype=dtype)
         self.out_proj = nn.Linear(dim, dim, bias=False, device=device, dtype=dtype)
 
-    def forward(self, x: Tensor, cu_seqlens: Tensor, max_seqlen: int) -> Tensor:
+    @property
+    def needs_max_seqlen(self) -> bool:
+        """Whether this module's attention sizes its work by ``max_seqlen`` (``"varlen_attn"``, or
+        the Triton ``"rect"`` schedule): then a graph bakes the bound in at capture."""
+        return needs_max_seqlen(self.impl, self.schedule)
+
+    def rotary_tables(self, cu_seqlens: Tensor, tokens: int, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
+        """``(cos, sin)`` for this batch: positions restart at every sequence."""
+        return rotary_tables(positions_in_sequence(cu_seqlens, tokens), self.head_dim, base=self.rope_base, dtype=dtype)
+
+    def forward(self, x: Tensor, cu_seqlens: Tensor, max_seqlen: int | None = None,
+                rotary: tuple[Tensor, Tensor] | None = None) -> Tensor:
         tokens = x.shape[0]
         active = None
         if self.mask_inactive_capacity:
@@ -74,7 +121,11 @@ class VarLenAttention(nn.Module):
         if active is not None:
             qkv = mask_inactive_token_gradients(qkv, active)
         q, k, v = qkv.unbind(dim=1)
-        attn = varlen_attention(q, k, v, cu_seqlens, max_seqlen, causal=self.causal)
+        if self.rotary:
+            cos, sin = rotary if rotary is not None else self.rotary_tables(cu_seqlens, tokens, q.dtype)
+            q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+        attn = varlen_attention(q, k, v, cu_seqlens, impl=self.impl, schedule=self.schedule, causal=self.causal,
+                                max_seqlen=max_seqlen if self.needs_max_seqlen else None, validate=False)
         if active is not None:
             attn = mask_inactive_tokens(attn, active)
         return self.out_proj(attn.reshape(tokens, self.dim))

@@ -46,9 +46,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..ops.attention import varlen_attention
+from ..checks import check_choice
+from ..ops.attention import IMPLEMENTATIONS, needs_max_seqlen, varlen_attention
 from ..ops.masking import active_token_mask, mask_inactive_token_gradients, mask_inactive_tokens
 from ..ops.short_conv import ShortConv
+from ..schedule import SCHEDULES
+from .attention import check_heads
 
 Tensor = torch.Tensor
 
@@ -69,18 +72,20 @@ class ShortConvAttentionBlock(nn.Module):
         masks: which of :data:`MASK_SITES` to apply. The default, all of them, is what training
             at padded capacity needs; leave sites out only to see what each one prevents (the
             "Masking" chapter does).
+        impl, schedule: the attention implementation and Triton schedule, as in
+            :class:`~attn_gym_lite.models.attention.VarLenAttention`.
         device, dtype: of the parameters.
 
-    Shapes: ``forward(x [T, dim], cu_seqlens int32 [N + 1], max_seqlen int) -> [T, dim]``, in
-    the parameters' dtype. ``max_seqlen`` bounds the longest sequence (the CUDA path sizes its grid
-    from it; under a graph pass ``T``).
+    Shapes: ``forward(x [T, dim], cu_seqlens int32 [N + 1], max_seqlen=None) -> [T, dim]``, in
+    the parameters' dtype. ``max_seqlen`` bounds the longest sequence where the attention needs it
+    (:attr:`needs_max_seqlen`: it sizes its grid from it; under a graph pass ``T``).
 
     Raises:
         ValueError: ``dim`` is not a positive multiple of ``num_heads``, or ``masks`` names a site
             not in :data:`MASK_SITES`.
         TypeError: ``masks`` is a string rather than a collection of site names.
 
-    Capturable on CUDA with a fixed ``max_seqlen``: nothing in ``forward`` reads the device.
+    Capturable on CUDA: nothing in ``forward`` reads the device.
     Source: seed article, section "Correctness tangent"; flash-linear-attention's layers.
     """
 
@@ -91,16 +96,13 @@ class ShortConvAttentionBlock(nn.Module):
         *,
         kernel_size: int = 4,
         masks: Iterable[str] = MASK_SITES,
+        impl: str = "auto",
+        schedule: str = "auto",
         device: torch.device | str | None = None,
         dtype: torch.dtype | None = None,
     ) -> None:
         super().__init__()
-        integers = all(isinstance(v, int) and not isinstance(v, bool) for v in (dim, num_heads))
-        if not integers or num_heads < 1 or dim < 1 or dim % num_heads:
-            raise ValueError(
-                f"ShortConvAttentionBlock: dim must be a positive multiple of num_heads, "
-                f"got dim={dim!r}, num_heads={num_heads!r}"
-            )
+        check_heads("ShortConvAttentionBlock", dim, num_heads)
         if isinstance(masks, str):
             raise TypeError(
                 f"ShortConvAttentionBlock: masks must be a collection of names from {MASK_SITES}, "
@@ -114,6 +116,8 @@ class ShortConvAttentionBlock(nn.Module):
             )
         self.dim, self.num_heads, self.head_dim = dim, num_heads, dim // num_heads
         self.masks = masks
+        self.impl = check_choice("impl", impl, ("auto", *IMPLEMENTATIONS))
+        self.schedule = check_choice("schedule", schedule, SCHEDULES)
         factory = {"device": device, "dtype": dtype}
         self.norm_in = nn.RMSNorm(dim, **factory)
         self.qkv = nn.Linear(dim, 3 * dim, bias=False, **factory)
@@ -121,7 +125,12 @@ class ShortConvAttentionBlock(nn.Module):
         self.norm_out = nn.RMSNorm(dim, **factory)
         self.out_proj = nn.Linear(dim, dim, bias=False, **factory)
 
-    def forward(self, x: Tensor, cu_seqlens: Tensor, max_seqlen: int) -> Tensor:
+    @property
+    def needs_max_seqlen(self) -> bool:
+        """Whether the attention sizes its work by ``max_seqlen`` (see ``VarLenAttention``)."""
+        return needs_max_seqlen(self.impl, self.schedule)
+
+    def forward(self, x: Tensor, cu_seqlens: Tensor, max_seqlen: int | None = None) -> Tensor:
         tokens = x.shape[0]
         # One mask per forward, from the device value cu_seqlens[-1]; every site below reuses it.
         active = active_token_mask(x, cu_seqlens)
@@ -132,7 +141,8 @@ class ShortConvAttentionBlock(nn.Module):
             qkv = mask_inactive_token_gradients(qkv, active)
         qkv = F.silu(self.conv(qkv, cu_seqlens))
         q, k, v = qkv.view(tokens, 3, self.num_heads, self.head_dim).unbind(dim=1)
-        attn = varlen_attention(q, k, v, cu_seqlens, max_seqlen, causal=True)
+        attn = varlen_attention(q, k, v, cu_seqlens, impl=self.impl, schedule=self.schedule, causal=True,
+                                max_seqlen=max_seqlen if self.needs_max_seqlen else None, validate=False)
         if "attention_output" in self.masks:
             attn = mask_inactive_tokens(attn, active)
         return x + self.out_proj(self.norm_out(attn.reshape(tokens, self.dim)))

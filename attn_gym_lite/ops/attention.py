@@ -1,17 +1,23 @@
-"""Variable-length (packed) attention: torch's FlashAttention path and a reference.
+"""Variable-length (packed) attention: one entry point, three implementations.
 
-Packed attention takes ``q, k, v`` of shape ``[T, H, D]`` and ``cu_seqlens`` of shape
-``[N + 1]``: token ``t`` attends only to tokens of its own sequence. On CUDA the fast path is
-``torch.nn.attention.varlen.varlen_attn`` (FlashAttention-2 kernels, forward and backward).
-Everywhere else, and as the ground truth in tests, ``varlen_attention_reference`` runs ordinary
-attention one sequence at a time.
+Packed attention takes ``q, k, v`` of shape ``[T, H, D]`` and ``cu_seqlens`` of shape ``[N + 1]``:
+token ``t`` attends only to tokens of its own sequence. :func:`varlen_attention` dispatches on
+``impl``:
 
-Two API facts this module absorbs (see the book's "Graph capture" chapter):
+* ``"triton"``: this package's kernels (:mod:`attn_gym_lite.ops.kernels`), any schedule. The
+  default ones read the work from ``cu_seqlens`` on the device, need no ``max_seqlen``, and stay
+  close to an exact-shape graph when a graph is captured for the worst case (chapter
+  "Schedulers"). The package's main path.
+* ``"varlen_attn"``: torch's ``torch.nn.attention.varlen.varlen_attn`` (FlashAttention-2 kernels).
+  Its grid is sized by ``max_seqlen``, a host int: under a CUDA graph it is baked in at capture.
+* ``"reference"``: ordinary attention one sequence at a time (any dtype and device, float64
+  included); the ground truth of the tests. It reads ``cu_seqlens`` on the host: eager only.
+* ``"auto"``: ``"triton"`` where the kernels can run (CUDA tensors; CPU tensors under Triton's
+  interpreter, ``TRITON_INTERPRET=1``), else ``"reference"``.
 
-* Causal masking is ``is_causal=True`` in torch 2.10/2.11 and ``window_size=(-1, 0)`` from 2.12.
-* ``max_seqlen`` sizes FlashAttention-2's grid, ``ceil(max_seqlen / BLOCK_M) x N x H``. Under a
-  CUDA graph it is a Python int baked in at capture: too small silently drops work, ``T`` is
-  always safe but launches the worst-case grid on every replay.
+Two API facts this module absorbs (see the book's "Graph capture" chapter): causal masking is
+``is_causal=True`` in torch 2.10/2.11 and ``window_size=(-1, 0)`` from 2.12; and a ``max_seqlen``
+below the longest sequence makes FlashAttention-2 (and a rectangular grid) silently skip rows.
 """
 
 from __future__ import annotations
@@ -22,6 +28,9 @@ import math
 import torch
 import torch.nn.functional as F
 
+from ..checks import check_bool, check_choice, check_cu_seqlens, check_cu_seqlens_values, check_int, check_tensor
+from ..schedule import SCHEDULES
+
 Tensor = torch.Tensor
 
 try:  # torch >= 2.10
@@ -30,9 +39,48 @@ except ImportError:  # pragma: no cover - older torch has no varlen attention AP
     _varlen_attn = None
 
 # torch 2.12 replaced `is_causal` with a sliding `window_size`; detect which one we have.
-_TAKES_WINDOW = _varlen_attn is not None and "window_size" in inspect.signature(
-    _varlen_attn
-).parameters
+_TAKES_WINDOW = _varlen_attn is not None and "window_size" in inspect.signature(_varlen_attn).parameters
+
+#: The implementations :func:`varlen_attention` dispatches to (plus ``"auto"``).
+IMPLEMENTATIONS = ("triton", "varlen_attn", "reference")
+_DTYPES = (torch.bfloat16, torch.float16, torch.float32, torch.float64)
+
+
+def needs_max_seqlen(impl: str, schedule: str = "auto") -> bool:
+    """Whether ``impl`` (with the Triton ``schedule``) sizes its work by a host ``max_seqlen``:
+    then a captured graph bakes the bound in, and every batch replayed on it must respect it."""
+    return impl == "varlen_attn" or (impl == "triton" and schedule == "rect")
+
+
+def resolve_impl(impl: str, q: Tensor) -> str:
+    """``impl`` with ``"auto"`` resolved for queries ``q [T, H, D]``: ``"triton"`` where the
+    kernels run (CUDA bf16/fp16 compiled; CPU bf16/fp16/fp32 under ``TRITON_INTERPRET=1``) and
+    support the head dim (16, 32, 64, 128), else ``"reference"`` (float64, other devices).
+
+    Raises:
+        ValueError: ``impl`` is not ``"auto"`` or one of :data:`IMPLEMENTATIONS`.
+    """
+    check_choice("impl", impl, ("auto", *IMPLEMENTATIONS))
+    if impl != "auto":
+        return impl
+    from .kernels import INTERPRETED  # the kernels are defined (and Triton imported) on first use
+
+    dtypes = (torch.bfloat16, torch.float16, torch.float32) if INTERPRETED else (torch.bfloat16, torch.float16)
+    runs = (q.device.type == "cuda") != INTERPRETED and q.dtype in dtypes and q.shape[-1] in (16, 32, 64, 128)
+    return "triton" if runs else "reference"
+
+
+def _check_qkv(q: object, k: object, v: object) -> None:
+    for name, x in (("q", q), ("k", k), ("v", v)):
+        check_tensor(name, x, ndim=3, shape="[T, H, D]", dtypes=_DTYPES)
+    if not (q.shape == k.shape == v.shape):
+        raise ValueError(
+            f"q, k, v must have one shape [T, H, D], got {tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}"
+        )
+    if not (q.dtype == k.dtype == v.dtype):
+        raise TypeError(f"q, k, v must have one dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
+    if not (q.device == k.device == v.device):
+        raise ValueError(f"q, k, v must be on one device, got {q.device}, {k.device}, {v.device}")
 
 
 def varlen_attention(
@@ -40,39 +88,91 @@ def varlen_attention(
     k: Tensor,
     v: Tensor,
     cu_seqlens: Tensor,
-    max_seqlen: int,
     *,
+    impl: str = "auto",
     causal: bool = False,
+    max_seqlen: int | None = None,
+    schedule: str = "auto",
+    zero_inactive: bool = False,
+    validate: bool = True,
+    config=None,
 ) -> Tensor:
-    """Attention within each packed sequence; rows past ``cu_seqlens[-1]`` are undefined.
+    """Attention within each packed sequence (softmax scale ``1/sqrt(D)``).
 
     Args:
-        q, k, v: ``[T, H, D]`` tensors of one dtype and device (``T`` token capacity, ``H`` heads,
-            ``D`` head dim).
-        cu_seqlens: int32 ``[N + 1]`` prefix sums ``[0, ..., L, L, L]`` on the same device.
-        max_seqlen: an upper bound on the longest sequence (tokens). Only the CUDA path uses it.
+        q, k, v: ``[T, H, D]`` of one dtype and device (``T`` token capacity, ``H`` heads, ``D``
+            head dim). ``"varlen_attn"`` needs CUDA bf16/fp16; ``"triton"`` CUDA bf16/fp16 (float32
+            in the interpreter) and ``D`` in 16, 32, 64, 128; ``"reference"`` anything.
+        cu_seqlens: int32 ``[N + 1]`` contiguous prefix sums ``[0, ..., L, L, L]`` on ``q``'s device.
+        impl: ``"auto"``, ``"triton"``, ``"varlen_attn"`` or ``"reference"`` (module docstring).
         causal: each token attends to itself and earlier tokens of its sequence only.
+        max_seqlen: an upper bound on the longest sequence (tokens). Required by
+            ``"varlen_attn"`` and the Triton ``schedule="rect"`` (they size their grid by it; under
+            a graph it is fixed at capture, so pass the worst case, e.g. ``T``); ignored by the
+            other Triton schedules and by ``"reference"``, which find the work in ``cu_seqlens``.
+        schedule: the Triton kernels' schedule (one of ``ops.kernels.SCHEDULES``); ignored by
+            ``"reference"``, refused by ``"varlen_attn"`` unless ``"auto"``.
+        zero_inactive: write zeros to rows ``L..T-1`` of the output and of the q/k/v gradients
+            (Triton only). The default leaves them unspecified, like torch's ``varlen_attn``: a
+            module that masks inactive rows (``VarLenAttention(mask_inactive_capacity=True)``, as the
+            "Masking" chapter proves) needs no zeros, and writing them costs memory traffic that
+            grows with ``T - L``.
+        validate: outside a CUDA graph capture, check ``max_seqlen`` (when the implementation uses
+            it) and, for ``"reference"``, every value rule of ``cu_seqlens``, by reading it on the
+            host. For CUDA ``cu_seqlens`` that read synchronises with the device; pass ``False`` where
+            the batch was validated on the host already (``FixedCapacityTrainer`` does). Inside a
+            capture nothing is read: the bound is the graph's key.
+        config: Triton tiles and launch parameters (:class:`~attn_gym_lite.ops.kernels.AttentionConfig`).
 
     Returns:
-        ``[T, H, D]`` in ``q``'s dtype. Rows ``L..T-1`` (inactive capacity) are unspecified on the
-        CUDA path and zero on the reference path: mask them before they reach anything that mixes
-        rows (see ``VarLenAttention(mask_inactive_capacity=True)``).
-
-    Dispatch: CUDA tensors in bf16/fp16 go to ``torch.nn.attention.varlen.varlen_attn``
-    (capturable with a fixed ``max_seqlen``); anything else to :func:`varlen_attention_reference`
-    (eager only: it reads ``cu_seqlens`` on the host).
+        ``[T, H, D]`` in ``q``'s dtype, differentiable with respect to ``q, k, v``. Rows past ``L``:
+        zero for ``"reference"``; unspecified for ``"varlen_attn"`` and for ``"triton"`` unless
+        ``zero_inactive``.
 
     Raises:
-        ValueError: shapes of ``q, k, v`` differ or are not 3-D.
+        TypeError: a tensor argument is not a tensor or has the wrong dtype; a flag is not a bool.
+        ValueError: shapes or devices disagree; ``cu_seqlens`` breaks a layout rule (1-D, int32,
+            contiguous, ``N + 1 >= 2``), or a value rule (for ``"reference"``: starts at 0, never
+            decreases, ``L <= T``); ``max_seqlen`` is missing where needed, given where refused, or
+            (checked outside a capture) shorter than the longest sequence; ``impl`` or ``schedule``
+            unknown; ``"varlen_attn"`` on CPU tensors or in another dtype than bf16/fp16.
+        RuntimeError: ``"varlen_attn"`` on a torch without ``torch.nn.attention.varlen``.
+
+    Source: the FlashAttention varlen convention (``cu_seqlens``); torch's ``varlen_attn`` docs;
+    the seed article for the schedules.
     """
-    if q.dim() != 3 or q.shape != k.shape or q.shape != v.shape:
-        raise ValueError(
-            "varlen_attention: q, k, v must all be [T, H, D] of one shape, got "
-            f"{tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}"
-        )
-    fast = q.is_cuda and q.dtype in (torch.bfloat16, torch.float16) and _varlen_attn is not None
-    if not fast:
+    _check_qkv(q, k, v)
+    check_cu_seqlens(cu_seqlens, device=q.device)
+    check_bool("causal", causal)
+    check_bool("zero_inactive", zero_inactive)
+    check_bool("validate", validate)
+    impl = resolve_impl(impl, q)
+    check_choice("schedule", schedule, SCHEDULES)
+    if max_seqlen is not None:
+        max_seqlen = check_int("max_seqlen", max_seqlen, minimum=1)
+    capturing = q.is_cuda and torch.cuda.is_current_stream_capturing()
+    reads_bound = needs_max_seqlen(impl, schedule)
+    if reads_bound and max_seqlen is None:
+        where = "impl='varlen_attn'" if impl == "varlen_attn" else "schedule='rect'"
+        raise ValueError(f"max_seqlen must be an int >= 1 for {where}, got None")
+    if impl == "reference":
+        # Reads cu_seqlens on the host anyway: check every value rule on the way.
+        check_cu_seqlens_values(cu_seqlens, token_capacity=q.shape[0])
         return varlen_attention_reference(q, k, v, cu_seqlens, causal=causal)
+    if validate and reads_bound and not capturing:
+        check_cu_seqlens_values(cu_seqlens, token_capacity=q.shape[0], max_seqlen=max_seqlen)
+    if impl == "triton":
+        from .kernels import varlen_attention_triton
+
+        return varlen_attention_triton(q, k, v, cu_seqlens, causal=causal, schedule=schedule,
+                                       max_seqlen=max_seqlen if reads_bound else None,
+                                       zero_inactive=zero_inactive, config=config)
+    if schedule != "auto":
+        raise ValueError(f"schedule is for impl='triton' only; impl='varlen_attn' got schedule={schedule!r}")
+    if _varlen_attn is None:
+        raise RuntimeError("impl='varlen_attn' needs torch.nn.attention.varlen (torch >= 2.10)")
+    if not q.is_cuda or q.dtype not in (torch.bfloat16, torch.float16):
+        raise ValueError(f"impl='varlen_attn' needs CUDA bfloat16/float16 tensors, got {q.dtype} on {q.device}")
     if _TAKES_WINDOW:
         window = (-1, 0) if causal else (-1, -1)
         return _varlen_attn(q, k, v, cu_seqlens, cu_seqlens, max_seqlen, max_seqlen, window_size=window)
@@ -84,9 +184,10 @@ def varlen_attention_reference(
 ) -> Tensor:
     """Packed attention computed one sequence at a time with ``scaled_dot_product_attention``.
 
-    Same contract as :func:`varlen_attention` (softmax scale ``1/sqrt(D)``), any dtype and
-    device, differentiable. Inactive rows ``L..T-1`` of the output are zero and receive zero
-    gradient. It reads ``cu_seqlens`` on the host, so it cannot run inside a CUDA graph capture.
+    Same contract as :func:`varlen_attention` (softmax scale ``1/sqrt(D)``), any dtype and device,
+    differentiable. Inactive rows ``L..T-1`` of the output are zero and receive zero gradient. It
+    reads ``cu_seqlens`` on the host, so it cannot run inside a CUDA graph capture. It trusts its
+    arguments: :func:`varlen_attention` with ``impl="reference"`` checks them first.
 
     Source: the FlashAttention varlen convention (``cu_seqlens`` prefix sums).
     """

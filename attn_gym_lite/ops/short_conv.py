@@ -37,6 +37,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..ragged import positions_in_sequence
+
 Tensor = torch.Tensor
 
 __all__ = ["ShortConv", "short_conv", "short_conv_reference"]
@@ -73,18 +75,6 @@ def _check_short_conv_arguments(x: object, weight: object, cu_seqlens: object) -
             raise ValueError(f"short_conv: {name} must be on x's device {x.device}, got {tensor.device}")
 
 
-def _positions_in_sequence(cu_seqlens: Tensor, token_capacity: int) -> Tensor:
-    """``[T]`` int32: row ``t``'s offset from the first row of its sequence, on the device.
-
-    Rows ``t >= L`` fall past every boundary and count from ``L``, as if the inactive rows were one
-    more sequence; so no tap of an active row ever reaches an inactive one and vice versa.
-    """
-    rows = torch.arange(token_capacity, device=cu_seqlens.device, dtype=torch.int32)
-    # right=True skips over repeated boundaries (empty sequences) to the last one <= t.
-    sequence = torch.searchsorted(cu_seqlens, rows, right=True) - 1
-    return rows - cu_seqlens[sequence]
-
-
 def _shift_down(x: Tensor, rows: int) -> Tensor:
     """``out[t] = x[t - rows]``, zero for ``t < rows``."""
     return F.pad(x, (0, 0, rows, 0))[: x.shape[0]]
@@ -99,7 +89,7 @@ class _RaggedShortConv(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x: Tensor, weight: Tensor, cu_seqlens: Tensor) -> Tensor:
         tokens, width = x.shape[0], weight.shape[1]
-        position = _positions_in_sequence(cu_seqlens, tokens)
+        position = positions_in_sequence(cu_seqlens, tokens)
         active = torch.arange(tokens, device=x.device, dtype=torch.int32) < cu_seqlens[-1]
         # Accumulate in at least float32, as a kernel would in registers.
         accumulate = torch.promote_types(x.dtype, torch.float32)

@@ -27,7 +27,7 @@ tutorial.
 import triton
 import triton.language as tl
 
-from .tasks import task_at, task_count
+from .tasks import first_task, next_task, task_at
 
 # -----------------------------------------------------------------------------
 # dQ (and delta): one query chunk, looping over key blocks.
@@ -103,7 +103,7 @@ def _dq_chunk(
 
 @triton.jit(do_not_specialize=["num_seqs", "token_capacity"])
 def attention_dq_kernel(
-    Q, K, V, O, DO, DQ, LSE, DELTA, cu_seqlens, chunk_offsets,
+    Q, K, V, O, DO, DQ, LSE, DELTA, cu_seqlens, chunk_offsets, counter,
     stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_ot, stride_oh,
     num_seqs, num_heads, token_capacity, qk_scale, sm_scale,
     CAUSAL: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
@@ -111,13 +111,15 @@ def attention_dq_kernel(
 ):
     """dQ over query chunks (``chunk_offsets`` built with ``C = BLOCK_M``); also writes
     ``DELTA[h, t] = rowsum(dO * O)`` (float32 ``[H, T]``) for the active rows."""
-    for i in range(task_count(cu_seqlens, chunk_offsets, num_seqs, num_heads, BLOCK_M, SCHEDULE)):
-        seq_start, seq_len, chunk, head = task_at(i, cu_seqlens, chunk_offsets, num_seqs, SCHEDULE)
+    task = first_task(counter, cu_seqlens, chunk_offsets, num_seqs, num_heads, BLOCK_M, SCHEDULE)
+    while task >= 0:
+        seq_start, seq_len, chunk, head = task_at(task, cu_seqlens, chunk_offsets, num_seqs, SCHEDULE)
         _dq_chunk(
             Q, K, V, O, DO, DQ, LSE, DELTA, seq_start, seq_len, chunk, head,
             stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_ot, stride_oh,
             token_capacity, qk_scale, sm_scale, CAUSAL, HEAD_DIM, BLOCK_M, BLOCK_N,
         )
+        task = next_task(task, counter, chunk_offsets, num_seqs, num_heads, SCHEDULE)
 
 
 # -----------------------------------------------------------------------------
@@ -212,7 +214,7 @@ def _dkdv_chunk(
 
 @triton.jit(do_not_specialize=["num_seqs", "token_capacity"])
 def attention_dkdv_kernel(
-    Q, K, V, DO, DK, DV, LSE, DELTA, cu_seqlens, chunk_offsets,
+    Q, K, V, DO, DK, DV, LSE, DELTA, cu_seqlens, chunk_offsets, counter,
     stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_ot, stride_oh,
     num_seqs, num_heads, token_capacity, qk_scale, sm_scale,
     CAUSAL: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
@@ -220,10 +222,12 @@ def attention_dkdv_kernel(
 ):
     """dK, dV over key chunks (``chunk_offsets`` built with ``C = BLOCK_N``); reads the
     ``DELTA`` written by :func:`attention_dq_kernel`."""
-    for i in range(task_count(cu_seqlens, chunk_offsets, num_seqs, num_heads, BLOCK_N, SCHEDULE)):
-        seq_start, seq_len, chunk, head = task_at(i, cu_seqlens, chunk_offsets, num_seqs, SCHEDULE)
+    task = first_task(counter, cu_seqlens, chunk_offsets, num_seqs, num_heads, BLOCK_N, SCHEDULE)
+    while task >= 0:
+        seq_start, seq_len, chunk, head = task_at(task, cu_seqlens, chunk_offsets, num_seqs, SCHEDULE)
         _dkdv_chunk(
             Q, K, V, DO, DK, DV, LSE, DELTA, seq_start, seq_len, chunk, head,
             stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_ot, stride_oh,
             token_capacity, qk_scale, sm_scale, CAUSAL, HEAD_DIM, BLOCK_M, BLOCK_N,
         )
+        task = next_task(task, counter, chunk_offsets, num_seqs, num_heads, SCHEDULE)

@@ -25,7 +25,7 @@ Source: FlashAttention-2 (Dao, 2023), Algorithm 1; Triton's fused-attention tuto
 import triton
 import triton.language as tl
 
-from .tasks import task_at, task_count
+from .tasks import first_task, next_task, task_at
 
 
 @triton.jit
@@ -109,7 +109,7 @@ def _forward_chunk(
 
 @triton.jit(do_not_specialize=["num_seqs", "token_capacity"])
 def attention_forward_kernel(
-    Q, K, V, O, LSE, cu_seqlens, chunk_offsets,
+    Q, K, V, O, LSE, cu_seqlens, chunk_offsets, counter,
     stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_ot, stride_oh,
     num_seqs, num_heads, token_capacity, qk_scale,
     CAUSAL: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
@@ -121,10 +121,12 @@ def attention_forward_kernel(
     active rows; LSE: float32 ``[H, T]``, base-2 log-sum-exp of the scaled scores, written for the
     active rows. ``chunk_offsets`` must be built with ``C = BLOCK_M``.
     """
-    for i in range(task_count(cu_seqlens, chunk_offsets, num_seqs, num_heads, BLOCK_M, SCHEDULE)):
-        seq_start, seq_len, chunk, head = task_at(i, cu_seqlens, chunk_offsets, num_seqs, SCHEDULE)
+    task = first_task(counter, cu_seqlens, chunk_offsets, num_seqs, num_heads, BLOCK_M, SCHEDULE)
+    while task >= 0:
+        seq_start, seq_len, chunk, head = task_at(task, cu_seqlens, chunk_offsets, num_seqs, SCHEDULE)
         _forward_chunk(
             Q, K, V, O, LSE, seq_start, seq_len, chunk, head,
             stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_ot, stride_oh,
             token_capacity, qk_scale, CAUSAL, HEAD_DIM, BLOCK_M, BLOCK_N,
         )
+        task = next_task(task, counter, chunk_offsets, num_seqs, num_heads, SCHEDULE)

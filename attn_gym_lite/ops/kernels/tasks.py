@@ -1,28 +1,36 @@
-"""Which chunk a program works on: the three schedules, as two small device functions.
+"""Which chunk a program works on: the schedules, as three small device functions.
 
 Every ragged kernel in this package is written as
 
-    for i in range(task_count(...)):
-        seq_start, seq_len, chunk, head = task_at(i, ...)
+    task = first_task(...)
+    while task >= 0:
+        seq_start, seq_len, chunk, head = task_at(task, ...)
         <process chunk ``chunk`` of the sequence at ``seq_start`` for head ``head``>
+        task = next_task(task, ...)
 
-and the schedule (a compile-time constant) decides only what those two functions return:
+and the schedule (a compile-time constant) decides only what those functions return:
 
 * ``"rect"``, grid ``(ceil(max_seqlen / C), N, H)``: program ``(chunk, seq, head)`` owns exactly
-  that slot, and runs 1 task if the slot lies inside the sequence, 0 if it lies past its end
+  that slot, and has one task if the slot lies inside the sequence, none if it lies past its end
   (FlashAttention-2's early exit).
-* ``"flat"``, grid ``(chunk_capacity(T, N, C), H)``: program ``(flat, head)`` runs 1 task if
-  ``flat < chunk_offsets[N]`` (the active chunk count, read on the device), else 0; its sequence
-  is found by binary search over ``chunk_offsets``.
+* ``"flat"``, grid ``(chunk_capacity(T, N, C), H)``: program ``(flat, head)`` has one task if
+  ``flat < chunk_offsets[N]`` (the active chunk count, read on the device), else none; its
+  sequence is found by binary search over ``chunk_offsets``.
 * ``"persistent"``, grid ``(workers,)``: worker ``w`` runs tasks ``w, w + workers, ...`` below
   ``chunk_offsets[N] * H``; task ``t`` is chunk ``t % active`` of head ``t // active``, so
   workers running side by side share a head and neighbouring chunks (and their keys in L2).
+* ``"dynamic"``, grid ``(workers,)``: the same task list, but a worker takes its next task from a
+  counter in device memory (``atomic_add``) when it finishes the last one, so a worker dealt
+  heavy tasks simply takes fewer of them: the balance of the flat grid (where the hardware hands
+  the next CTA to the first free SM) without launching one CTA per task. The counter is one int32
+  zeroed before every launch.
 
 No schedule reads anything on the host: the active work comes from ``cu_seqlens`` and
 ``chunk_offsets`` in device memory, so a captured graph adapts to each replay's batch.
 
 Source: the seed article, sections "The anatomy of a ragged kernel" (rect), "Scheduling without
-max_seqlen" (flat, the decoding) and "Graph overcapture" (persistent).
+max_seqlen" (flat, the decoding) and "Graph overcapture" (persistent); FlashAttention-3's
+dynamic tile scheduler (an atomic counter) for dynamic.
 """
 
 import triton
@@ -49,24 +57,47 @@ def find_sequence(chunk_offsets, flat_chunk, num_seqs):
 
 
 @triton.jit
-def task_count(cu_seqlens, chunk_offsets, num_seqs, num_heads, CHUNK: tl.constexpr, SCHEDULE: tl.constexpr):
-    """How many tasks this program runs: 0 or 1 for ``rect`` and ``flat``, a strided share for
-    ``persistent``."""
-    if SCHEDULE == "rect":
-        seq = tl.program_id(1)
-        seq_len = tl.load(cu_seqlens + seq + 1) - tl.load(cu_seqlens + seq)
-        count = (tl.program_id(0) * CHUNK < seq_len).to(tl.int32)
-    elif SCHEDULE == "flat":
-        count = (tl.program_id(0) < tl.load(chunk_offsets + num_seqs)).to(tl.int32)
-    else:
-        tasks = tl.load(chunk_offsets + num_seqs) * num_heads
-        count = tl.cdiv(tl.maximum(tasks - tl.program_id(0), 0), tl.num_programs(0))
-    return count
+def _active_tasks(chunk_offsets, num_seqs, num_heads):
+    return tl.load(chunk_offsets + num_seqs) * num_heads
 
 
 @triton.jit
-def task_at(i, cu_seqlens, chunk_offsets, num_seqs, SCHEDULE: tl.constexpr):
-    """Task ``i`` of this program: ``(seq_start, seq_len, chunk, head)``, where ``seq_start`` is
+def first_task(counter, cu_seqlens, chunk_offsets, num_seqs, num_heads, CHUNK: tl.constexpr,
+               SCHEDULE: tl.constexpr):
+    """This program's first task, ``-1`` if it has none (rect and flat use task 0 for "my slot")."""
+    if SCHEDULE == "rect":
+        seq = tl.program_id(1)
+        seq_len = tl.load(cu_seqlens + seq + 1) - tl.load(cu_seqlens + seq)
+        task = tl.where(tl.program_id(0) * CHUNK < seq_len, 0, -1)
+    elif SCHEDULE == "flat":
+        task = tl.where(tl.program_id(0) < tl.load(chunk_offsets + num_seqs), 0, -1)
+    else:
+        if SCHEDULE == "persistent":
+            task = tl.program_id(0)
+        else:
+            task = tl.atomic_add(counter, 1)
+        task = tl.where(task < _active_tasks(chunk_offsets, num_seqs, num_heads), task, -1)
+    return task
+
+
+@triton.jit
+def next_task(task, counter, chunk_offsets, num_seqs, num_heads, SCHEDULE: tl.constexpr):
+    """The task after ``task``, ``-1`` when there is none: rect and flat have one task only,
+    persistent strides by the grid, dynamic takes the counter's next value."""
+    if SCHEDULE == "persistent":
+        task = task + tl.num_programs(0)
+        task = tl.where(task < _active_tasks(chunk_offsets, num_seqs, num_heads), task, -1)
+    elif SCHEDULE == "dynamic":
+        task = tl.atomic_add(counter, 1)
+        task = tl.where(task < _active_tasks(chunk_offsets, num_seqs, num_heads), task, -1)
+    else:
+        task = -1
+    return task
+
+
+@triton.jit
+def task_at(task, cu_seqlens, chunk_offsets, num_seqs, SCHEDULE: tl.constexpr):
+    """Task ``task`` of this program: ``(seq_start, seq_len, chunk, head)``, where ``seq_start`` is
     the sequence's first packed row, ``seq_len`` its length and ``chunk`` the chunk's index
     within the sequence (it covers rows ``chunk * C ..`` of the sequence)."""
     if SCHEDULE == "rect":
@@ -79,7 +110,6 @@ def task_at(i, cu_seqlens, chunk_offsets, num_seqs, SCHEDULE: tl.constexpr):
             head = tl.program_id(1)
         else:
             active = tl.load(chunk_offsets + num_seqs)
-            task = tl.program_id(0) + i * tl.num_programs(0)
             head = task // active
             flat_chunk = task % active
         seq = find_sequence(chunk_offsets, flat_chunk, num_seqs)

@@ -11,12 +11,11 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import numbers
 
 import torch
 import triton
 
-from ...checks import check_cu_seqlens
+from ...checks import check_bool, check_choice, check_cu_seqlens, check_cu_seqlens_values, check_int
 from ...schedule import SCHEDULES, choose_schedule, chunk_offsets, launch_grid, num_sms
 from .backward import attention_dkdv_kernel, attention_dq_kernel
 from .forward import attention_forward_kernel
@@ -139,6 +138,11 @@ def _launch(schedule: str, chunk: int, config: KernelConfig, *, T: int, N: int, 
     return _Launch(schedule, grid, chunk, config)
 
 
+def largest_offset(x: Tensor) -> int:
+    """The largest element offset a kernel can form into ``x``: ``sum((size - 1) * stride)``."""
+    return sum((size - 1) * stride for size, stride in zip(x.shape, x.stride()) if size > 0)
+
+
 def _check_inputs(q: object, k: object, v: object, cu_seqlens: object) -> None:
     for name, x in (("q", q), ("k", k), ("v", v)):
         if not isinstance(x, Tensor):
@@ -168,10 +172,18 @@ def _check_inputs(q: object, k: object, v: object, cu_seqlens: object) -> None:
             f"q must be a CUDA tensor (or set TRITON_INTERPRET=1 before importing "
             f"attn_gym_lite.kernels to run on CPU), got device {q.device}"
         )
-    if q.shape[0] * max(x.stride(0) for x in (q, k, v)) > _INT32_MAX:
+    # Kernel offsets are 32-bit: every element any kernel can address (in q, k, v, and in the
+    # contiguous [T, H, D] output and gradients) must lie below 2**31.
+    for name, x in (("q", q), ("k", k), ("v", v)):
+        if largest_offset(x) > _INT32_MAX:
+            raise ValueError(
+                f"{name} must have every element offset below 2**31 (the kernels' offsets are 32-bit), "
+                f"got shape {tuple(x.shape)} and strides {x.stride()}: largest offset {largest_offset(x)}"
+            )
+    if q.numel() > _INT32_MAX:
         raise ValueError(
-            f"q, k, v: T * row stride must fit in int32 (kernel offsets are 32-bit), got T = {q.shape[0]} "
-            f"and row strides {q.stride(0)}, {k.stride(0)}, {v.stride(0)}"
+            f"q must have at most 2**31 - 1 elements (the output and gradients are [T, H, D] with 32-bit "
+            f"offsets), got shape {tuple(q.shape)}: {q.numel()} elements"
         )
 
 
@@ -188,7 +200,8 @@ def varlen_attention_triton(
     causal: bool = False,
     schedule: str = "auto",
     max_seqlen: int | None = None,
-    zero_inactive: bool = True,
+    zero_inactive: bool = False,
+    validate: bool = True,
     config: AttentionConfig | None = None,
 ) -> Tensor:
     """Attention within each packed sequence, by Triton kernels with a chosen schedule.
@@ -209,13 +222,17 @@ def varlen_attention_triton(
               ``chunk_offsets`` and exits if past the active count.
             * ``"persistent"``: ``min(capacity, SMs * ctas_per_sm)`` workers striding over the
               active tasks.
+            * ``"dynamic"``: as many workers, taking tasks from a counter in device memory.
             * ``"auto"``: per kernel, ``"flat"`` if its capacity fits in one wave of resident
-              CTAs, else ``"persistent"`` (a static choice, fixed at capture).
+              CTAs, else ``"dynamic"`` (a static choice, fixed at capture).
         max_seqlen: ``>=`` the longest sequence, in tokens; only with ``schedule="rect"``.
         zero_inactive: write zeros to rows ``L..T-1`` of the output and of the gradients of
-            ``q, k, v``, reading ``L`` on the device. ``False`` leaves them unspecified (like
-            torch's ``varlen_attn``) and saves writing ``4 (T - L) H D`` elements per step; only do
-            that if every consumer masks those rows.
+            ``q, k, v``, reading ``L`` on the device. The default leaves them unspecified (like
+            torch's ``varlen_attn``) and saves writing ``4 (T - L) H D`` elements per step: the
+            package's modules mask those rows where it matters (chapter "Masking").
+        validate: with ``schedule="rect"``, outside a CUDA graph capture, read ``cu_seqlens`` on the
+            host once to check ``max_seqlen`` against the longest sequence (a too-small bound makes
+            the grid skip rows silently). Inside a capture the bound is the graph's key.
         config: tiles and launch parameters; :func:`default_config` if ``None``.
 
     Returns:
@@ -225,23 +242,25 @@ def varlen_attention_triton(
     Raises:
         TypeError: a tensor argument is not a tensor or has the wrong dtype; ``causal`` or
             ``zero_inactive`` is not a bool; ``config`` is not an :class:`AttentionConfig`.
-        ValueError: shapes, devices or head dim are wrong; ``schedule`` is unknown;
-            ``max_seqlen`` is missing for ``"rect"`` or given to another schedule; CPU tensors
+        ValueError: shapes, devices or head dim are wrong; an element offset reaches 2**31;
+            ``cu_seqlens`` is not a contiguous 1-D int32 tensor of ``N + 1 >= 2`` entries;
+            ``schedule`` is unknown; ``max_seqlen`` is missing for ``"rect"``, given to another
+            schedule, or (checked outside a capture) below the longest sequence; CPU tensors
             without the interpreter or CUDA tensors with it.
 
     Source: FlashAttention-2 (Dao, 2023) for the kernels; the seed article, "The anatomy of a
     ragged kernel" through "Graph overcapture", for the schedules.
     """
     _check_inputs(q, k, v, cu_seqlens)
-    for name, flag in (("causal", causal), ("zero_inactive", zero_inactive)):
-        if not isinstance(flag, bool):
-            raise TypeError(f"{name} must be a bool, got {flag!r}")
-    if schedule not in SCHEDULES:
-        raise ValueError(f"schedule must be one of {SCHEDULES}, got {schedule!r}")
-    if schedule == "rect" and (
-        isinstance(max_seqlen, bool) or not isinstance(max_seqlen, numbers.Integral) or max_seqlen < 1
-    ):
-        raise ValueError(f"max_seqlen must be an int >= 1 for schedule='rect', got {max_seqlen!r}")
+    for name, flag in (("causal", causal), ("zero_inactive", zero_inactive), ("validate", validate)):
+        check_bool(name, flag)
+    check_choice("schedule", schedule, SCHEDULES)
+    if schedule == "rect":
+        if max_seqlen is None:
+            raise ValueError("max_seqlen must be an int >= 1 for schedule='rect', got None")
+        max_seqlen = check_int("max_seqlen", max_seqlen, minimum=1)
+        if validate and not (q.is_cuda and torch.cuda.is_current_stream_capturing()):
+            check_cu_seqlens_values(cu_seqlens, token_capacity=q.shape[0], max_seqlen=max_seqlen)
     if config is None:
         config = default_config()
     elif not isinstance(config, AttentionConfig):
@@ -276,6 +295,15 @@ def _offsets_for(cu_seqlens: Tensor, launches: tuple[_Launch, ...]) -> dict[int,
     }
 
 
+def _counter(launch: _Launch, cu_seqlens: Tensor) -> Tensor:
+    """The dynamic schedule's task counter, one int32 zeroed for this launch (a memset node in a
+    graph, so every replay starts from 0). Other schedules never read it: they get ``cu_seqlens``
+    as a stand-in pointer and cost nothing."""
+    if launch.schedule == "dynamic":
+        return torch.zeros(1, dtype=torch.int32, device=cu_seqlens.device)
+    return cu_seqlens
+
+
 def _zero_inactive(x: Tensor, cu_seqlens: Tensor, sms: int) -> None:
     # 16 small workers per SM and 8 warps: about 3.7 TB/s of stores on an H200, measured against
     # 2.9 TB/s for a plain memset of the same rows.
@@ -302,7 +330,8 @@ class _VarlenAttention(torch.autograd.Function):
         sm_scale = 1.0 / math.sqrt(D)
         f = plan.forward
         attention_forward_kernel[f.grid](
-            q, k, v, out, lse, cu_seqlens, offsets.get(f.chunk, cu_seqlens), *_strides(q, k, v, out),
+            q, k, v, out, lse, cu_seqlens, offsets.get(f.chunk, cu_seqlens), _counter(f, cu_seqlens),
+            *_strides(q, k, v, out),
             N, H, T, sm_scale * math.log2(math.e),
             CAUSAL=plan.causal, HEAD_DIM=D, BLOCK_M=f.config.block_m, BLOCK_N=f.config.block_n,
             SCHEDULE=f.schedule, num_warps=f.config.num_warps, num_stages=f.config.num_stages,
@@ -333,7 +362,8 @@ class _VarlenAttention(torch.autograd.Function):
         ):
             c = launch.config
             kernel[launch.grid](
-                *tensors, cu_seqlens, offsets.get(launch.chunk, cu_seqlens), *_strides(q, k, v, out),
+                *tensors, cu_seqlens, offsets.get(launch.chunk, cu_seqlens), _counter(launch, cu_seqlens),
+                *_strides(q, k, v, out),
                 *scalars, CAUSAL=plan.causal, HEAD_DIM=D, BLOCK_M=c.block_m, BLOCK_N=c.block_n,
                 SCHEDULE=launch.schedule, num_warps=c.num_warps, num_stages=c.num_stages,
             )
