@@ -68,7 +68,7 @@ def test_auto_picks_the_kernels_where_they_run_and_the_reference_elsewhere():
     assert resolve_impl("auto", torch.zeros(4, 2, 16, dtype=torch.float64)) == "reference"
     assert resolve_impl("auto", torch.zeros(4, 2, 24, device=device, dtype=kernel_dtype)) == "reference"  # D
     assert resolve_impl("varlen_attn", torch.zeros(4, 2, 16)) == "varlen_attn"
-    with pytest.raises(ValueError, match=r"impl must be one of \('auto', 'triton', 'varlen_attn', 'reference'\), got 'fa3'"):
+    with pytest.raises(ValueError, match=r"impl must be one of \('auto', 'triton', 'varlen_attn', 'reference', 'sdpa'\), got 'fa3'"):
         resolve_impl("fa3", torch.zeros(4, 2, 16))
     assert needs_max_seqlen("varlen_attn") and needs_max_seqlen("triton", "rect")
     assert not needs_max_seqlen("triton") and not needs_max_seqlen("triton", "dynamic") and not needs_max_seqlen("reference")

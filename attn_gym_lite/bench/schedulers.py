@@ -9,9 +9,11 @@ Each point of a sweep is the forward + backward (``dq, dk, dv``) replay time of 
   ``max_seqlen``), the best any graph could do.
 
 Their ratio is what overcapture costs. Implementations: torch's ``varlen_attn`` (FlashAttention-2,
-through :func:`attn_gym_lite.attention.varlen_attention`) and this package's Triton kernels with
-the ``rect``, ``flat`` and ``persistent`` schedules. Like ``varlen_attn`` they leave rows past ``L``
-unspecified (``zero_inactive=False``); ``persistent+zero`` adds the writes that make them zero.
+through :func:`attn_gym_lite.ops.attention.varlen_attention`), this package's Triton kernels with
+the ``rect``, ``flat``, ``persistent`` and ``dynamic`` schedules, and ``default``: the package's
+default call (``schedule="auto"``), what its models run. Like ``varlen_attn`` they leave rows past
+``L`` unspecified (``zero_inactive=False``, the default); ``persistent+zero`` adds the writes that
+make them zero, to show what those cost.
 
 The sweeps follow the seed article's "Show me the numbers!": fragmentation (``L`` fixed, ``M``
 varies), token overcapture (``M`` fixed, ``L`` varies) and constant length (every sequence 128
@@ -32,7 +34,7 @@ from ..ops.kernels import varlen_attention_triton
 from ..ragged import cu_seqlens_from_lengths, pad_cu_seqlens, zipf_lengths
 from .timing import cuda_event_us, median
 
-IMPLEMENTATIONS = ("varlen_attn", "rect", "flat", "persistent", "persistent+zero")
+IMPLEMENTATIONS = ("varlen_attn", "rect", "flat", "persistent", "dynamic", "default", "persistent+zero")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -47,16 +49,21 @@ class Shapes:
 
 def attention_fn(implementation: str, causal: bool, max_seqlen: int):
     """``(q, k, v, cu_seqlens) -> out`` for one implementation; ``max_seqlen`` is used only by
-    ``varlen_attn`` and ``rect`` (the grid they launch is sized by it)."""
+    ``varlen_attn`` and ``rect`` (the grid they launch is sized by it). ``"default"`` is
+    :func:`~attn_gym_lite.ops.attention.varlen_attention` with every default: what the package's
+    models run."""
     if implementation == "varlen_attn":
-        return lambda q, k, v, cu: varlen_attention(q, k, v, cu, max_seqlen, causal=causal)
+        return lambda q, k, v, cu: varlen_attention(q, k, v, cu, impl="varlen_attn", max_seqlen=max_seqlen,
+                                                    causal=causal, validate=False)
+    if implementation == "default":
+        return lambda q, k, v, cu: varlen_attention(q, k, v, cu, causal=causal)
     if implementation not in IMPLEMENTATIONS:
         raise ValueError(f"implementation must be one of {IMPLEMENTATIONS}, got {implementation!r}")
     schedule = implementation.removesuffix("+zero")
     options = {"max_seqlen": max_seqlen} if schedule == "rect" else {}
     zero = implementation.endswith("+zero")
     return lambda q, k, v, cu: varlen_attention_triton(
-        q, k, v, cu, causal=causal, schedule=schedule, zero_inactive=zero, **options)
+        q, k, v, cu, causal=causal, schedule=schedule, zero_inactive=zero, validate=False, **options)
 
 
 class AttentionGraph:
@@ -123,7 +130,7 @@ def attention_flops(lengths: torch.Tensor, heads: int, head_dim: int, causal: bo
 
 
 def throughput(lengths: torch.Tensor, shapes: Shapes, iters: int,
-               implementations=("varlen_attn", "rect", "flat", "persistent")) -> dict:
+               implementations=("varlen_attn", "rect", "flat", "persistent", "dynamic", "default")) -> dict:
     """Exact-shape graphs, forward alone and forward + backward: µs and TFLOP/s per implementation."""
     cu, s_max = _layout(lengths)
     L = int(cu[-1])
@@ -167,7 +174,7 @@ def throughput_layouts(seed: int) -> dict[str, torch.Tensor]:
             "uniform_16x1024": torch.full((16,), 1024, dtype=torch.int32)}
 
 
-THROUGHPUT_IMPLEMENTATIONS = ("varlen_attn", "rect", "flat", "persistent")
+THROUGHPUT_IMPLEMENTATIONS = ("varlen_attn", "rect", "flat", "persistent", "dynamic", "default")
 
 
 def implementation_run(implementation: str, iters: int, seed: int) -> dict:

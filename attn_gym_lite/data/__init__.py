@@ -16,7 +16,8 @@ batches and measures how full they are. One concept per module:
   :class:`BestFit`) and the bound on ``M`` each guarantees;
 * :mod:`.loader`: :func:`real_text_loader` (in order, one pass) and :class:`PackedLoader`
   (any policy, shuffled, prefetched, pinned, resumable);
-* :mod:`.synthetic`: :func:`packed_batch_loader`, random batches of a prescribed shape;
+* :mod:`.synthetic`: batches of a prescribed shape: :func:`packed_batch_loader` (random ids) and
+  :func:`fixed_count_loader` (real text, a fixed number of documents per batch);
 * :mod:`.study`: measuring a corpus and how well each policy packs it;
 * :mod:`.recommend`: choosing ``B`` and ``N`` for a padding budget, and whether one graph is enough;
 * :mod:`.capacity`: choosing graph-bucket capacities from data (:func:`plan_buckets`) and picking
@@ -32,13 +33,14 @@ from .loader import PackedLoader, real_text_loader
 from .packing import BestFit, FirstFit, InOrder, PackingPolicy
 from .recommend import Recommendation, recommend
 from .segment import segment, segment_lengths
-from .synthetic import packed_batch_loader
+from .synthetic import fixed_count_loader, packed_batch_loader
 from .tokenizer import HFTokenizer, TiktokenTokenizer, Tokenizer, load_tokenizer
 
 __all__ = [
     "PackedBatch",
     "batch_from_pieces",
     "packed_batch_loader",
+    "fixed_count_loader",
     "python_stdlib_corpus",
     "text_files",
     "jsonl_texts",

@@ -16,9 +16,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from attn_gym_lite.ragged import cu_seqlens_from_lengths, pad_cu_seqlens
-
 from ..checks import check_capacities, check_int
+from ..ragged import cu_seqlens_from_lengths, packed_to_padded, pad_cu_seqlens
 
 __all__ = ["PackedBatch", "batch_from_pieces"]
 
@@ -218,3 +217,33 @@ def batch_from_pieces(
         itertools.chain.from_iterable(pieces), dtype=np.int64, count=sum(lengths)
     )
     return assemble(torch.from_numpy(active_ids), lengths, token_capacity, sequence_capacity)
+
+
+def padded_batch(batch: PackedBatch) -> PackedBatch:
+    """The same sequences in the padded layout: each right-padded to ``S_max`` tokens, ``M`` rows.
+
+    Expressed as a packed batch of ``M`` sequences of ``S_max`` tokens each (``T' = M * S_max``,
+    ``cu_seqlens = [0, S_max, 2 S_max, ...]``): padding positions have id 0, label 0 and no loss,
+    so the loss is the packed batch's exactly, for a causal model (a token never sees the padding
+    after it). This is the layout packing replaces, kept as the baseline it is measured against
+    (attention ``impl="sdpa"``).
+
+    Raises:
+        ValueError: the batch has no active sequence.
+    """
+    rows, width = batch.active_sequences, batch.max_seqlen
+    if rows < 1 or width < 1:
+        raise ValueError(f"batch must hold at least one token, got M = {rows}, S_max = {width}")
+    cu = batch.cu_seqlens[: rows + 1]
+    fields = {
+        name: packed_to_padded(getattr(batch, name)[: batch.active_tokens], cu, max_seqlen=width).reshape(-1)
+        for name in ("input_ids", "labels", "loss_mask")
+    }
+    return PackedBatch(
+        **fields,
+        cu_seqlens=torch.arange(0, rows * width + 1, width, dtype=torch.int32),
+        active_tokens=rows * width,
+        active_sequences=rows,
+        max_seqlen=width,
+    )
+

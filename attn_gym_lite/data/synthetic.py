@@ -1,21 +1,24 @@
-"""A synthetic loader: random token ids in Zipf-length sequences whose active size shrinks.
+"""Batches whose *shape* is prescribed: the seed's synthetic loader, and its real-text twin.
 
-It stands in for a real data loader where the point is the *shape* of the batches, not their
-text, as in the seed article's "A More Realistic Training Loop".
+* :func:`packed_batch_loader`: random token ids in Zipf-length sequences whose active size
+  shrinks, as in the seed article's "A More Realistic Training Loop";
+* :func:`fixed_count_loader`: an SFT/RL-like workload on real text: a fixed number of documents
+  per batch, so the active tokens ``L`` vary widely from batch to batch, with the loss on the
+  second half of each document (the "response").
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import math
+from collections.abc import Iterator, Sequence
 
 import torch
 
-from attn_gym_lite.ragged import zipf_lengths
-
-from ..checks import check_capacities, check_int
+from ..checks import check_capacities, check_int, check_real
+from ..ragged import zipf_lengths
 from .batch import PackedBatch, assemble
 
-__all__ = ["packed_batch_loader"]
+__all__ = ["fixed_count_loader", "packed_batch_loader"]
 
 
 def packed_batch_loader(
@@ -79,3 +82,65 @@ def packed_batch_loader(
             )
 
     return batches()
+
+
+def fixed_count_loader(
+    tokens: Sequence[int] | torch.Tensor,
+    num_batches: int,
+    token_capacity: int,
+    documents_per_batch: int,
+    *,
+    min_fill: float = 0.1,
+    seed: int = 0,
+) -> Iterator[PackedBatch]:
+    """SFT/RL-like batches of real text: ``M`` documents per batch, ``L`` anywhere in ``[min_fill T, T]``.
+
+    Fine-tuning and RL batches hold a fixed number of examples whose lengths vary, so the active
+    tokens swing from batch to batch, unlike look-ahead packing of a pretraining stream (which
+    fills ``L`` close to ``T``). Batch ``i`` draws ``L`` uniformly from
+    ``[ceil(min_fill * T), T]``, splits it into ``M`` Zipf(1.2) lengths
+    (:func:`~attn_gym_lite.ragged.zipf_lengths`), and fills each document with the next
+    consecutive window of ``tokens`` (a tokenized corpus read as one stream, wrapping around), so
+    every document is real text. The loss counts the second half of each document only (the
+    first half plays the prompt).
+
+    Args:
+        tokens: a tokenized corpus as one stream of ids (at least ``T`` of them).
+        num_batches: batches to yield, >= 1.
+        token_capacity: ``T`` (tokens), >= 1.
+        documents_per_batch: ``M``, which is also the sequence capacity ``N``; ``1 <= M``,
+            ``M <= min_fill * T`` (each document gets a token).
+        min_fill: the smallest ``L / T``, a real in ``(0, 1]``.
+        seed: seed of the CPU generator (>= 0); the same seed gives the same batches.
+
+    Yields:
+        :class:`PackedBatch` on the CPU with ``N = M`` slots, all of them used.
+
+    Raises:
+        TypeError / ValueError: an argument out of type or range (checked when called), or fewer
+            than ``T`` tokens.
+
+    Source: the seed article's synthetic loader (prompt/response loss mask), on real text.
+    """
+    stream = torch.as_tensor(tokens, dtype=torch.int64).flatten()
+    num_batches = check_int("num_batches", num_batches, minimum=1)
+    token_capacity = check_int("token_capacity", token_capacity, minimum=1)
+    min_fill = check_real("min_fill", min_fill, minimum=1e-9, maximum=1.0)
+    smallest = math.ceil(min_fill * token_capacity)
+    documents = check_int("documents_per_batch", documents_per_batch, minimum=1, maximum=smallest)
+    seed = check_int("seed", seed, minimum=0)
+    if stream.numel() < token_capacity:
+        raise ValueError(f"tokens must hold at least token_capacity = {token_capacity} ids, got {stream.numel()}")
+
+    def batches() -> Iterator[PackedBatch]:
+        generator = torch.Generator().manual_seed(seed)
+        position = 0
+        for _ in range(num_batches):
+            active = int(torch.randint(smallest, token_capacity + 1, (1,), generator=generator))
+            lengths = zipf_lengths(active, documents, generator=generator).tolist()
+            window = torch.arange(position, position + active) % stream.numel()
+            position = (position + active) % stream.numel()
+            yield assemble(stream[window], lengths, token_capacity, documents, loss_on_second_half=True)
+
+    return batches()
+

@@ -1,4 +1,4 @@
-"""A training step at fixed token capacity, eager or replayed from one CUDA graph.
+"""A training step at fixed token capacity: eager, replayed from one CUDA graph, or from graph buckets.
 
 The recipe of the "Graph capture" chapter:
 
@@ -9,24 +9,41 @@ The recipe of the "Graph capture" chapter:
    gradients to ``.grad`` and run an eager fused Adam step, which updates the parameters in place
    (the graph reads them at the same addresses next time).
 
-Source: the seed article, "A More Realistic Training Loop".
+With ``capacities`` the same step is captured once per token capacity into one shared pool
+(:class:`~attn_gym_lite.graph.buckets.GraphBuckets`, chapter "Graph buckets"), and each batch
+replays the smallest bucket that holds its ``L``.
+
+Source: the seed article, "A More Realistic Training Loop" and "Could we use more than one graph?".
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 from torch import nn
 
-from ..checks import check_int, check_real
+from ..checks import check_bool, check_int, check_int_sequence, check_real
 from ..data import PackedBatch
 from ..regions import mark_kernels
+from .buckets import GraphBuckets
 from .capture import StaticInputs, capture_graph
 
 Tensor = torch.Tensor
 
+_TOKEN_FIELDS = ("input_ids", "labels", "loss_mask")
+
 
 class FixedCapacityTrainer:
     """Trains a packed language model on :class:`PackedBatch` es of one capacity ``(T, N)``.
+
+    Three ways to run the same step (forward, backward, eager fused Adam):
+
+    * ``use_graph=False``: eagerly, on the batch's ``L`` real rows only (a graph needs fixed
+      shapes; eager code does not, so it computes nothing for the padding);
+    * ``use_graph=True``: one CUDA graph captured at capacity ``T``, replayed for every batch;
+    * ``use_graph=True, capacities=[...]``: one graph per token capacity in a shared pool, each
+      batch replaying the smallest that holds its ``L`` (the largest must be ``T``).
 
     The graph's key is ``(T, N)`` and, where the model's attention sizes its work by a host
     ``max_seqlen`` (``model.needs_max_seqlen``: torch's ``varlen_attn``, or the Triton ``"rect"``
@@ -40,16 +57,18 @@ class FixedCapacityTrainer:
             :class:`~attn_gym_lite.models.PackedTransformer`); its parameters on the device to
             train on.
         first_batch: a batch at the capacity every later batch will have; it fixes the static
-            buffers' shapes.
-        use_graph: capture forward + backward as one CUDA graph (CUDA only). Without it each
-            step runs eagerly and passes the batch's own ``max_seqlen`` to attention.
-        max_seqlen: the bound baked into the graph where the model needs one; default ``T``, the
+            buffers' shapes, and the graphs are warmed up and captured on it.
+        use_graph: capture the step (CUDA only).
+        capacities: token capacities of graph buckets (ints, the largest ``T``), or ``None`` for
+            one graph at ``T``. Only with ``use_graph``.
+        max_seqlen: the bound baked into the graphs where the model needs one; default ``T``, the
             only value safe for every batch of capacity ``T``.
         lr: Adam learning rate.
 
     Raises:
-        TypeError: ``model`` is not an ``nn.Module`` with a ``loss`` method.
-        ValueError: ``use_graph`` on a non-CUDA device, or ``max_seqlen`` outside ``[1, T]``.
+        TypeError: ``model`` is not an ``nn.Module`` with a ``loss`` method; a flag not a bool.
+        ValueError: ``use_graph`` on a non-CUDA device; ``max_seqlen`` outside ``[1, T]``;
+            ``capacities`` without ``use_graph``, or whose largest is not ``T``.
     """
 
     def __init__(
@@ -58,12 +77,14 @@ class FixedCapacityTrainer:
         first_batch: PackedBatch,
         *,
         use_graph: bool,
+        capacities: Sequence[int] | None = None,
         max_seqlen: int | None = None,
         lr: float = 1e-3,
     ) -> None:
         if not isinstance(model, nn.Module) or not callable(getattr(model, "loss", None)):
             raise TypeError(f"model must be an nn.Module with a loss(...) method, got {type(model).__name__}")
         device = next(model.parameters()).device
+        check_bool("use_graph", use_graph)
         if use_graph and device.type != "cuda":
             raise ValueError(f"FixedCapacityTrainer: use_graph=True needs CUDA parameters, got {device}")
         capacity = first_batch.token_capacity
@@ -71,47 +92,76 @@ class FixedCapacityTrainer:
                                     minimum=1, maximum=capacity)
         self.needs_max_seqlen = bool(getattr(model, "needs_max_seqlen", False))
         check_real("lr", lr, minimum=0)
-        self.model, self.use_graph = model, use_graph
+        if capacities is not None:
+            if not use_graph:
+                raise ValueError("capacities are graph buckets: they need use_graph=True, got use_graph=False")
+            capacities = sorted(set(check_int_sequence("capacities", capacities, minimum=1, maximum=capacity)))
+            if capacities[-1] != capacity:
+                raise ValueError(f"capacities must end at the batch capacity T = {capacity}, got {capacities}")
+        self.model, self.use_graph, self.capacities = model, use_graph, capacities
+        self.device = device
         self.parameters = tuple(model.parameters())
-        self.static = StaticInputs(first_batch, device)
         self.optimizer = torch.optim.Adam(self.parameters, lr=lr, fused=True)
-        self.graph = None
-        if use_graph:
-            self.graph, (self._loss, self._grads) = capture_graph(self._forward_backward)
+        self.graph = self.buckets = self.static = None
+        if use_graph and capacities is None:
+            self.static = StaticInputs(first_batch, device)
+            self.graph, (self._loss, self._grads) = capture_graph(
+                lambda: self._forward_backward(self.static, self.max_seqlen))
+        elif use_graph:
+            self.buckets = GraphBuckets(
+                self._bucket_step, capacities,
+                token_inputs={name: getattr(first_batch, name) for name in _TOKEN_FIELDS},
+                fixed_inputs={"cu_seqlens": first_batch.cu_seqlens},
+                token_outputs=[False] * (1 + len(self.parameters)),
+            )
 
-    def _forward_backward(self, max_seqlen: int | None = None) -> tuple[Tensor, tuple[Tensor, ...]]:
-        s = self.static
-        loss = self.model.loss(
-            s.input_ids, s.labels, s.loss_mask, s.cu_seqlens, max_seqlen or self.max_seqlen
-        )
+    def _forward_backward(self, inputs, max_seqlen: int) -> tuple[Tensor, tuple[Tensor, ...]]:
+        loss = self.model.loss(inputs["input_ids"], inputs["labels"], inputs["loss_mask"], inputs["cu_seqlens"],
+                               max_seqlen)
         # The seed gradient (a fill of ones) is launched here, outside the model's regions;
         # autograd's own kernels get "<region> backward" labels from the regions that made them.
         with mark_kernels("backward"):
             return loss, torch.autograd.grad(loss, self.parameters)
 
+    def _bucket_step(self, inputs: dict[str, Tensor]) -> tuple[Tensor, ...]:
+        capacity = inputs["input_ids"].shape[0]
+        # Every bucket is warmed up and captured on the first batch, whose sequences may run past
+        # a small bucket's capacity: clamped boundaries keep attention inside the prefix. A batch
+        # that fits the bucket (every replayed one) is left unchanged by the clamp.
+        inputs = {**inputs, "cu_seqlens": inputs["cu_seqlens"].clamp(max=capacity)}
+        loss, grads = self._forward_backward(inputs, min(self.max_seqlen, capacity))
+        return (loss, *grads)
+
     def step(self, batch: PackedBatch) -> Tensor:
         """Train on one batch; returns its loss as a float32 device scalar (a fresh copy).
 
         No host synchronisation: the copy from pinned memory, the replay and the optimizer step
-        are all queued on the current stream. The batch's longest sequence is a host int
-        (``batch.max_seqlen``), so checking it against the graph's key costs nothing.
+        are all queued on the current stream. The batch's ``L`` and longest sequence are host ints
+        (``batch.active_tokens``, ``batch.max_seqlen``): choosing a bucket and checking the graph's
+        key cost nothing.
 
         Raises:
             ValueError: the batch does not have the captured capacity, or (where the model needs
-                a ``max_seqlen``) its longest sequence exceeds the one the graph was captured with.
+                a ``max_seqlen``) its longest sequence exceeds the one the graphs were captured with.
         """
-        if self.graph is not None and self.needs_max_seqlen and batch.max_seqlen > self.max_seqlen:
+        if self.use_graph and self.needs_max_seqlen and batch.max_seqlen > self.max_seqlen:
             raise ValueError(
                 f"batch.max_seqlen must be <= the max_seqlen = {self.max_seqlen} the graph was captured with "
                 f"(the attention's grid is sized by it), got {batch.max_seqlen}; capture with a larger max_seqlen "
                 "(T is always safe) or use an attention that reads the layout on the device"
             )
-        self.static.copy_(batch)
         if self.graph is not None:
+            self.static.copy_(batch)
             self.graph.replay()
             loss, grads = self._loss, self._grads
+        elif self.buckets is not None:
+            fields = {name: getattr(batch, name) for name in (*_TOKEN_FIELDS, "cu_seqlens")}
+            loss, *grads = self.buckets.replay(fields, batch.active_tokens)
         else:
-            loss, grads = self._forward_backward(batch.max_seqlen)
+            rows = batch.active_tokens
+            inputs = {name: getattr(batch, name)[:rows].to(self.device, non_blocking=True) for name in _TOKEN_FIELDS}
+            inputs["cu_seqlens"] = batch.cu_seqlens.to(self.device, non_blocking=True)
+            loss, grads = self._forward_backward(inputs, max(batch.max_seqlen, 1))
         # The graph's gradient outputs are attached, not copied: Adam reads them in place, and the
         # next replay rewrites the same storage.
         for parameter, grad in zip(self.parameters, grads):

@@ -12,6 +12,10 @@ token ``t`` attends only to tokens of its own sequence. :func:`varlen_attention`
   Its grid is sized by ``max_seqlen``, a host int: under a CUDA graph it is baked in at capture.
 * ``"reference"``: ordinary attention one sequence at a time (any dtype and device, float64
   included); the ground truth of the tests. It reads ``cu_seqlens`` on the host: eager only.
+* ``"sdpa"``: torch's dense ``scaled_dot_product_attention`` for a *padded* batch, ``B`` rows of
+  ``max_seqlen`` tokens each (every sequence exactly ``max_seqlen`` long, ``T = B * max_seqlen``):
+  the layout packing replaces, kept as the baseline it is measured against. With right padding
+  and ``causal=True`` each row's real tokens never see its padding.
 * ``"auto"``: ``"triton"`` where the kernels can run (CUDA tensors; CPU tensors under Triton's
   interpreter, ``TRITON_INTERPRET=1``), else ``"reference"``.
 
@@ -42,14 +46,14 @@ except ImportError:  # pragma: no cover - older torch has no varlen attention AP
 _TAKES_WINDOW = _varlen_attn is not None and "window_size" in inspect.signature(_varlen_attn).parameters
 
 #: The implementations :func:`varlen_attention` dispatches to (plus ``"auto"``).
-IMPLEMENTATIONS = ("triton", "varlen_attn", "reference")
+IMPLEMENTATIONS = ("triton", "varlen_attn", "reference", "sdpa")
 _DTYPES = (torch.bfloat16, torch.float16, torch.float32, torch.float64)
 
 
 def needs_max_seqlen(impl: str, schedule: str = "auto") -> bool:
     """Whether ``impl`` (with the Triton ``schedule``) sizes its work by a host ``max_seqlen``:
     then a captured graph bakes the bound in, and every batch replayed on it must respect it."""
-    return impl == "varlen_attn" or (impl == "triton" and schedule == "rect")
+    return impl in ("varlen_attn", "sdpa") or (impl == "triton" and schedule == "rect")
 
 
 def resolve_impl(impl: str, q: Tensor) -> str:
@@ -161,6 +165,8 @@ def varlen_attention(
         return varlen_attention_reference(q, k, v, cu_seqlens, causal=causal)
     if validate and reads_bound and not capturing:
         check_cu_seqlens_values(cu_seqlens, token_capacity=q.shape[0], max_seqlen=max_seqlen)
+    if impl == "sdpa":
+        return _padded_sdpa(q, k, v, cu_seqlens, max_seqlen, causal, validate and not capturing)
     if impl == "triton":
         from .kernels import varlen_attention_triton
 
@@ -177,6 +183,25 @@ def varlen_attention(
         window = (-1, 0) if causal else (-1, -1)
         return _varlen_attn(q, k, v, cu_seqlens, cu_seqlens, max_seqlen, max_seqlen, window_size=window)
     return _varlen_attn(q, k, v, cu_seqlens, cu_seqlens, max_seqlen, max_seqlen, is_causal=causal)
+
+
+def _padded_sdpa(q: Tensor, k: Tensor, v: Tensor, cu_seqlens: Tensor, width: int, causal: bool,
+                 validate: bool) -> Tensor:
+    tokens, heads, head_dim = q.shape
+    if tokens % width:
+        raise ValueError(f"impl='sdpa' needs T = B * max_seqlen rows, got T = {tokens} and max_seqlen = {width}")
+    rows = tokens // width
+    if validate:
+        expected = torch.arange(0, tokens + 1, width, dtype=torch.int32)
+        if cu_seqlens.numel() != rows + 1 or not torch.equal(cu_seqlens.cpu(), expected):
+            raise ValueError(
+                f"cu_seqlens must be [0, S, 2S, ..., T] with S = max_seqlen = {width} for impl='sdpa' (a padded "
+                f"batch), got {cu_seqlens.tolist()[:8]}{'...' if cu_seqlens.numel() > 8 else ''}"
+            )
+    # [B * S, H, D] -> [B, H, S, D], the layout dense attention wants.
+    q, k, v = (x.reshape(rows, width, heads, head_dim).transpose(1, 2) for x in (q, k, v))
+    out = F.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=1 / math.sqrt(head_dim))
+    return out.transpose(1, 2).reshape(tokens, heads, head_dim)
 
 
 def varlen_attention_reference(
