@@ -72,6 +72,11 @@ def mark_kernels(name: str) -> Iterator[None]:
     """
     if not isinstance(name, str) or not name:
         raise ValueError(f"mark_kernels: name must be a non-empty string, got {name!r}")
+    if torch.compiler.is_compiling():
+        # Inside torch.compile the region is only a name: context variables and capture queries
+        # would break the traced graph, and a compiled region has its own kernels anyway.
+        yield
+        return
     collected = _COLLECTED.get()
     if collected is not None:
         collected.add(name)

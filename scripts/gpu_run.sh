@@ -14,7 +14,7 @@ OUT=${OUT:-/tmp/out}; mkdir -p "$OUT" results/h200
 STAGES=${STAGES:-bench test notebooks}
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv | tee "$OUT/gpu.txt"
 if [[ $STAGES == *bench* ]]; then
-  for suite in ${*:-hello-world training-loop pitfalls schedulers masking buckets packing-study profiling}; do
+  for suite in ${*:-hello-world training-loop pitfalls schedulers masking buckets packing-study profiling end-to-end}; do
     start=$SECONDS
     python3 -m attn_gym_lite.bench "$suite" --out "$OUT" 2>&1 | tail -20 | tee -a "$OUT/bench.log"
     echo "$suite: $((SECONDS - start)) s" | tee -a "$OUT/bench.log"

@@ -166,3 +166,21 @@ def test_cuda_implementations_match_reference(impl, causal, head_dim):
     ref_grads = torch.autograd.grad(ref, ref_inputs, grad)
     for fast, slow in zip((dq, dk, dv), ref_grads):
         torch.testing.assert_close(fast.float(), slow, atol=5e-2, rtol=5e-2)
+
+
+def test_sdpa_on_a_padded_batch_equals_packed_attention_on_the_real_tokens():
+    # Two documents of 5 and 3 tokens, right-padded to rows of 5: causal SDPA on the rows gives
+    # every real token exactly its packed attention.
+    g = torch.Generator().manual_seed(7)
+    packed = [torch.randn(8, 2, 4, generator=g, dtype=torch.float64) for _ in range(3)]
+    cu = cu_seqlens_from_lengths([5, 3])
+    expected = naive_attention(*packed, cu, causal=True)
+    padded = [torch.cat((x[:5], x[5:8], torch.full((2, 2, 4), 1e4, dtype=torch.float64))) for x in packed]
+    rows = torch.tensor([0, 5, 10], dtype=torch.int32)
+    out = varlen_attention(*padded, rows, impl="sdpa", causal=True, max_seqlen=5)
+    torch.testing.assert_close(out[:5], expected[:5])
+    torch.testing.assert_close(out[5:8], expected[5:8])
+    with pytest.raises(ValueError, match=r"cu_seqlens must be \[0, S, 2S, ..., T\] with S = max_seqlen = 5"):
+        varlen_attention(*padded, torch.tensor([0, 5, 8, 10], dtype=torch.int32), impl="sdpa", causal=True, max_seqlen=5)
+    with pytest.raises(ValueError, match="impl='sdpa' needs T = B \\* max_seqlen rows, got T = 10 and max_seqlen = 4"):
+        varlen_attention(*padded, rows, impl="sdpa", causal=True, max_seqlen=4, validate=False)

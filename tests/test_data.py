@@ -22,6 +22,7 @@ from attn_gym_lite import data
 from attn_gym_lite.data import (
     PackedBatch,
     Tokenizer,
+    fixed_count_loader,
     jsonl_texts,
     load_tokenizer,
     packed_batch_loader,
@@ -30,6 +31,7 @@ from attn_gym_lite.data import (
     real_text_loader,
     text_files,
 )
+from attn_gym_lite.data.batch import padded_batch
 
 FIXTURES = Path(__file__).parent / "fixtures"
 TINY_CORPUS = FIXTURES / "tiny_corpus"
@@ -570,3 +572,51 @@ def test_real_text_loader_rejects_bad_arguments(kwargs, error, match):
         real_text_loader(
             arguments.pop("token_capacity"), arguments.pop("sequence_capacity"), **arguments
         )
+
+
+# ---------------------------------------------------------------------------------------------
+# The SFT-like loader and the padded layout
+# ---------------------------------------------------------------------------------------------
+
+
+def test_fixed_count_loader_holds_M_documents_of_real_text():
+    stream = torch.arange(1000, dtype=torch.int64) % 97 + 3  # stand-in ids, every position distinct mod 97
+    batches = list(fixed_count_loader(stream, 12, 256, 8, min_fill=0.25, seed=5))
+    assert len(batches) == 12
+    position = 0
+    for batch in batches:
+        assert_batch_invariants(batch, 256, 8, second_half_loss=True)
+        assert batch.active_sequences == 8 and 64 <= batch.active_tokens <= 256
+        # the documents are the next window of the stream, in order
+        window = (torch.arange(position, position + batch.active_tokens) % 1000)
+        assert torch.equal(batch.input_ids[: batch.active_tokens], stream[window])
+        position += batch.active_tokens
+    fills = [b.active_tokens for b in batches]
+    assert max(fills) - min(fills) > 64, "L must vary from batch to batch"
+    again = list(fixed_count_loader(stream, 12, 256, 8, min_fill=0.25, seed=5))
+    assert all(torch.equal(a.input_ids, b.input_ids) for a, b in zip(batches, again))
+
+
+def test_fixed_count_loader_checks_its_arguments():
+    with pytest.raises(ValueError, match=r"documents_per_batch must be an int in \[1, 26\], got 30"):
+        fixed_count_loader(torch.arange(500), 2, 256, 30)
+    with pytest.raises(ValueError, match=r"min_fill must be a finite real number >= 1e-09 <= 1.0, got 1.5"):
+        fixed_count_loader(torch.arange(500), 2, 256, 4, min_fill=1.5)
+    with pytest.raises(ValueError, match="tokens must hold at least token_capacity = 256 ids, got 100"):
+        fixed_count_loader(torch.arange(100), 2, 256, 4)
+
+
+def test_padded_batch_is_the_padded_layout_of_the_same_documents():
+    batch = next(iter(packed_batch_loader(1, 64, 50, 4, seed=1)))
+    padded = padded_batch(batch)
+    width, rows = batch.max_seqlen, batch.active_sequences
+    assert padded.input_ids.shape == (rows * width,) and padded.cu_seqlens.tolist() == list(range(0, rows * width + 1, width))
+    bounds = batch.cu_seqlens.tolist()
+    for r in range(rows):
+        start, end = bounds[r], bounds[r + 1]
+        row = slice(r * width, (r + 1) * width)
+        for field in ("input_ids", "labels", "loss_mask"):
+            expected = getattr(batch, field)[start:end]
+            assert torch.equal(getattr(padded, field)[row][: end - start], expected)
+            assert not getattr(padded, field)[row][end - start:].any()  # padding: id 0, label 0, no loss
+    assert int(padded.loss_mask.sum()) == int(batch.loss_mask.sum())

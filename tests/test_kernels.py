@@ -248,3 +248,20 @@ def test_max_seqlen_below_the_longest_sequence_is_refused():
     out = varlen_attention_triton(q, k, v, cu, schedule="rect", max_seqlen=40)
     ref = varlen_attention_reference(q.double(), k.double(), v.double(), cu)
     assert (out[:48].double() - ref).abs().max() <= RTOL * ref.abs().max()
+
+
+def test_dynamic_counters_restart_for_every_launch():
+    # The task counters must start from 0 in every launch: a second backward through the same
+    # forward (retain_graph) and a second forward both see every task again.
+    q, k, v, do, cu = make_inputs([30, 9, 17], 4, seed=2)
+    q, k, v = (x.requires_grad_() for x in (q, k, v))
+    first = varlen_attention_triton(q, k, v, cu, schedule="dynamic")
+    again = varlen_attention_triton(q, k, v, cu, schedule="dynamic")
+    assert torch.equal(first[:56], again[:56])
+    grads = [torch.autograd.grad(first, (q, k, v), do, retain_graph=True) for _ in range(2)]
+    for a, b in zip(*grads):
+        assert torch.equal(a[:56], b[:56])
+    ref = varlen_attention_reference(q.double(), k.double(), v.double(), cu)
+    ref_grads = torch.autograd.grad(ref, (q, k, v), do.double())
+    for mine, expected in zip(grads[1], ref_grads):
+        assert (mine[:56].double() - expected[:56]).abs().max() <= RTOL * max(expected.abs().max().item(), 1.0)

@@ -95,3 +95,44 @@ def test_a_transformer_trains_the_same_from_a_graph_and_eagerly(impl):
         trainer = FixedCapacityTrainer(model, batches[0], use_graph=use_graph)
         losses[use_graph] = torch.stack([trainer.step(b) for b in batches])
     torch.testing.assert_close(losses[True], losses[False], atol=2e-2, rtol=2e-2)
+
+
+def test_capacities_are_graph_buckets_and_must_end_at_T():
+    batch = _batches(1)[0]
+    with pytest.raises(ValueError, match="capacities are graph buckets: they need use_graph=True"):
+        FixedCapacityTrainer(PackedLM(97, 16, 2), batch, use_graph=False, capacities=[64, 128])
+
+
+@pytest.mark.parametrize("eager_rows", ["capacity", "active"])
+def test_an_eager_step_computes_the_rows_asked_for(monkeypatch, eager_rows):
+    seen = []
+    model = PackedLM(97, 16, 2)
+    original = model.loss
+
+    def spy(input_ids, *args):
+        seen.append(input_ids.shape[0])
+        return original(input_ids, *args)
+
+    monkeypatch.setattr(model, "loss", spy)
+    batches = _batches(3)
+    trainer = FixedCapacityTrainer(model, batches[0], use_graph=False, eager_rows=eager_rows)
+    for batch in batches:
+        trainer.step(batch)
+    if eager_rows == "active":
+        assert seen == [b.active_tokens for b in batches] and seen[-1] < 128
+    else:
+        assert seen == [128] * len(batches)
+
+
+@pytest.mark.gpu
+def test_bucket_training_matches_one_graph():
+    batches = [b.pin_memory() for b in packed_batch_loader(8, 1024, 512, 8, seed=4)]
+    losses = {}
+    for capacities in (None, [256, 512, 1024]):
+        torch.manual_seed(0)
+        model = PackedLM(512, 128, 2, device="cuda", dtype=torch.bfloat16)
+        trainer = FixedCapacityTrainer(model, batches[0], use_graph=True, capacities=capacities)
+        losses[capacities is None] = torch.stack([trainer.step(b) for b in batches])
+        if capacities:
+            assert trainer.buckets.capacities == (256, 512, 1024)
+    torch.testing.assert_close(losses[True], losses[False], atol=2e-2, rtol=2e-2)

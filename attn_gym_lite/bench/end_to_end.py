@@ -3,11 +3,12 @@ ways people usually train it.
 
 One model (:class:`~attn_gym_lite.models.PackedTransformer`: RMSNorm, attention with RoPE
 positions that restart at every document, SwiGLU MLP), the same initial weights and the same
-batches of real text (the Python standard library, byte-level BPE), eight ways to run its
+batches of real text (the Python standard library, byte-level BPE), nine ways to run its
 training step (forward, backward, eager fused Adam):
 
 1. ``eager padded``: each batch's documents right-padded to its longest (``M x S_max``), dense SDPA;
-2. ``eager packed``: the ``L`` real tokens packed, torch's ``varlen_attn``;
+2. ``eager packed``: the packed batch at its capacity ``T`` (fixed shapes), torch's ``varlen_attn``;
+   and ``eager packed, L rows``: only the ``L`` real rows (shapes change every step);
 3. ``compile``: ``torch.compile`` (default mode) of the packed model's loss (``varlen_attn``);
 4. ``compile reduce-overhead``: CUDA Graph Trees on the same shapes (each batch its own ``L`` and
    ``max_seqlen``), and
@@ -43,12 +44,12 @@ from ..models import PackedTransformer
 from ..profiling import annotate_trace, profile, record_annotations, trace_summary
 
 MIB = 2**20
-STACKS = ("eager padded", "eager packed", "compile", "compile reduce-overhead",
+STACKS = ("eager padded", "eager packed", "eager packed, L rows", "compile", "compile reduce-overhead",
           "compile reduce-overhead, fixed capacity", "graph varlen_attn", "graph ours", "buckets ours")
 WORKLOADS = ("pretraining", "sft")
 #: The model and the batches: small enough that launching kernels, not computing them, bounds an
 #: eager step on an H200 (the regime CUDA graphs exist for), big enough to learn.
-CONFIG = {"T": 4096, "dim": 512, "num_heads": 8, "num_layers": 4, "lr": 1e-3, "steps": 70, "warmup": 10,
+CONFIG = {"T": 4096, "dim": 512, "num_heads": 8, "num_layers": 4, "lr": 1e-3, "steps": 60, "warmup": 10,
           "sft_documents": 16, "sft_min_fill": 0.1, "pretraining_buffer": 32, "buckets": 4, "bucket_align": 256,
           "seed": 0, "device": "cuda"}
 
@@ -115,8 +116,9 @@ def _build(stack: str, model_args: dict, batches: list, config: dict):
     model = PackedTransformer(**model_args, impl=impl, device=device, dtype=dtype)
     if stack == "eager padded":
         return FixedCapacityTrainer(model, batches[0], use_graph=False, lr=lr).step, [padded_batch(b) for b in batches]
-    if stack == "eager packed":
-        return FixedCapacityTrainer(model, batches[0], use_graph=False, lr=lr).step, batches
+    if stack.startswith("eager packed"):
+        rows = "active" if stack.endswith("L rows") else "capacity"
+        return FixedCapacityTrainer(model, batches[0], use_graph=False, lr=lr, eager_rows=rows).step, batches
     if stack.startswith("compile"):
         mode = "reduce-overhead" if "reduce-overhead" in stack else None
         rows = "capacity" if "fixed capacity" in stack else "active"

@@ -21,7 +21,8 @@ def hello_world(
     cu_seqlens = cu_seqlens_from_lengths(lengths, device="cuda")
     max_seqlen = int(lengths.max())
     torch.manual_seed(seed)
-    model = VarLenAttention(dim, num_heads, device="cuda", dtype=torch.bfloat16)
+    # The seed's experiment: torch's varlen_attn with the batch's own max_seqlen.
+    model = VarLenAttention(dim, num_heads, impl="varlen_attn", device="cuda", dtype=torch.bfloat16)
     x = torch.randn(token_capacity, dim, device="cuda", dtype=torch.bfloat16)
     parameters = tuple(model.parameters())
     grad_output = torch.ones_like(x)

@@ -52,7 +52,7 @@ def varlen_attn_repro(
     for memory in MEMORY_MODES:
         for masks in (False, True):
             torch.manual_seed(seed)
-            module = VarLenAttention(dim, num_heads, causal=True, mask_inactive_capacity=masks,
+            module = VarLenAttention(dim, num_heads, causal=True, mask_inactive_capacity=masks, impl="varlen_attn",
                                      device="cuda", dtype=torch.bfloat16)
             with uninitialized_memory_as_nan() if memory == "uninitialized as NaN" else nullcontext():
                 report = compare_gradients(
@@ -81,7 +81,8 @@ def block_ablation(
     runs = []
     for name, masks in variants:
         torch.manual_seed(seed)
-        module = ShortConvAttentionBlock(dim, num_heads, masks=masks, device="cuda", dtype=torch.bfloat16)
+        module = ShortConvAttentionBlock(dim, num_heads, masks=masks, impl="varlen_attn", device="cuda",
+                                         dtype=torch.bfloat16)
         with uninitialized_memory_as_nan():
             report = compare_gradients(
                 gradients_at_capacity(module, x, target, cu_seqlens, token_capacity),
@@ -110,7 +111,8 @@ def mask_cost(
     graphs = {}
     for name, masks in (("masked", MASK_SITES), ("unmasked", ())):
         torch.manual_seed(seed)
-        module = ShortConvAttentionBlock(dim, num_heads, masks=masks, device="cuda", dtype=torch.bfloat16)
+        module = ShortConvAttentionBlock(dim, num_heads, masks=masks, impl="varlen_attn", device="cuda",
+                                         dtype=torch.bfloat16)
         graphs[name] = capture_graph(
             lambda module=module: gradients_at_capacity(module, static_x, static_target, static_cu, token_capacity)
         )[0]

@@ -192,7 +192,7 @@ def implementation_run(implementation: str, iters: int, seed: int) -> dict:
     return run
 
 
-def schedulers_suite(iters: int = 30, seed: int = 0, timeout_s: float = 600) -> dict:
+def schedulers_suite(iters: int = 20, seed: int = 0, timeout_s: float = 600) -> dict:
     """The three sweeps of :func:`sweep_layouts` plus exact-shape throughput, on this GPU.
 
     Each implementation runs in a fresh Python process (:func:`implementation_run`): a CUDA fault

@@ -103,7 +103,7 @@ def baked_max_seqlen() -> dict:
     """
     torch.manual_seed(0)
     dim, heads, capacity = 512, 8, 4096
-    model = VarLenAttention(dim, heads, device="cuda", dtype=torch.bfloat16)
+    model = VarLenAttention(dim, heads, impl="varlen_attn", device="cuda", dtype=torch.bfloat16)
     batch = {
         "x": torch.randn(capacity, dim, dtype=torch.bfloat16),
         "cu_seqlens": cu_seqlens_from_lengths([256] * 16),

@@ -92,7 +92,7 @@ def plot_training_loop(recorded: dict, live: dict | None = None):
                 loss_ax.plot(losses, style, color=colour, alpha=0.25, linewidth=0.8)
                 # Batches differ (a test file, a parser): a running mean shows the trend.
                 window = max(1, min(20, len(losses) // 5))
-                trend = np.convolve(losses, np.ones(window) / window, mode="valid")
+                trend = running_mean(losses, window)
                 loss_ax.plot(np.arange(window - 1, len(losses)), trend, style, color=colour,
                              label=f"{mode} ({name}), {window}-step mean")
                 if record[mode]["step_us"] is not None:
@@ -239,7 +239,7 @@ def _row_order(tid: Any) -> tuple:
 
 # One colour per implementation, the same in every figure.
 COLOURS = {"varlen_attn": "tab:red", "rect": "tab:orange", "flat": "tab:green", "persistent": "tab:blue",
-           "persistent+zero": "tab:purple"}
+           "dynamic": "tab:cyan", "default": "black", "persistent+zero": "tab:purple"}
 
 # The three sweeps: what the x axis is, and how to read it from a row.
 SWEEPS = {
@@ -475,3 +475,72 @@ def plot_packing_run(batch_lengths: Sequence[Sequence[int]], token_capacity: int
     right.legend(fontsize="small")
     fig.tight_layout()
     return fig
+
+
+# ---------------------------------------------------------------------------------------------
+# Putting it together: the end-to-end suite
+# ---------------------------------------------------------------------------------------------
+
+#: One colour per training stack of the ``end-to-end`` suite, in every figure of chapter 8.
+STACK_COLOURS = {
+    "eager padded": "0.55", "eager packed": "tab:red", "eager packed, L rows": "salmon", "compile": "tab:pink",
+    "compile reduce-overhead": "tab:purple", "compile reduce-overhead, fixed capacity": "tab:brown",
+    "graph varlen_attn": "tab:orange", "graph ours": "tab:blue", "buckets ours": "tab:green",
+}
+
+
+def _runs_by_workload(record: dict) -> dict:
+    table: dict = {}
+    for run in record["runs"]:
+        table.setdefault(run["workload"], {})[run["stack"]] = run
+    return table
+
+
+def running_mean(values: Sequence[float], window: int) -> np.ndarray:
+    """Mean of each ``window`` consecutive values (``len - window + 1`` of them)."""
+    window = max(1, min(window, len(values)))
+    return np.convolve(np.asarray(values, dtype=float), np.ones(window) / window, mode="valid")
+
+
+def plot_end_to_end_losses(record: dict, window: int = 10):
+    """Loss per step of every stack, one panel per workload (running mean of ``window`` steps):
+    the same model, weights and batches, so the curves must lie on each other.
+
+    Returns: the matplotlib ``Figure``.
+    """
+    table = _runs_by_workload(record)
+    fig, axes = plt.subplots(1, len(table), figsize=(5.5 * len(table), 3.6), squeeze=False)
+    for ax, (workload, runs) in zip(axes[0], table.items()):
+        for stack, run in runs.items():
+            trend = running_mean(run["losses"], window)
+            ax.plot(np.arange(len(trend)) + len(run["losses"]) - len(trend), trend, color=STACK_COLOURS.get(stack),
+                    label=stack, linewidth=1.2)
+        ax.set(xlabel="step", ylabel=f"loss (nats/token, {window}-step mean)", title=workload)
+    axes[0][-1].legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.0, 1.0), frameon=False)
+    fig.tight_layout()
+    return fig
+
+
+def plot_end_to_end_throughput(record: dict, live: dict | None = None):
+    """Real tokens per second of every stack, one panel per workload (live runs hatched beside
+    the recorded ones when given).
+
+    Returns: the matplotlib ``Figure``.
+    """
+    table = _runs_by_workload(record)
+    live_table = _runs_by_workload(live) if live else {}
+    fig, axes = plt.subplots(1, len(table), figsize=(5.5 * len(table), 3.8), squeeze=False)
+    for ax, (workload, runs) in zip(axes[0], table.items()):
+        names = list(runs)
+        values = [runs[n]["tokens_per_s"] / 1e6 for n in names]
+        bars = ax.barh(names, values, color=[STACK_COLOURS.get(n) for n in names])
+        ax.bar_label(bars, fmt="%.2f", fontsize="small", padding=2)
+        for i, name in enumerate(names):
+            if name in live_table.get(workload, {}):
+                ax.barh(i, live_table[workload][name]["tokens_per_s"] / 1e6, height=0.3, color="none",
+                        edgecolor="black", hatch="//", label="live" if i == 0 else None)
+        ax.invert_yaxis()
+        ax.set(xlabel="million real tokens per second", title=workload)
+    fig.tight_layout()
+    return fig
+

@@ -23,7 +23,7 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
-from ..checks import check_bool, check_int, check_int_sequence, check_real
+from ..checks import check_bool, check_choice, check_int, check_int_sequence, check_real
 from ..data import PackedBatch
 from ..regions import mark_kernels
 from .buckets import GraphBuckets
@@ -39,8 +39,9 @@ class FixedCapacityTrainer:
 
     Three ways to run the same step (forward, backward, eager fused Adam):
 
-    * ``use_graph=False``: eagerly, on the batch's ``L`` real rows only (a graph needs fixed
-      shapes; eager code does not, so it computes nothing for the padding);
+    * ``use_graph=False``: eagerly, on all ``T`` rows (``eager_rows="capacity"``: the same shapes
+      and kernels as the graph, every step) or on the batch's ``L`` real rows only
+      (``eager_rows="active"``: no work for the padding, but new shapes every step);
     * ``use_graph=True``: one CUDA graph captured at capacity ``T``, replayed for every batch;
     * ``use_graph=True, capacities=[...]``: one graph per token capacity in a shared pool, each
       batch replaying the smallest that holds its ``L`` (the largest must be ``T``).
@@ -64,6 +65,7 @@ class FixedCapacityTrainer:
         max_seqlen: the bound baked into the graphs where the model needs one; default ``T``, the
             only value safe for every batch of capacity ``T``.
         lr: Adam learning rate.
+        eager_rows: without a graph, ``"capacity"`` or ``"active"`` (see above).
 
     Raises:
         TypeError: ``model`` is not an ``nn.Module`` with a ``loss`` method; a flag not a bool.
@@ -80,6 +82,7 @@ class FixedCapacityTrainer:
         capacities: Sequence[int] | None = None,
         max_seqlen: int | None = None,
         lr: float = 1e-3,
+        eager_rows: str = "capacity",
     ) -> None:
         if not isinstance(model, nn.Module) or not callable(getattr(model, "loss", None)):
             raise TypeError(f"model must be an nn.Module with a loss(...) method, got {type(model).__name__}")
@@ -92,6 +95,7 @@ class FixedCapacityTrainer:
                                     minimum=1, maximum=capacity)
         self.needs_max_seqlen = bool(getattr(model, "needs_max_seqlen", False))
         check_real("lr", lr, minimum=0)
+        self.eager_rows = check_choice("eager_rows", eager_rows, ("capacity", "active"))
         if capacities is not None:
             if not use_graph:
                 raise ValueError("capacities are graph buckets: they need use_graph=True, got use_graph=False")
@@ -158,7 +162,7 @@ class FixedCapacityTrainer:
             fields = {name: getattr(batch, name) for name in (*_TOKEN_FIELDS, "cu_seqlens")}
             loss, *grads = self.buckets.replay(fields, batch.active_tokens)
         else:
-            rows = batch.active_tokens
+            rows = batch.active_tokens if self.eager_rows == "active" else batch.token_capacity
             inputs = {name: getattr(batch, name)[:rows].to(self.device, non_blocking=True) for name in _TOKEN_FIELDS}
             inputs["cu_seqlens"] = batch.cu_seqlens.to(self.device, non_blocking=True)
             loss, grads = self._forward_backward(inputs, max(batch.max_seqlen, 1))

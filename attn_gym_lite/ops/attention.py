@@ -154,7 +154,8 @@ def varlen_attention(
     check_choice("schedule", schedule, SCHEDULES)
     if max_seqlen is not None:
         max_seqlen = check_int("max_seqlen", max_seqlen, minimum=1)
-    capturing = q.is_cuda and torch.cuda.is_current_stream_capturing()
+    # Under torch.compile nothing is read on the host (a query would break the traced graph).
+    capturing = torch.compiler.is_compiling() or (q.is_cuda and torch.cuda.is_current_stream_capturing())
     reads_bound = needs_max_seqlen(impl, schedule)
     if reads_bound and max_seqlen is None:
         where = "impl='varlen_attn'" if impl == "varlen_attn" else "schedule='rect'"

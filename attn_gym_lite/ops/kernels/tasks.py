@@ -19,11 +19,12 @@ and the schedule (a compile-time constant) decides only what those functions ret
 * ``"persistent"``, grid ``(workers,)``: worker ``w`` runs tasks ``w, w + workers, ...`` below
   ``chunk_offsets[N] * H``; task ``t`` is chunk ``t % active`` of head ``t // active``, so
   workers running side by side share a head and neighbouring chunks (and their keys in L2).
-* ``"dynamic"``, grid ``(workers,)``: the same task list, but a worker takes its next task from a
-  counter in device memory (``atomic_add``) when it finishes the last one, so a worker dealt
-  heavy tasks simply takes fewer of them: the balance of the flat grid (where the hardware hands
-  the next CTA to the first free SM) without launching one CTA per task. The counter is one int32
-  zeroed before every launch.
+* ``"dynamic"``, grid ``(workers,)``: the same task list; worker ``w`` starts with task ``w``, then
+  takes its next task from a counter in device memory (``workers + atomic_add(counter, 1)``) when
+  it finishes the last one, so a worker dealt heavy tasks simply takes fewer of them: the balance
+  of the flat grid (where the hardware hands the next CTA to the first free SM) without launching
+  one CTA per task. The first task costs no atomic, so a batch with fewer tasks than workers runs
+  exactly like the persistent grid. The counter is an int32 zeroed before every launch.
 
 No schedule reads anything on the host: the active work comes from ``cu_seqlens`` and
 ``chunk_offsets`` in device memory, so a captured graph adapts to each replay's batch.
@@ -72,10 +73,7 @@ def first_task(counter, cu_seqlens, chunk_offsets, num_seqs, num_heads, CHUNK: t
     elif SCHEDULE == "flat":
         task = tl.where(tl.program_id(0) < tl.load(chunk_offsets + num_seqs), 0, -1)
     else:
-        if SCHEDULE == "persistent":
-            task = tl.program_id(0)
-        else:
-            task = tl.atomic_add(counter, 1)
+        task = tl.program_id(0)
         task = tl.where(task < _active_tasks(chunk_offsets, num_seqs, num_heads), task, -1)
     return task
 
@@ -88,7 +86,7 @@ def next_task(task, counter, chunk_offsets, num_seqs, num_heads, SCHEDULE: tl.co
         task = task + tl.num_programs(0)
         task = tl.where(task < _active_tasks(chunk_offsets, num_seqs, num_heads), task, -1)
     elif SCHEDULE == "dynamic":
-        task = tl.atomic_add(counter, 1)
+        task = tl.num_programs(0) + tl.atomic_add(counter, 1)
         task = tl.where(task < _active_tasks(chunk_offsets, num_seqs, num_heads), task, -1)
     else:
         task = -1

@@ -295,13 +295,14 @@ def _offsets_for(cu_seqlens: Tensor, launches: tuple[_Launch, ...]) -> dict[int,
     }
 
 
-def _counter(launch: _Launch, cu_seqlens: Tensor) -> Tensor:
-    """The dynamic schedule's task counter, one int32 zeroed for this launch (a memset node in a
-    graph, so every replay starts from 0). Other schedules never read it: they get ``cu_seqlens``
-    as a stand-in pointer and cost nothing."""
-    if launch.schedule == "dynamic":
-        return torch.zeros(1, dtype=torch.int32, device=cu_seqlens.device)
-    return cu_seqlens
+def _counters(launches: tuple[_Launch, ...], cu_seqlens: Tensor) -> tuple[Tensor, ...]:
+    """The dynamic schedule's task counters, one int32 per launch, zeroed together by one fill
+    (one memset node in a graph, so every replay starts from 0). Kernels of other schedules never
+    read theirs: they get ``cu_seqlens`` as a stand-in pointer and cost nothing."""
+    if not any(launch.schedule == "dynamic" for launch in launches):
+        return (cu_seqlens,) * len(launches)
+    counters = torch.zeros(len(launches), dtype=torch.int32, device=cu_seqlens.device)
+    return tuple(counters[i:i + 1] if launch.schedule == "dynamic" else cu_seqlens for i, launch in enumerate(launches))
 
 
 def _zero_inactive(x: Tensor, cu_seqlens: Tensor, sms: int) -> None:
@@ -327,10 +328,11 @@ class _VarlenAttention(torch.autograd.Function):
         out = torch.empty((T, H, D), dtype=q.dtype, device=q.device)
         lse = torch.empty((H, T), dtype=torch.float32, device=q.device)
         offsets = _offsets_for(cu_seqlens, (plan.forward, plan.dq, plan.dkdv))
+        (counter,) = _counters((plan.forward,), cu_seqlens)
         sm_scale = 1.0 / math.sqrt(D)
         f = plan.forward
         attention_forward_kernel[f.grid](
-            q, k, v, out, lse, cu_seqlens, offsets.get(f.chunk, cu_seqlens), _counter(f, cu_seqlens),
+            q, k, v, out, lse, cu_seqlens, offsets.get(f.chunk, cu_seqlens), counter,
             *_strides(q, k, v, out),
             N, H, T, sm_scale * math.log2(math.e),
             CAUSAL=plan.causal, HEAD_DIM=D, BLOCK_M=f.config.block_m, BLOCK_N=f.config.block_n,
@@ -356,13 +358,14 @@ class _VarlenAttention(torch.autograd.Function):
         delta = torch.empty((H, T), dtype=torch.float32, device=q.device)
         sm_scale = 1.0 / math.sqrt(D)
         scalars = (N, H, T, sm_scale * math.log2(math.e), sm_scale)
-        for launch, kernel, tensors in (
-            (plan.dq, attention_dq_kernel, (q, k, v, out, grad_out, dq, lse, delta)),
-            (plan.dkdv, attention_dkdv_kernel, (q, k, v, grad_out, dk, dv, lse, delta)),
+        dq_counter, dkdv_counter = _counters((plan.dq, plan.dkdv), cu_seqlens)
+        for launch, kernel, tensors, counter in (
+            (plan.dq, attention_dq_kernel, (q, k, v, out, grad_out, dq, lse, delta), dq_counter),
+            (plan.dkdv, attention_dkdv_kernel, (q, k, v, grad_out, dk, dv, lse, delta), dkdv_counter),
         ):
             c = launch.config
             kernel[launch.grid](
-                *tensors, cu_seqlens, offsets.get(launch.chunk, cu_seqlens), _counter(launch, cu_seqlens),
+                *tensors, cu_seqlens, offsets.get(launch.chunk, cu_seqlens), counter,
                 *_strides(q, k, v, out),
                 *scalars, CAUSAL=plan.causal, HEAD_DIM=D, BLOCK_M=c.block_m, BLOCK_N=c.block_n,
                 SCHEDULE=launch.schedule, num_warps=c.num_warps, num_stages=c.num_stages,
