@@ -34,6 +34,7 @@ __all__ = [
     "check_int",
     "check_int_sequence",
     "check_path",
+    "check_qkv",
     "check_real",
     "check_tensor",
 ]
@@ -203,6 +204,25 @@ def check_tensor(argument: str, value: object, *, ndim: int | None = None, shape
     if device is not None and not _same_device(device, value.device):
         raise ValueError(f"{argument} must be on device {torch.device(device)}, got {value.device}")
     return value
+
+
+def check_qkv(q: object, k: object, v: object, dtypes: Collection[torch.dtype]) -> None:
+    """``q, k, v`` of one shape ``[T, H, D]``, one dtype (one of ``dtypes``) and one device.
+
+    Raises:
+        TypeError: not tensors, or a dtype outside ``dtypes``, or dtypes that differ.
+        ValueError: not 3-D, or shapes or devices that differ.
+    """
+    for name, x in (("q", q), ("k", k), ("v", v)):
+        check_tensor(name, x, ndim=3, shape="[T, H, D]", dtypes=dtypes)
+    if not (q.shape == k.shape == v.shape):
+        raise ValueError(
+            f"q, k, v must have one shape [T, H, D], got {tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}"
+        )
+    if not (q.dtype == k.dtype == v.dtype):
+        raise TypeError(f"q, k, v must have one dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
+    if not (q.device == k.device == v.device):
+        raise ValueError(f"q, k, v must be on one device, got {q.device}, {k.device}, {v.device}")
 
 
 def check_cu_seqlens(cu_seqlens: object, *, device: torch.device | str | None = None,

@@ -500,7 +500,21 @@ def test_real_text_loader_min_document_tokens():
         8, 4, corpus=corpus, tokenizer=ByteTokenizer(), min_document_tokens=1
     )
     assert [s for b in kept_all for s in sequences_of(b)] == [list(b"a"), list(b"bc"), list(b"def")]
-    assert list(real_text_loader(8, 4, corpus=[], tokenizer=ByteTokenizer())) == []
+    # Nothing to train on is said, not silently yielded as no batch (the reliability issue).
+    with pytest.raises(ValueError, match="corpus must hold at least one document, got an empty sequence"):
+        real_text_loader(8, 4, corpus=[], tokenizer=ByteTokenizer())
+    with pytest.raises(ValueError, match="corpus yielded no document of at least min_document_tokens = 2 tokens"):
+        list(real_text_loader(8, 4, corpus=["a", ""], tokenizer=ByteTokenizer()))
+
+
+def test_a_corpus_of_something_else_than_strings_is_refused_naming_the_document():
+    with pytest.raises(TypeError, match=r"corpus\[0\] must be a document string, got bytes"):
+        real_text_loader(8, 4, corpus=[b"abc"], tokenizer=ByteTokenizer())
+    with pytest.raises(TypeError, match=r"corpus\[1\] must be a document string, got int"):
+        real_text_loader(8, 4, corpus=["abc", 123], tokenizer=ByteTokenizer())
+    lazy = real_text_loader(8, 4, corpus=(d for d in ["abc", 123]), tokenizer=ByteTokenizer())
+    with pytest.raises(TypeError, match=r"corpus\[1\] must be a document string, got int"):
+        list(lazy)
 
 
 @pytest.mark.parametrize("seed", range(40))
@@ -516,6 +530,11 @@ def test_real_text_loader_random_cases(seed):
         "".join(rng.choices(alphabet, k=rng.randint(0, 40))) for _ in range(rng.randint(0, 12))
     ]
     tokenizer = ByteTokenizer()
+    if not expected_pieces(documents, tokenizer, longest, minimum):
+        with pytest.raises(ValueError, match="corpus must hold at least one document|corpus yielded no document"):
+            list(real_text_loader(token_capacity, sequence_capacity, corpus=documents, tokenizer=tokenizer,
+                                  max_document_tokens=longest, min_document_tokens=minimum))
+        return
     batches = list(
         real_text_loader(
             token_capacity,
@@ -529,8 +548,6 @@ def test_real_text_loader_random_cases(seed):
     pieces = expected_pieces(documents, tokenizer, longest, minimum)
     if pieces:
         assert_packing(batches, pieces, token_capacity, sequence_capacity)
-    else:
-        assert batches == []
 
 
 @pytest.mark.parametrize(
@@ -620,3 +637,14 @@ def test_padded_batch_is_the_padded_layout_of_the_same_documents():
             assert torch.equal(getattr(padded, field)[row][: end - start], expected)
             assert not getattr(padded, field)[row][end - start:].any()  # padding: id 0, label 0, no loss
     assert int(padded.loss_mask.sum()) == int(batch.loss_mask.sum())
+
+
+def test_files_of_the_wrong_kind_name_their_path(tmp_path):
+    binary = tmp_path / "weights.bin"
+    binary.write_bytes(bytes(range(256)) * 4)
+    with pytest.raises(ValueError, match=r"path='.*weights.bin' must be a UTF-8 JSON Lines file, but it is not UTF-8"):
+        list(jsonl_texts(binary))
+    with pytest.raises(ValueError, match=r"path='.*weights.bin' must be a Parquet file"):
+        parquet_texts(binary)
+    with pytest.raises(ValueError, match=r"spec='.*weights.bin' must be a Hugging Face tokenizer.json file"):
+        load_tokenizer(binary)

@@ -90,7 +90,6 @@ def test_loader_batches_hold_every_piece_once(case, seed):
         ("all length 1", ["a"] * 70, {"min_document_tokens": 1}, [1] * 70),
         ("exactly T", ["q" * 64] * 5, {}, [64] * 5),
         ("empty documents", ["", "ab", "", "", "cde", ""], {"min_document_tokens": 1}, [2, 3]),
-        ("only empty documents", ["", "", ""], {"min_document_tokens": 1}, []),
     ],
 )
 @pytest.mark.parametrize("policy", [InOrder(), FirstFit(8), BestFit(8)], ids=lambda p: p.label)
@@ -243,7 +242,13 @@ def test_loader_rejects_bad_arguments(kwargs, error, match):
 def test_endless_epochs_and_a_corpus_without_pieces_ends():
     loader = make(["abcdefgh"] * 3, epochs=None, policy=InOrder(), sequence_capacity=8)
     assert len(list(islice(loader, 10))) == 10  # epochs=None repeats the corpus
-    assert list(make(["a", ""], epochs=None)) == []  # nothing to pack: stops instead of spinning
+    # Nothing to pack: stops instead of spinning, and says so instead of yielding no batch.
+    with pytest.raises(ValueError, match="corpus yielded no document of at least min_document_tokens = 2 tokens"):
+        list(make(["a", ""], epochs=None))
+    with pytest.raises(ValueError, match="corpus yielded no document of at least min_document_tokens = 1 tokens"):
+        list(make(["", "", ""], min_document_tokens=1))
+    with pytest.raises(ValueError, match="corpus must hold at least one document, got an empty sequence"):
+        make([])
 
 
 def test_batch_from_pieces_by_hand_and_errors():

@@ -177,7 +177,7 @@ def test_bad_arguments_name_themselves():
         varlen_attention_triton(q, k, v, cu, schedule="grid")
     with pytest.raises(ValueError, match=r"q, k, v must have one shape \[T, H, D\]"):
         varlen_attention_triton(q, k[:10], v, cu)
-    with pytest.raises(TypeError, match="q must have dtype bfloat16, float16 or float32, got torch.float64"):
+    with pytest.raises(TypeError, match="q must have dtype bfloat16, float16, float32, got torch.float64"):
         varlen_attention_triton(q.double(), k, v, cu)
     with pytest.raises(ValueError, match=r"head dim D\) must be one of \(16, 32, 64, 128\), got 24"):
         odd = torch.zeros(T, H, 24, dtype=DTYPE, device=DEVICE)

@@ -87,17 +87,33 @@ def python_stdlib_corpus(limit: int | None = None) -> Iterator[str]:
 
 
 def resolve_corpus(corpus: Iterable[str] | None) -> Iterable[str]:
-    """``corpus`` itself, or :func:`python_stdlib_corpus` for ``None``.
+    """``corpus`` as an iterable of document strings, or :func:`python_stdlib_corpus` for ``None``.
+
+    A list or tuple is checked now: it must hold at least one document, and every document must be
+    a ``str``. Any other iterable is read lazily, so its documents are checked as they come.
 
     Raises:
-        TypeError: ``corpus`` is a single string (a common slip: it would iterate characters) or
-            not iterable.
+        TypeError: ``corpus`` is a single string (a common slip: it would iterate characters), not
+            iterable, or holds something other than strings (``corpus[i]`` named).
+        ValueError: ``corpus`` is an empty list or tuple (it would yield no batch at all).
     """
     if corpus is None:
         return python_stdlib_corpus()
     if isinstance(corpus, (str, bytes)) or not isinstance(corpus, Iterable):
         raise TypeError(f"corpus must be an iterable of document strings, got {type(corpus).__name__}")
-    return corpus
+    if isinstance(corpus, (list, tuple)):
+        if not corpus:
+            raise ValueError("corpus must hold at least one document, got an empty sequence (no batch could be made)")
+        for i, document in enumerate(corpus):
+            _check_document(document, i)
+        return corpus
+    return (_check_document(document, i) for i, document in enumerate(corpus))
+
+
+def _check_document(document: object, index: int) -> str:
+    if not isinstance(document, str):
+        raise TypeError(f"corpus[{index}] must be a document string, got {type(document).__name__}: {document!r:.60}")
+    return document
 
 
 def text_files(folder: str | os.PathLike[str], pattern: str = "**/*.txt") -> Iterator[str]:
@@ -145,7 +161,14 @@ def text_files(folder: str | os.PathLike[str], pattern: str = "**/*.txt") -> Ite
 def _jsonl_records(path: Path) -> Iterator[tuple[int, object]]:
     """Yield ``(line_number, parsed_value)`` for each non-blank line of a JSON Lines file."""
     with path.open(encoding="utf-8") as file:
-        for line_number, line in enumerate(file, start=1):
+        lines = enumerate(file, start=1)
+        while True:
+            try:
+                line_number, line = next(lines)
+            except StopIteration:
+                return
+            except UnicodeDecodeError as error:
+                raise ValueError(f"path={str(path)!r} must be a UTF-8 JSON Lines file, but it is not UTF-8: {error}") from None
             if not line.strip():
                 continue
             try:
@@ -184,7 +207,8 @@ def jsonl_texts(path: str | os.PathLike[str], field: str = "text") -> Iterator[s
 
     Raises:
         FileNotFoundError: ``path`` is not an existing file.
-        ValueError: a record lacks ``field`` or a line is not JSON (later lines: when reached).
+        ValueError: the file is not UTF-8, a record lacks ``field`` or a line is not JSON (later
+            lines: when reached).
         TypeError: a record's ``field`` is neither a string nor null.
     """
     path = check_file("path", path)
@@ -220,7 +244,8 @@ def parquet_texts(
 
     Raises:
         FileNotFoundError: ``path`` is not an existing file.
-        ValueError: the file has no column ``column`` (the message lists the columns).
+        ValueError: the file is not Parquet, or has no column ``column`` (the message lists the
+            columns).
         TypeError: ``column`` is not a string column.
     """
     import pyarrow as pa
@@ -228,8 +253,11 @@ def parquet_texts(
 
     path = check_file("path", path)
     batch_size = check_int("batch_size", batch_size, minimum=1)
-    with pq.ParquetFile(path) as parquet_file:
-        schema = parquet_file.schema_arrow
+    try:
+        with pq.ParquetFile(path) as parquet_file:
+            schema = parquet_file.schema_arrow
+    except (pa.ArrowInvalid, OSError) as error:
+        raise ValueError(f"path={str(path)!r} must be a Parquet file: {error}") from None
     if column not in schema.names:
         raise ValueError(f"column={column!r} is not in {str(path)!r} (columns: {schema.names})")
     column_type = schema.field(column).type

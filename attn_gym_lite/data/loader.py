@@ -110,9 +110,16 @@ def real_text_loader(
                 store[position] = piece
                 yield len(piece)
 
+        count = 0
         for positions in InOrder().batches(lengths(), token_capacity, sequence_capacity):
             pieces = [store.pop(position) for position in positions]
+            count += 1
             yield batch_from_pieces(pieces, token_capacity, sequence_capacity)
+        if count == 0:
+            raise ValueError(
+                f"corpus yielded no document of at least min_document_tokens = {min_document_tokens} tokens: "
+                "no batch could be made"
+            )
 
     return itertools.islice(batches(), num_batches)
 
@@ -451,6 +458,8 @@ class PackedLoader:
         if callable(corpus):
             return corpus
         if isinstance(corpus, Sequence) and not isinstance(corpus, (str, bytes)):
+            if len(corpus) == 0:
+                raise ValueError("corpus must hold at least one document, got an empty sequence (no batch could be made)")
             return lambda: iter(corpus)
         raise TypeError(
             "corpus must be re-readable so that a saved position can be restored: a sequence "
@@ -495,13 +504,21 @@ class PackedLoader:
             yield batch, stream.state()
 
     def __iter__(self) -> Iterator[PackedBatch]:
+        from_start = self._state["batches"] == 0
         produced = self._produce(self._state)
         if self.prefetch:
             produced = _in_background(produced, self.prefetch)
+        count = 0
         try:
             for batch, state in produced:
                 self._state = state
+                count += 1
                 yield batch
+            if from_start and count == 0:
+                raise ValueError(
+                    f"corpus yielded no document of at least min_document_tokens = {self.min_document_tokens} "
+                    "tokens: no batch could be made"
+                )
         finally:
             # Stop (and join) the prefetch worker now when the consumer stops early, rather than
             # whenever the garbage collector finalizes the inner generator.

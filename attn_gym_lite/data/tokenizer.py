@@ -217,6 +217,7 @@ def load_tokenizer(
 
     Raises:
         FileNotFoundError: ``spec`` is a path that does not exist.
+        ValueError (also): ``spec`` is a file that is not a ``tokenizer.json``.
         ValueError: unknown tiktoken encoding, tiktoken not installed, or ``vocab_size`` /
             ``max_training_bytes`` given with a non-default ``spec`` or out of range.
         RuntimeError: tiktoken could not load the encoding (e.g. offline, not cached).
@@ -244,7 +245,11 @@ def load_tokenizer(
     from tokenizers import Tokenizer as _HFTokenizer
 
     path = check_file("spec", spec)
-    return HFTokenizer(_HFTokenizer.from_file(str(path)), str(path))
+    try:
+        loaded = _HFTokenizer.from_file(str(path))
+    except Exception as error:  # tokenizers raises plain Exceptions ("stream did not contain valid UTF-8", ...)
+        raise ValueError(f"spec={str(path)!r} must be a Hugging Face tokenizer.json file: {error}") from None
+    return HFTokenizer(loaded, str(path))
 
 
 

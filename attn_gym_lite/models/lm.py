@@ -31,7 +31,24 @@ def packed_lm_loss(logits: Tensor, labels: Tensor, loss_mask: Tensor) -> Tensor:
     return total / loss_mask.sum().clamp_min(1)
 
 
-class PackedLM(nn.Module):
+class _PackedLanguageModel(nn.Module):
+    """What every packed language model here shares: the loss over ``loss_mask`` and whether its
+    attention sizes its work by ``max_seqlen``. Subclasses define ``forward`` and ``_attention``."""
+
+    @property
+    def needs_max_seqlen(self) -> bool:
+        """Whether the attention sizes its work by ``max_seqlen`` (then a graph bakes it in)."""
+        return self._attention().needs_max_seqlen
+
+    def loss(self, input_ids: Tensor, labels: Tensor, loss_mask: Tensor, cu_seqlens: Tensor,
+             max_seqlen: int | None = None) -> Tensor:
+        """Mean cross-entropy over ``loss_mask`` (:func:`packed_lm_loss`)."""
+        logits = self(input_ids, cu_seqlens, max_seqlen)
+        with mark_kernels("loss"):
+            return packed_lm_loss(logits, labels, loss_mask)
+
+
+class PackedLM(_PackedLanguageModel):
     """A one-block causal language model over packed batches, for the training-loop chapter.
 
     embedding -> RMSNorm -> causal ``VarLenAttention`` (residual) -> RMSNorm -> LM head.
@@ -64,10 +81,8 @@ class PackedLM(nn.Module):
         self.norm_out = nn.RMSNorm(dim, device=device, dtype=dtype)
         self.lm_head = nn.Linear(dim, vocab_size, bias=False, device=device, dtype=dtype)
 
-    @property
-    def needs_max_seqlen(self) -> bool:
-        """Whether the attention sizes its work by ``max_seqlen`` (then a graph bakes it in)."""
-        return self.attention.needs_max_seqlen
+    def _attention(self) -> VarLenAttention:
+        return self.attention
 
     def forward(self, input_ids: Tensor, cu_seqlens: Tensor, max_seqlen: int | None = None) -> Tensor:
         """``input_ids`` int64 ``[T]`` -> logits ``[T, vocab_size]``."""
@@ -79,13 +94,6 @@ class PackedLM(nn.Module):
             h = h + self.attention(self.norm_in(h), cu_seqlens, max_seqlen)
         with mark_kernels("lm head"):
             return self.lm_head(self.norm_out(h))
-
-    def loss(self, input_ids: Tensor, labels: Tensor, loss_mask: Tensor, cu_seqlens: Tensor,
-             max_seqlen: int | None = None) -> Tensor:
-        """Mean cross-entropy over ``loss_mask`` (:func:`packed_lm_loss`)."""
-        logits = self(input_ids, cu_seqlens, max_seqlen)
-        with mark_kernels("loss"):
-            return packed_lm_loss(logits, labels, loss_mask)
 
 
 class TransformerBlock(nn.Module):
@@ -116,7 +124,7 @@ class TransformerBlock(nn.Module):
             return h + self.down(F.silu(gate) * up)
 
 
-class PackedTransformer(nn.Module):
+class PackedTransformer(_PackedLanguageModel):
     """A small decoder-only transformer over packed batches: embedding, ``num_layers``
     :class:`TransformerBlock` s, RMSNorm, LM head (the recipe of chapter 8).
 
@@ -152,10 +160,8 @@ class PackedTransformer(nn.Module):
         self.norm_out = nn.RMSNorm(dim, **factory)
         self.lm_head = nn.Linear(dim, vocab_size, bias=False, **factory)
 
-    @property
-    def needs_max_seqlen(self) -> bool:
-        """Whether the attention sizes its work by ``max_seqlen`` (then a graph bakes it in)."""
-        return self.blocks[0].attention.needs_max_seqlen
+    def _attention(self) -> VarLenAttention:
+        return self.blocks[0].attention
 
     def forward(self, input_ids: Tensor, cu_seqlens: Tensor, max_seqlen: int | None = None) -> Tensor:
         with mark_kernels("embedding"):
@@ -166,10 +172,3 @@ class PackedTransformer(nn.Module):
             h = block(h, cu_seqlens, max_seqlen, rotary)
         with mark_kernels("lm head"):
             return self.lm_head(self.norm_out(h))
-
-    def loss(self, input_ids: Tensor, labels: Tensor, loss_mask: Tensor, cu_seqlens: Tensor,
-             max_seqlen: int | None = None) -> Tensor:
-        """Mean cross-entropy over ``loss_mask`` (:func:`packed_lm_loss`)."""
-        logits = self(input_ids, cu_seqlens, max_seqlen)
-        with mark_kernels("loss"):
-            return packed_lm_loss(logits, labels, loss_mask)

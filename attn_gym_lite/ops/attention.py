@@ -32,7 +32,7 @@ import math
 import torch
 import torch.nn.functional as F
 
-from ..checks import check_bool, check_choice, check_cu_seqlens, check_cu_seqlens_values, check_int, check_tensor
+from ..checks import check_bool, check_choice, check_cu_seqlens, check_cu_seqlens_values, check_int, check_qkv
 from ..schedule import SCHEDULES
 
 Tensor = torch.Tensor
@@ -72,19 +72,6 @@ def resolve_impl(impl: str, q: Tensor) -> str:
     dtypes = (torch.bfloat16, torch.float16, torch.float32) if INTERPRETED else (torch.bfloat16, torch.float16)
     runs = (q.device.type == "cuda") != INTERPRETED and q.dtype in dtypes and q.shape[-1] in (16, 32, 64, 128)
     return "triton" if runs else "reference"
-
-
-def _check_qkv(q: object, k: object, v: object) -> None:
-    for name, x in (("q", q), ("k", k), ("v", v)):
-        check_tensor(name, x, ndim=3, shape="[T, H, D]", dtypes=_DTYPES)
-    if not (q.shape == k.shape == v.shape):
-        raise ValueError(
-            f"q, k, v must have one shape [T, H, D], got {tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}"
-        )
-    if not (q.dtype == k.dtype == v.dtype):
-        raise TypeError(f"q, k, v must have one dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
-    if not (q.device == k.device == v.device):
-        raise ValueError(f"q, k, v must be on one device, got {q.device}, {k.device}, {v.device}")
 
 
 def varlen_attention(
@@ -145,7 +132,7 @@ def varlen_attention(
     Source: the FlashAttention varlen convention (``cu_seqlens``); torch's ``varlen_attn`` docs;
     the seed article for the schedules.
     """
-    _check_qkv(q, k, v)
+    check_qkv(q, k, v, _DTYPES)
     check_cu_seqlens(cu_seqlens, device=q.device)
     check_bool("causal", causal)
     check_bool("zero_inactive", zero_inactive)

@@ -27,6 +27,7 @@ tutorial.
 import triton
 import triton.language as tl
 
+from .forward import query_chunk_key_ranges
 from .tasks import first_task, next_task, task_at
 
 # -----------------------------------------------------------------------------
@@ -88,12 +89,7 @@ def _dq_chunk(
     k_base = K + seq_start * stride_kt + head * stride_kh
     v_base = V + seq_start * stride_vt + head * stride_vh
     dq = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
-    if CAUSAL:
-        full_end = chunk * BLOCK_M
-        masked_end = tl.minimum(seq_len, full_end + BLOCK_M)
-    else:
-        full_end = seq_len // BLOCK_N * BLOCK_N
-        masked_end = seq_len
+    full_end, masked_end = query_chunk_key_ranges(chunk, seq_len, CAUSAL, BLOCK_M, BLOCK_N)
     dq = _dq_key_blocks(dq, q, do, lse, delta, k_base, v_base, rows, seq_len, 0, full_end,
                         stride_kt, stride_vt, qk_scale, False, CAUSAL, HEAD_DIM, BLOCK_N)
     dq = _dq_key_blocks(dq, q, do, lse, delta, k_base, v_base, rows, seq_len, full_end, masked_end,

@@ -65,6 +65,24 @@ def _attend_key_blocks(
 
 
 @triton.jit
+def query_chunk_key_ranges(chunk, seq_len, CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """The keys a query chunk visits, as two ranges: ``[0, full_end)`` needs no mask and
+    ``[full_end, masked_end)`` does. Shared by the forward and the dQ kernel.
+
+    Causal: keys before the chunk's first query are visible to all of its rows; keys past its last
+    query to none of them (never visited); the ``BLOCK_M`` keys in between form the diagonal. Not
+    causal: every full ``BLOCK_N`` block, then the sequence's ragged last block.
+    """
+    if CAUSAL:
+        full_end = chunk * BLOCK_M
+        masked_end = tl.minimum(seq_len, full_end + BLOCK_M)
+    else:
+        full_end = seq_len // BLOCK_N * BLOCK_N
+        masked_end = seq_len
+    return full_end, masked_end
+
+
+@triton.jit
 def _forward_chunk(
     Q, K, V, O, LSE, seq_start, seq_len, chunk, head,
     stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_ot, stride_oh,
@@ -83,14 +101,7 @@ def _forward_chunk(
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
-    if CAUSAL:
-        # Keys before the chunk's first query are visible to all of its rows; keys past its last
-        # query to none of them (skipped); the BLOCK_M keys in between form the diagonal.
-        full_end = chunk * BLOCK_M
-        masked_end = tl.minimum(seq_len, full_end + BLOCK_M)
-    else:
-        full_end = seq_len // BLOCK_N * BLOCK_N
-        masked_end = seq_len
+    full_end, masked_end = query_chunk_key_ranges(chunk, seq_len, CAUSAL, BLOCK_M, BLOCK_N)
     acc, l_i, m_i = _attend_key_blocks(
         acc, l_i, m_i, q, k_base, v_base, rows, seq_len, 0, full_end, stride_kt, stride_vt, qk_scale,
         False, CAUSAL, HEAD_DIM, BLOCK_N,

@@ -15,7 +15,7 @@ import math
 import torch
 import triton
 
-from ...checks import check_bool, check_choice, check_cu_seqlens, check_cu_seqlens_values, check_int
+from ...checks import check_bool, check_choice, check_cu_seqlens, check_cu_seqlens_values, check_int, check_qkv
 from ...schedule import SCHEDULES, choose_schedule, chunk_offsets, launch_grid, num_sms
 from .backward import attention_dkdv_kernel, attention_dq_kernel
 from .forward import attention_forward_kernel
@@ -144,21 +144,7 @@ def largest_offset(x: Tensor) -> int:
 
 
 def _check_inputs(q: object, k: object, v: object, cu_seqlens: object) -> None:
-    for name, x in (("q", q), ("k", k), ("v", v)):
-        if not isinstance(x, Tensor):
-            raise TypeError(f"{name} must be a torch.Tensor of shape [T, H, D], got {type(x).__name__}")
-        if x.dim() != 3:
-            raise ValueError(f"{name} must have shape [T, H, D], got shape {tuple(x.shape)}")
-        if x.dtype not in _DTYPES:
-            raise TypeError(f"{name} must have dtype bfloat16, float16 or float32, got {x.dtype}")
-    if not (q.shape == k.shape == v.shape):
-        raise ValueError(
-            f"q, k, v must have one shape [T, H, D], got {tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}"
-        )
-    if not (q.dtype == k.dtype == v.dtype):
-        raise TypeError(f"q, k, v must have one dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
-    if not (q.device == k.device == v.device):
-        raise ValueError(f"q, k, v must be on one device, got {q.device}, {k.device}, {v.device}")
+    check_qkv(q, k, v, _DTYPES)
     check_cu_seqlens(cu_seqlens, device=q.device)
     if q.shape[2] not in _HEAD_DIMS:
         raise ValueError(f"q.shape[2] (head dim D) must be one of {_HEAD_DIMS}, got {q.shape[2]}")
@@ -306,8 +292,8 @@ def _counters(launches: tuple[_Launch, ...], cu_seqlens: Tensor) -> tuple[Tensor
 
 
 def _zero_inactive(x: Tensor, cu_seqlens: Tensor, sms: int) -> None:
-    # 16 small workers per SM and 8 warps: about 3.7 TB/s of stores on an H200, measured against
-    # 2.9 TB/s for a plain memset of the same rows.
+    # A fixed grid of small workers (16 per SM, 8 warps) striding over the tail: its size does
+    # not depend on L, so the launch is capturable.
     total = x.numel()
     grid = (max(1, min(triton.cdiv(total, _ZERO_BLOCK), sms * 16)),)
     rows = x.shape[0]
