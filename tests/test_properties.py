@@ -1,0 +1,198 @@
+"""The reliability rules as properties, tested as kinds rather than examples.
+
+1. Every attention implementation that runs here, every schedule, forward and backward, equals a
+   float64 loop on random *valid* layouts: empty sequences anywhere, T < N, L < T, L = T, one long
+   sequence.
+2. Every public function that takes ``cu_seqlens`` refuses every *malformed* layout with a
+   ``TypeError``/``ValueError`` that names ``cu_seqlens``; those that read its values (eager ones)
+   refuse malformed values too. Capture-safe functions read no values, by design, and say so.
+3. Every public function that takes token capacities refuses malformed ones, naming them.
+
+Bounded for CI: a few dozen examples per property, small shapes, the Triton kernels in the
+interpreter on a CPU and compiled on a GPU.
+"""
+
+import math
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from attn_gym_lite import ragged, schedule
+from attn_gym_lite.data import plan_buckets, select_bucket
+from attn_gym_lite.ops.attention import varlen_attention
+from attn_gym_lite.ops.kernels import INTERPRETED, varlen_attention_triton
+from attn_gym_lite.ops.short_conv import short_conv
+from attn_gym_lite.ragged import cu_seqlens_from_lengths, pad_cu_seqlens
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+KERNELS_RUN = INTERPRETED or torch.cuda.is_available()
+DTYPE = torch.bfloat16 if DEVICE == "cuda" else torch.float32
+TOLERANCE = 3e-2 if DTYPE == torch.bfloat16 else 2e-5
+
+
+@st.composite
+def valid_layouts(draw):
+    """(T, lengths, N): empty sequences anywhere, spare slots, spare rows (T > L or T = L), few
+    or many sequences (T < N possible), one long sequence."""
+    kind = draw(st.sampled_from(["mixed", "one_long", "many_short", "all_empty"]))
+    if kind == "one_long":
+        lengths = [draw(st.integers(1, 48))]
+    elif kind == "many_short":
+        lengths = draw(st.lists(st.integers(0, 2), min_size=1, max_size=12))
+    elif kind == "all_empty":
+        lengths = [0] * draw(st.integers(1, 3))
+    else:
+        lengths = draw(st.lists(st.integers(0, 20), min_size=1, max_size=5))
+    slots = len(lengths) + draw(st.integers(0, 4))
+    rows = sum(lengths) + draw(st.sampled_from([0, 0, 1, 7]))  # L = T half the time
+    return max(rows, 1), lengths, slots
+
+
+def naive(q, k, v, bounds, causal):
+    """Float64 softmax attention, one query at a time."""
+    q, k, v = q.double(), k.double(), v.double()
+    out = torch.zeros_like(q)
+    for start, end in zip(bounds[:-1], bounds[1:]):
+        for t in range(start, end):
+            keys = slice(start, t + 1 if causal else end)
+            scores = torch.einsum("hd,shd->hs", q[t], k[keys]) / math.sqrt(q.shape[-1])
+            out[t] = torch.einsum("hs,shd->hd", scores.softmax(-1), v[keys])
+    return out
+
+
+IMPLEMENTATIONS = [("reference", None)] + (
+    [("triton", s) for s in ("rect", "flat", "persistent", "dynamic", "auto")] if KERNELS_RUN else []
+) + ([("varlen_attn", None)] if torch.cuda.is_available() else [])
+
+
+@settings(max_examples=12, deadline=None)
+@given(layout=valid_layouts(), causal=st.booleans(), seed=st.integers(0, 2**16))
+@pytest.mark.parametrize("impl, schedule_name", IMPLEMENTATIONS, ids=[f"{i}-{s}" for i, s in IMPLEMENTATIONS])
+def test_every_implementation_matches_a_float64_loop_on_valid_layouts(impl, schedule_name, layout, causal, seed):
+    rows, lengths, slots = layout
+    cu = pad_cu_seqlens(cu_seqlens_from_lengths(lengths), slots).to(DEVICE)
+    g = torch.Generator().manual_seed(seed)
+    dtype = torch.float64 if impl == "reference" else DTYPE
+    q, k, v, grad = (torch.randn(rows, 2, 16, generator=g).to(DEVICE, dtype) for _ in range(4))
+    q, k, v = (x.requires_grad_() for x in (q, k, v))
+    options = {"schedule": schedule_name} if schedule_name else {}
+    out = varlen_attention(q, k, v, cu, impl=impl, causal=causal, max_seqlen=max(max(lengths), 1), **options)
+    active = sum(lengths)
+    bounds = cu.tolist()
+    reference_inputs = [x.detach().double().cpu().requires_grad_() for x in (q, k, v)]
+    expected = naive(*reference_inputs, bounds, causal)
+    tolerance = 1e-10 if impl == "reference" else TOLERANCE
+    scale = max(expected.abs().max().item(), 1.0)
+    assert (out[:active].double().cpu() - expected[:active]).abs().max().item() <= tolerance * scale if active else True
+    if active:
+        # Gradients through the active rows only: what a masked loss sends back.
+        mask = (torch.arange(rows) < active)[:, None, None].to(DEVICE)
+        grads = torch.autograd.grad(out, (q, k, v), torch.where(mask, grad, 0))
+        expected_grads = torch.autograd.grad(expected, reference_inputs, torch.where(mask.cpu(), grad.double().cpu(), 0))
+        for name, mine, ref in zip("qkv", grads, expected_grads):
+            scale = max(ref.abs().max().item(), 1.0)
+            error = (mine[:active].double().cpu() - ref[:active]).abs().max().item()
+            assert error <= tolerance * scale, f"d{name}: {error:.3g}"
+
+
+# ---------------------------------------------------------------------------------------------
+# Malformed metadata, every rule, every public function.
+
+LAYOUT_RULES = {  # metadata alone shows these: every function must refuse them, capture-safe or not
+    "int64": (torch.tensor([0, 3, 5], dtype=torch.int64), TypeError),
+    "float": (torch.tensor([0.0, 3.0, 5.0]), TypeError),
+    "list": ([0, 3, 5], TypeError),
+    "2-D": (torch.tensor([[0, 3], [3, 5]], dtype=torch.int32), ValueError),
+    "one entry": (torch.tensor([0], dtype=torch.int32), ValueError),
+    "strided": (torch.tensor([[0, 9], [3, 9], [5, 9]], dtype=torch.int32)[:, 0], ValueError),
+    "other device": (torch.tensor([0, 3, 5], dtype=torch.int32, device="meta"), ValueError),
+}
+VALUE_RULES = {  # only a read of the values shows these: eager functions must refuse them
+    "first not 0": torch.tensor([1, 3, 5], dtype=torch.int32),
+    "decreasing": torch.tensor([0, 5, 3], dtype=torch.int32),
+    "past T": torch.tensor([0, 3, 9], dtype=torch.int32),
+}
+T = 6
+
+
+def _x():
+    return torch.randn(T, 4)
+
+
+def _qkv():
+    return [torch.randn(T, 2, 16, dtype=DTYPE if KERNELS_RUN else torch.float32).to(DEVICE) for _ in range(3)]
+
+
+# name -> (call with cu_seqlens, reads the values?)
+CONSUMERS = {
+    "ragged.validate_cu_seqlens": (lambda cu: ragged.validate_cu_seqlens(cu, T), True),
+    "ragged.max_seqlen": (lambda cu: ragged.max_seqlen(cu), True),
+    "ragged.unpack_sequences": (lambda cu: ragged.unpack_sequences(_x(), cu), True),
+    "ragged.packed_to_padded": (lambda cu: ragged.packed_to_padded(_x(), cu), True),
+    "ragged.lengths_from_cu_seqlens": (lambda cu: ragged.lengths_from_cu_seqlens(cu), False),
+    "ragged.pad_cu_seqlens": (lambda cu: ragged.pad_cu_seqlens(cu, 4), False),
+    "ragged.active_token_mask": (lambda cu: ragged.active_token_mask(T, cu), False),
+    "ragged.positions_in_sequence": (lambda cu: ragged.positions_in_sequence(cu, T), False),
+    "schedule.chunk_offsets": (lambda cu: schedule.chunk_offsets(cu, 4), False),
+    "ops.short_conv.short_conv": (lambda cu: short_conv(_x(), torch.randn(4, 3), cu), False),
+    "ops.attention.varlen_attention (reference)": (
+        lambda cu: varlen_attention(*[torch.randn(T, 2, 4) for _ in range(3)], cu, impl="reference"), True),
+}
+if KERNELS_RUN:
+    CONSUMERS["ops.kernels.varlen_attention_triton (rect)"] = (
+        lambda cu: varlen_attention_triton(*_qkv(), cu.to(DEVICE) if isinstance(cu, torch.Tensor) and cu.device.type != "meta" else cu,
+                                           schedule="rect", max_seqlen=T), True)
+    CONSUMERS["ops.kernels.varlen_attention_triton (dynamic)"] = (
+        lambda cu: varlen_attention_triton(*_qkv(), cu.to(DEVICE) if isinstance(cu, torch.Tensor) and cu.device.type != "meta" else cu,
+                                           schedule="dynamic"), False)
+
+
+#: Consumers that take cu_seqlens alone have no other tensor whose device it could contradict.
+ALONE = {"ragged.validate_cu_seqlens", "ragged.max_seqlen", "ragged.lengths_from_cu_seqlens", "ragged.pad_cu_seqlens",
+         "ragged.active_token_mask", "ragged.positions_in_sequence", "schedule.chunk_offsets"}
+
+
+@pytest.mark.parametrize("rule", LAYOUT_RULES)
+@pytest.mark.parametrize("consumer", CONSUMERS)
+def test_every_consumer_refuses_every_malformed_layout(consumer, rule):
+    call, _ = CONSUMERS[consumer]
+    cu, error = LAYOUT_RULES[rule]
+    if rule == "other device" and consumer in ALONE:
+        pytest.skip("takes cu_seqlens alone: no other tensor's device to contradict")
+    with pytest.raises((TypeError, ValueError), match="cu_seqlens") as caught:
+        call(cu)
+    assert isinstance(caught.value, error) or rule == "other device", (consumer, rule, caught.value)
+
+
+@pytest.mark.parametrize("rule", VALUE_RULES)
+@pytest.mark.parametrize("consumer", [name for name, (_, reads) in CONSUMERS.items() if reads])
+def test_every_eager_consumer_refuses_malformed_values(consumer, rule):
+    call, _ = CONSUMERS[consumer]
+    if rule == "past T" and consumer == "ragged.max_seqlen":
+        pytest.skip("takes no token capacity: L > T cannot be told")
+    with pytest.raises(ValueError, match=r"cu_seqlens|max_seqlen"):
+        call(VALUE_RULES[rule])
+
+
+# ---------------------------------------------------------------------------------------------
+# Capacities.
+
+BAD_CAPACITIES = [([], ValueError), ([0, 8], ValueError), ([8.0], TypeError), (["8"], TypeError),
+                  ([True], TypeError), ("8", TypeError), ([-4], ValueError)]
+
+
+@pytest.mark.parametrize("capacities, error", BAD_CAPACITIES, ids=[repr(c) for c, _ in BAD_CAPACITIES])
+def test_capacity_consumers_refuse_malformed_capacities(capacities, error):
+    with pytest.raises(error, match="capacities"):
+        select_bucket(capacities, 1)
+    # As samples of L, 0 is valid (an empty batch); everything else above is malformed.
+    if capacities and not isinstance(capacities, str) and capacities != [0, 8]:
+        with pytest.raises(error, match="active_token_samples"):
+            plan_buckets(capacities, 2)
+    if torch.cuda.is_available():
+        from attn_gym_lite.graph.buckets import GraphBuckets
+
+        with pytest.raises(error, match="capacities"):
+            GraphBuckets(lambda inputs: inputs["x"] * 2, capacities, token_inputs={"x": torch.zeros(8, 2)})
