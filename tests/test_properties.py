@@ -141,12 +141,16 @@ CONSUMERS = {
         lambda cu: varlen_attention(*[torch.randn(T, 2, 4) for _ in range(3)], cu, impl="reference"), True),
 }
 if KERNELS_RUN:
+    def _on_device(cu):
+        """``cu`` on the kernels' device with its strides kept (``.to`` would make it contiguous)."""
+        if not isinstance(cu, torch.Tensor) or cu.device.type == "meta":
+            return cu
+        return torch.empty_strided(cu.shape, cu.stride(), dtype=cu.dtype, device=DEVICE).copy_(cu)
+
     CONSUMERS["ops.kernels.varlen_attention_triton (rect)"] = (
-        lambda cu: varlen_attention_triton(*_qkv(), cu.to(DEVICE) if isinstance(cu, torch.Tensor) and cu.device.type != "meta" else cu,
-                                           schedule="rect", max_seqlen=T), True)
+        lambda cu: varlen_attention_triton(*_qkv(), _on_device(cu), schedule="rect", max_seqlen=T), True)
     CONSUMERS["ops.kernels.varlen_attention_triton (dynamic)"] = (
-        lambda cu: varlen_attention_triton(*_qkv(), cu.to(DEVICE) if isinstance(cu, torch.Tensor) and cu.device.type != "meta" else cu,
-                                           schedule="dynamic"), False)
+        lambda cu: varlen_attention_triton(*_qkv(), _on_device(cu), schedule="dynamic"), False)
 
 
 #: Consumers that take cu_seqlens alone have no other tensor whose device it could contradict.
