@@ -26,6 +26,7 @@ Tensor = torch.Tensor
 
 __all__ = [
     "check_bool",
+    "host_values",
     "check_capacities",
     "check_choice",
     "check_cu_seqlens",
@@ -72,6 +73,29 @@ def check_int(argument: str, value: object, *, minimum: int | None = None,
     return value
 
 
+def host_values(argument: str, value: Tensor) -> Tensor:
+    """A copy of ``value`` on the host as int64, for checks and host-side arithmetic.
+
+    The one place the package reads a tensor's values to the host, so every reader refuses the
+    same inputs the same way: a meta tensor (shape only, no values) and a CUDA tensor while the
+    current stream is capturing (reading it would synchronise with the device).
+
+    Raises:
+        ValueError: ``value`` is a meta tensor.
+        RuntimeError: ``value`` is on CUDA and the current stream is capturing.
+    """
+    if value.is_meta:
+        raise ValueError(
+            f"{argument} must hold values (its entries are read on the host), got a meta tensor of shape {tuple(value.shape)}"
+        )
+    if value.is_cuda and torch.cuda.is_current_stream_capturing():
+        raise RuntimeError(
+            f"{argument}'s values are read on the host, which cannot happen during CUDA graph capture; "
+            "validate the batch before capturing or replaying"
+        )
+    return value.detach().cpu().to(torch.int64)
+
+
 def check_int_sequence(argument: str, values: object, *, minimum: int | None = None,
                        maximum: int | None = None) -> list[int]:
     """``values`` as a non-empty list of ints, each checked like :func:`check_int` (the message
@@ -81,7 +105,11 @@ def check_int_sequence(argument: str, values: object, *, minimum: int | None = N
         TypeError: ``values`` is not a sequence (a string is not), or an entry is not an int.
         ValueError: it is empty, or an entry is out of range.
     """
-    if hasattr(values, "tolist") and not isinstance(values, (str, bytes)):
+    if isinstance(values, Tensor):
+        if values.is_floating_point() or values.is_complex() or values.dtype == torch.bool:
+            raise TypeError(f"{argument} must be a sequence of ints, got a {values.dtype} tensor")
+        values = host_values(argument, values).tolist()
+    elif hasattr(values, "tolist") and not isinstance(values, (str, bytes)):
         values = values.tolist()
     if isinstance(values, (str, bytes)):
         raise TypeError(f"{argument} must be a sequence of ints, got the string {values!r}")
@@ -281,6 +309,7 @@ def check_cu_seqlens_values(cu_seqlens: Tensor, *, token_capacity: int | None = 
     Raises:
         TypeError / ValueError: the layout errors; ``cu_seqlens[0] != 0``; a decrease; ``L > T``;
             a sequence longer than ``max_seqlen`` (the message names ``max_seqlen``).
+        ValueError: a meta tensor (it has no values to check).
         RuntimeError: called during CUDA graph capture.
     """
     check_cu_seqlens(cu_seqlens, argument=argument)
@@ -288,12 +317,7 @@ def check_cu_seqlens_values(cu_seqlens: Tensor, *, token_capacity: int | None = 
         token_capacity = check_int("token_capacity", token_capacity, minimum=0)
     if max_seqlen is not None:
         max_seqlen = check_int("max_seqlen", max_seqlen, minimum=0)
-    if cu_seqlens.is_cuda and torch.cuda.is_current_stream_capturing():
-        raise RuntimeError(
-            f"{argument}'s values are read on the host, which cannot happen during CUDA graph capture; "
-            "validate the batch before capturing or replaying"
-        )
-    host = cu_seqlens.detach().cpu().to(torch.int64)
+    host = host_values(argument, cu_seqlens)
     if host[0] != 0:
         raise ValueError(f"{argument}[0] must be 0, got {int(host[0])}")
     steps = host.diff()

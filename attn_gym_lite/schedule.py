@@ -28,7 +28,7 @@ from collections.abc import Sequence
 
 import torch
 
-from .checks import check_cu_seqlens, check_int
+from .checks import check_cu_seqlens, check_int, host_values
 
 Tensor = torch.Tensor
 
@@ -54,7 +54,7 @@ _INTERPRETER_SMS = 4
 
 
 def _lengths(lengths: Tensor | Sequence[int]) -> list[int]:
-    values = lengths.tolist() if isinstance(lengths, Tensor) else list(lengths)
+    values = host_values("lengths", lengths).tolist() if isinstance(lengths, Tensor) else list(lengths)
     for i, s in enumerate(values):
         check_int(f"lengths[{i}]", s, minimum=0)
     return values
@@ -278,8 +278,8 @@ def decode_chunk(chunk_offsets: Sequence[int] | Tensor, cu_seqlens: Sequence[int
 
     Source: seed article, "Scheduling without max_seqlen" (``search_first_greater``).
     """
-    offsets = chunk_offsets.tolist() if isinstance(chunk_offsets, Tensor) else list(chunk_offsets)
-    bounds = cu_seqlens.tolist() if isinstance(cu_seqlens, Tensor) else list(cu_seqlens)
+    offsets = host_values("chunk_offsets", chunk_offsets).tolist() if isinstance(chunk_offsets, Tensor) else list(chunk_offsets)
+    bounds = host_values("cu_seqlens", cu_seqlens).tolist() if isinstance(cu_seqlens, Tensor) else list(cu_seqlens)
     if len(offsets) != len(bounds):
         raise ValueError(
             f"chunk_offsets must have as many entries as cu_seqlens ({len(bounds)}), got {len(offsets)}"

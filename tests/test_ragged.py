@@ -119,6 +119,24 @@ def test_pad_cu_seqlens_errors():
         pad_cu_seqlens(torch.tensor([0, 4]), 3)
 
 
+def test_every_host_reader_refuses_a_meta_tensor_by_name():
+    # One kind: functions that read a tensor's values on the host. A meta tensor has none, and
+    # torch's own NotImplementedError would name neither the argument nor the cause.
+    from attn_gym_lite.checks import check_int_sequence
+    from attn_gym_lite.schedule import G_active, decode_chunk
+
+    meta = torch.tensor([0, 5, 9], dtype=torch.int32, device="meta")
+    calls = {
+        "cu_seqlens": lambda: max_seqlen(meta),
+        "capacities": lambda: check_int_sequence("capacities", meta),
+        "lengths": lambda: G_active(meta, 4),
+        "chunk_offsets": lambda: decode_chunk(meta, cu([0, 5, 9]), 0, 4),
+    }
+    for argument, call in calls.items():
+        with pytest.raises(ValueError, match=re.escape(f"{argument} must hold values")):
+            call()
+
+
 def test_max_seqlen():
     assert max_seqlen(cu([0, 65, 128])) == 65
     assert max_seqlen(cu([0, 3, 10, 10, 10])) == 7
@@ -168,6 +186,12 @@ def test_validate_accepts_well_formed_metadata():
         ),
         (cu([0, 1]), {"token_capacity": -1}, ValueError, "token_capacity must be an int >= 0, got -1"),
         (cu([0, 1]), {"max_seqlen": 1.5}, TypeError, "max_seqlen must be an int >= 0, got 1.5"),
+        (
+            torch.tensor([0, 5, 9], dtype=torch.int32, device="meta"),
+            {},
+            ValueError,
+            "cu_seqlens must hold values (its entries are read on the host), got a meta tensor of shape (3,)",
+        ),
     ],
 )
 def test_validate_rejects(cu_seqlens, kwargs, error, match):
