@@ -170,3 +170,41 @@ def test_shared_pool_costs_no_more_than_the_largest_graph():
         shared_bytes = private_pool_bytes(shared.pool)
         assert single_bytes > 0
         assert shared_bytes <= 1.05 * single_bytes, (fn.__name__, shared_bytes, single_bytes)
+
+
+@pytest.mark.gpu
+def test_buckets_keyed_by_max_seqlen_refuse_a_longer_sequence_and_copy_nothing():
+    """Buckets over torch's varlen_attn, which sizes its work by max_seqlen: a batch within the
+    captured bound replays to the eager result; one past it (or without a bound) is refused
+    before anything is copied into the static buffers."""
+    from attn_gym_lite.ops.attention import varlen_attention
+    from attn_gym_lite.ragged import cu_seqlens_from_lengths, pad_cu_seqlens
+
+    T, N, H, D, bound = 512, 8, 2, 64, 128
+
+    def attend(inputs):
+        x = inputs["x"]
+        cu = inputs["cu_seqlens"].clamp(max=x.shape[0])  # a small bucket's capture sees the template
+        return varlen_attention(x, x, x, cu, impl="varlen_attn", causal=True, max_seqlen=bound, validate=False)
+
+    def batch(lengths, seed):
+        x = torch.randn(T, H, D, generator=torch.Generator().manual_seed(seed)).to(torch.bfloat16)
+        return {"x": x.pin_memory(), "cu_seqlens": pad_cu_seqlens(cu_seqlens_from_lengths(lengths), N).pin_memory()}
+
+    first = batch([100, 28], 0)
+    buckets = GraphBuckets(attend, (256, 512), token_inputs={"x": first["x"]},
+                           fixed_inputs={"cu_seqlens": first["cu_seqlens"]}, max_seqlen=bound, copy_out=True)
+    within = batch([128, 128, 64, 3], 1)
+    out = buckets.replay(within, 323, max_seqlen=128)
+    x = within["x"].cuda().double()
+    expected = varlen_attention(x, x, x, within["cu_seqlens"].cuda(), impl="reference", causal=True)
+    torch.testing.assert_close(out[:323].double(), expected[:323], atol=3e-2, rtol=3e-2)
+
+    before = {name: buffer.clone() for name, buffer in {**buckets.token_inputs, **buckets.fixed_inputs}.items()}
+    too_long = batch([200, 100], 2)
+    with pytest.raises(ValueError, match="max_seqlen must be <= the max_seqlen = 128 the buckets were captured with, got 200"):
+        buckets.replay(too_long, 300, max_seqlen=200)
+    with pytest.raises(ValueError, match="max_seqlen must be the batch's longest sequence"):
+        buckets.replay(too_long, 300)
+    for name, buffer in {**buckets.token_inputs, **buckets.fixed_inputs}.items():
+        assert torch.equal(buffer, before[name]), f"{name} changed although the batch was refused"
