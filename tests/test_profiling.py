@@ -26,6 +26,7 @@ from attn_gym_lite.profiling import (
     trace_summary,
 )
 from attn_gym_lite.profiling.annotate import REGION_CATEGORY, REGION_TRACK_OFFSET
+from attn_gym_lite.profiling.summary import replay_idle
 from attn_gym_lite.profiling.trace import LANE_TID_BASE
 
 MAIN, AUTOGRAD, GPU, STREAM = 10, 11, 0, 7
@@ -291,6 +292,30 @@ def test_trace_summary_against_a_hand_computation():
         "count": 2, "total_us": 25, "largest_us": 20}
     with pytest.raises(ValueError, match="no kernel, memcpy or memset"):
         trace_summary({"traceEvents": events[-2:]})
+
+
+def test_replay_idle_against_a_hand_computation():
+    """Two replays of a graph and eager work between them; only gaps inside a replay count."""
+    events = [api("cudaGraphLaunch", 90, 7),
+              device("kernel", "a", 100, 10, 7), device("kernel", "b", 112, 5, 7),     # gap 2
+              device("gpu_memset", "m", 120, 3, 7),                                     # gap 3
+              device("kernel", "eager", 140, 5, 9),                                     # not a replay
+              api("cudaLaunchKernel", 139, 9),
+              api("cudaGraphLaunch", 180, 8),
+              device("kernel", "a", 200, 10, 8), device("kernel", "b", 205, 10, 8, tid=8),  # overlap
+              device("kernel", "c", 221.5, 4, 8)]                                       # gap 6.5
+    idle = replay_idle({"traceEvents": events})
+    assert idle["replays"] == 2 and idle["node_boundaries"] == 2 + 2
+    assert idle["idle_us"] == pytest.approx(2 + 3 + 6.5)
+    assert idle["idle_us_per_replay"] == pytest.approx(11.5 / 2)
+    assert idle["idle_us_per_boundary"] == pytest.approx(11.5 / 4)
+    # the whole window's idle time (trace_summary) also counts the gaps between replays
+    summary = trace_summary({"traceEvents": events})
+    assert summary["window_us"] - summary["busy_us"] > idle["idle_us"]
+    with pytest.raises(ValueError, match="no cudaGraphLaunch"):
+        replay_idle({"traceEvents": [e for e in events if e["name"] != "cudaGraphLaunch"]})
+    with pytest.raises(TypeError):
+        replay_idle([])
 
 
 def test_plot_timeline_draws_one_row_per_stream_and_region_track():

@@ -107,3 +107,60 @@ def _profiler_steps(trace: Trace) -> int:
         bisect.bisect_left(starts[s.get("tid")], s["ts"] + s["dur"]) > bisect.bisect_left(starts[s.get("tid")], s["ts"])
         for s in steps
     )
+
+
+def replay_idle(trace: Trace) -> dict[str, Any]:
+    """Idle GPU time *inside* graph replays: the gaps between the nodes of each replay.
+
+    A replay is the set of device events whose ``args["correlation"]`` is that of a
+    ``cudaGraphLaunch`` (complete ``"ph": "X"`` runtime event) in the trace. Within one replay,
+    idle time is the span from its first event's start to its last event's end minus the union
+    of its events (overlapping nodes count once). Idle time between replays (copies of the next
+    batch, eager optimizer steps, synchronizes) is not counted: :func:`trace_summary` gives the
+    idle time of the whole window.
+
+    Args:
+        trace: Chrome trace dict (times in µs).
+
+    Returns:
+        ``{"replays": int, "node_boundaries": int, "idle_us": float, "idle_us_per_replay":
+        float, "idle_us_per_boundary": float}``: replays with at least one device event, the
+        number of consecutive-node boundaries over all of them (events minus one per replay),
+        total idle µs inside replays, and its means per replay and per boundary (0.0 where there
+        is no boundary).
+
+    Raises:
+        TypeError: ``trace`` is not a trace dict.
+        ValueError: the trace has no ``cudaGraphLaunch`` with device events (an eager trace, or
+            one recorded without a GPU).
+
+    Source: chapter "Profiling" (replayed step's idle time between graph nodes).
+    """
+    check_trace(trace, "replay_idle")
+    launches = {
+        e["args"]["correlation"]
+        for e in trace.get("traceEvents", [])
+        if e.get("name") == "cudaGraphLaunch" and e.get("ph") == "X"
+        and isinstance(e.get("args"), dict) and "correlation" in e["args"]
+    }
+    replays: dict[Any, list[dict]] = defaultdict(list)
+    for event in device_events(trace):  # sorted by start
+        correlation = event.get("args", {}).get("correlation")
+        if correlation in launches:
+            replays[correlation].append(event)
+    if not replays:
+        raise ValueError(f"replay_idle: the trace has no cudaGraphLaunch with device events{_NO_GPU_HINT}")
+    idle = 0.0
+    for events in replays.values():
+        covered_until = events[0]["ts"]
+        for event in events:
+            idle += max(0.0, event["ts"] - covered_until)
+            covered_until = max(covered_until, event["ts"] + event["dur"])
+    boundaries = sum(len(events) - 1 for events in replays.values())
+    return {
+        "replays": len(replays),
+        "node_boundaries": boundaries,
+        "idle_us": idle,
+        "idle_us_per_replay": idle / len(replays),
+        "idle_us_per_boundary": idle / boundaries if boundaries else 0.0,
+    }
