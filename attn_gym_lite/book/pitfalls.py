@@ -32,6 +32,15 @@ def _error(exc: BaseException) -> dict:
     return {"outcome": "error", "error_type": type(exc).__name__, "message": str(exc).strip().splitlines()[0]}
 
 
+def _outcome(mistake: Callable[[], object], expected: type[Exception]) -> dict:
+    """Run ``mistake``: the ``expected`` error it raised, as data, or ``no error``."""
+    try:
+        mistake()
+    except expected as exc:
+        return _error(exc)
+    return {"outcome": "no error"}
+
+
 @_pitfall
 def host_sync_item() -> dict:
     """``.item()`` inside the captured function: the host waits for a value that does not exist yet."""
@@ -40,11 +49,7 @@ def host_sync_item() -> dict:
     def normalise():
         return x / x.abs().max().item()  # host read of a device value
 
-    try:
-        capture_graph(normalise, warmup=1)
-    except RuntimeError as exc:
-        return _error(exc)
-    return {"outcome": "no error"}
+    return _outcome(lambda: capture_graph(normalise, warmup=1), RuntimeError)
 
 
 @_pitfall
@@ -57,11 +62,7 @@ def host_sync_tolist() -> dict:
         bounds = cu_seqlens.tolist()
         return torch.stack([x[a:b].mean(0) for a, b in zip(bounds[:-1], bounds[1:])])
 
-    try:
-        capture_graph(per_sequence_mean, warmup=1)
-    except RuntimeError as exc:
-        return _error(exc)
-    return {"outcome": "no error"}
+    return _outcome(lambda: capture_graph(per_sequence_mean, warmup=1), RuntimeError)
 
 
 @_pitfall
@@ -70,11 +71,7 @@ def new_shape() -> dict:
     static = StaticInputs({"x": torch.randn(1024, 64)}, "cuda")
     weight = torch.randn(64, 64, device="cuda")
     capture_graph(lambda: static.x @ weight, warmup=1)
-    try:
-        static.copy_({"x": torch.randn(1040, 64)})
-    except ValueError as exc:
-        return _error(exc)
-    return {"outcome": "no error"}
+    return _outcome(lambda: static.copy_({"x": torch.randn(1040, 64)}), ValueError)
 
 
 @_pitfall

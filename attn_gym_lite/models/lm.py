@@ -62,24 +62,16 @@ class PackedLM(_PackedLanguageModel):
         device, dtype: of the parameters.
     """
 
-    def __init__(
-        self,
-        vocab_size: int,
-        dim: int,
-        num_heads: int,
-        *,
-        impl: str = "auto",
-        schedule: str = "auto",
-        device: torch.device | str | None = None,
-        dtype: torch.dtype | None = None,
-    ) -> None:
+    def __init__(self, vocab_size: int, dim: int, num_heads: int, *, impl: str = "auto", schedule: str = "auto",
+                 device: torch.device | str | None = None, dtype: torch.dtype | None = None) -> None:
         super().__init__()
-        self.embedding = nn.Embedding(vocab_size, dim, device=device, dtype=dtype)
-        self.norm_in = nn.RMSNorm(dim, device=device, dtype=dtype)
+        factory = {"device": device, "dtype": dtype}
+        self.embedding = nn.Embedding(vocab_size, dim, **factory)
+        self.norm_in = nn.RMSNorm(dim, **factory)
         self.attention = VarLenAttention(dim, num_heads, causal=True, mask_inactive_capacity=True, impl=impl,
-                                         schedule=schedule, device=device, dtype=dtype)
-        self.norm_out = nn.RMSNorm(dim, device=device, dtype=dtype)
-        self.lm_head = nn.Linear(dim, vocab_size, bias=False, device=device, dtype=dtype)
+                                         schedule=schedule, **factory)
+        self.norm_out = nn.RMSNorm(dim, **factory)
+        self.lm_head = nn.Linear(dim, vocab_size, bias=False, **factory)
 
     def _attention(self) -> VarLenAttention:
         return self.attention
