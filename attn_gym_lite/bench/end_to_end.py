@@ -28,7 +28,6 @@ counters. For ``graph ours`` a profiled, labelled replay gives where the step ti
 
 from __future__ import annotations
 
-import collections
 import itertools
 import os
 import tempfile
@@ -220,12 +219,4 @@ def end_to_end_suite(stacks: tuple[str, ...] = STACKS, workloads: tuple[str, ...
             "workloads": workload_info, "runs": runs, "errors": errors}
 
 
-def by_workload(record: dict) -> dict:
-    """``{workload: {stack: run}}`` from a recording (or a live result)."""
-    table: dict = collections.defaultdict(dict)
-    for run in record["runs"]:
-        table[run["workload"]][run["stack"]] = run
-    return dict(table)
-
-
-__all__ = ["CONFIG", "STACKS", "WORKLOADS", "by_workload", "end_to_end_suite", "run_stack", "workload_batches"]
+__all__ = ["CONFIG", "STACKS", "WORKLOADS", "end_to_end_suite", "run_stack", "workload_batches"]

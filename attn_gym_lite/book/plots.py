@@ -489,7 +489,13 @@ STACK_COLOURS = {
 }
 
 
-def _runs_by_workload(record: dict) -> dict:
+def by_workload(record: dict) -> dict:
+    """``{workload: {stack: run}}`` from an ``end-to-end`` recording (or a live result), in the
+    order the runs were recorded.
+
+    Raises:
+        KeyError: ``record`` has no ``runs``, or a run lacks ``workload`` or ``stack``.
+    """
     table: dict = {}
     for run in record["runs"]:
         table.setdefault(run["workload"], {})[run["stack"]] = run
@@ -508,7 +514,7 @@ def plot_end_to_end_losses(record: dict, window: int = 10):
 
     Returns: the matplotlib ``Figure``.
     """
-    table = _runs_by_workload(record)
+    table = by_workload(record)
     fig, axes = plt.subplots(1, len(table), figsize=(5.5 * len(table), 3.6), squeeze=False)
     for ax, (workload, runs) in zip(axes[0], table.items()):
         for stack, run in runs.items():
@@ -527,8 +533,8 @@ def plot_end_to_end_throughput(record: dict, live: dict | None = None):
 
     Returns: the matplotlib ``Figure``.
     """
-    table = _runs_by_workload(record)
-    live_table = _runs_by_workload(live) if live else {}
+    table = by_workload(record)
+    live_table = by_workload(live) if live else {}
     fig, axes = plt.subplots(1, len(table), figsize=(5.5 * len(table), 3.8), squeeze=False)
     for ax, (workload, runs) in zip(axes[0], table.items()):
         names = list(runs)
