@@ -7,6 +7,8 @@
 # B: end-to-end, masking, buckets;
 # C: the GPU tests, then notebooks in GPU mode (NOTEBOOKS, default 08 then 04).
 # Everything lands in $OUT as one tarball (results) and one log, within the device's file limits.
+# Back in the checkout: tar -xzf results_<PASS>.tar.gz -C attn_gym_lite/results/h200 (the package's
+# recordings, shipped as package data).
 set -uo pipefail
 bash scripts/gpu_host_install.sh || exit 1
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 ATTN_GYM_LITE_CACHE=/tmp/agl-cache

@@ -111,3 +111,63 @@ def test_cli_refuses_without_cuda(tmp_path):
                           capture_output=True, text=True)
     assert done.returncode != 0 and "no CUDA device is available" in done.stderr
     assert not list(tmp_path.iterdir())
+
+
+def _fake_suite(monkeypatch, function):
+    """A CPU suite named 'fake' that runs ``function`` (set on a real suite module, so the CLI's
+    import and provenance paths run as for a real suite)."""
+    from attn_gym_lite.bench import hello_world
+    from attn_gym_lite.bench.suites import Suite
+
+    monkeypatch.setattr(hello_world, "fake_suite", function, raising=False)
+    return Suite("fake", "attn_gym_lite.bench.hello_world", "fake_suite", needs_cuda=False, writes_files=True)
+
+
+def test_cli_record_publishes_the_suites_files_and_json(tmp_path, monkeypatch):
+    from attn_gym_lite.bench.__main__ import record
+
+    def suite(out):
+        (out / "traces").mkdir()
+        (out / "traces" / "a.json.gz").write_bytes(b"trace")
+        return {"value": 3}
+
+    path = record(_fake_suite(monkeypatch, suite), tmp_path)
+    assert path == tmp_path / "fake.json"
+    written = json.loads(path.read_text())
+    assert written["suite"] == "fake" and written["value"] == 3 and set(written["provenance"]) == PROVENANCE_KEYS
+    assert (tmp_path / "traces" / "a.json.gz").read_bytes() == b"trace"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["fake.json", "traces"]  # no staging folder left
+
+
+@pytest.mark.parametrize("error", [KeyboardInterrupt, ValueError])
+def test_cli_record_interrupted_leaves_the_old_recording(tmp_path, monkeypatch, error):
+    """Ctrl-C (or a failure) in the middle of a suite: no half-written file, the earlier recording kept."""
+    from attn_gym_lite.bench.__main__ import record
+
+    (tmp_path / "fake.json").write_text('{"old": 1}\n')
+
+    def suite(out):
+        (out / "traces").mkdir()
+        (out / "traces" / "a.json.gz").write_bytes(b"half")
+        (out / "fake.json").write_text('{"half')
+        raise error()
+
+    with pytest.raises(error):
+        record(_fake_suite(monkeypatch, suite), tmp_path)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["fake.json"]
+    assert (tmp_path / "fake.json").read_text() == '{"old": 1}\n'
+
+
+def test_every_recording_is_package_data():
+    """A wheel carries the recordings (the notebooks read them wherever they are installed): every file
+    under RESULTS_ROOT matches a package-data pattern of pyproject.toml (CI also installs the wheel)."""
+    tomllib = pytest.importorskip("tomllib")
+    from pathlib import PurePosixPath
+
+    pyproject = tomllib.loads((PACKAGE_ROOT.parent / "pyproject.toml").read_text())
+    patterns = pyproject["tool"]["setuptools"]["package-data"]["attn_gym_lite"]
+    files = [p.relative_to(PACKAGE_ROOT).as_posix() for p in RESULTS_ROOT.rglob("*") if p.is_file()]
+    assert RESULTS_ROOT == PACKAGE_ROOT / "results" and len(files) >= 10
+    unshipped = [f for f in files if "__pycache__" not in f
+                 and not any(PurePosixPath(f).match(pattern) and f.count("/") == pattern.count("/") for pattern in patterns)]
+    assert not unshipped, f"recordings a wheel would leave out (add them to package-data): {unshipped}"

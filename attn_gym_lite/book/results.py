@@ -1,23 +1,38 @@
 """Recorded GPU results: where they live, how to load them, and the line that says where they
 were measured.
 
-``results/<gpu>/<suite>.json`` files are written only by ``python -m attn_gym_lite.bench`` on a
-real GPU; each carries a ``provenance`` block (see :mod:`attn_gym_lite.bench.provenance`).
+The recordings ship inside the package, as ``attn_gym_lite/results/<gpu>/<suite>.json`` (package
+data, so an installed wheel carries them as well as a checkout does); they are written only by
+``python -m attn_gym_lite.bench`` on a real GPU, and each carries a ``provenance`` block (see
+:mod:`attn_gym_lite.bench.provenance`).
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Sequence
+from importlib.resources import files
 from pathlib import Path
 
 import torch
 
-RESULTS_ROOT = Path(__file__).resolve().parents[2] / "results"
+
+def _results_root() -> Path:
+    """The package's ``results`` folder, as a filesystem path (checkout, editable or wheel install)."""
+    root = files("attn_gym_lite") / "results"
+    if not isinstance(root, Path):  # a zipped install: the recordings are not files on disk
+        raise RuntimeError(f"attn_gym_lite's recordings must be on the filesystem, got {root!r}; install the package unzipped")
+    return root
+
+
+RESULTS_ROOT = _results_root()
+"""``attn_gym_lite/results``: one folder per GPU (``h200``), each with ``<suite>.json`` files and the
+profiling suite's ``profiling_traces/``."""
 
 
 def load_result(suite: str, gpu: str = "h200", root: Path | str | None = None) -> dict:
-    """Load ``<root>/<gpu>/<suite>.json`` (``suite`` with ``-`` or ``_``).
+    """Load ``<root>/<gpu>/<suite>.json`` (``suite`` with ``-`` or ``_``); ``root`` defaults to
+    :data:`RESULTS_ROOT`, the recordings shipped with the package.
 
     Raises:
         FileNotFoundError: no such recording; the message lists the suites recorded for ``gpu``.
@@ -80,7 +95,7 @@ def step_token_rate(training_loop_record: dict, mode: str = "graph") -> dict:
 
     Args:
         training_loop_record: the ``training-loop`` suite's result
-            (``attn_gym_lite.results.load_result("training-loop")``).
+            (``attn_gym_lite.book.results.load_result("training-loop")``).
         mode: ``"graph"`` or ``"eager"``.
 
     Returns:
