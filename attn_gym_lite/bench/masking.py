@@ -30,14 +30,16 @@ MEMORY_MODES = ("as allocated", "uninitialized as NaN")
 
 
 def _packed_batch(
-    token_capacity: int, sequence_capacity: int, active_tokens: int, active_sequences: int, dim: int, seed: int
+    token_capacity: int, sequence_capacity: int, active_tokens: int, active_sequences: int, dim: int, seed: int,
+    device: torch.device | str = "cuda", dtype: torch.dtype = torch.bfloat16,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """``x``, ``target`` (bf16 ``[T, dim]``, random in every row) and ``cu_seqlens`` (Zipf lengths)."""
+    """``x``, ``target`` (``dtype`` ``[T, dim]`` on ``device``, random in every row) and
+    ``cu_seqlens`` (int32 ``[N + 1]``, Zipf lengths)."""
     generator = torch.Generator().manual_seed(seed)
     lengths = zipf_lengths(active_tokens, active_sequences, generator=generator)
     cu_seqlens = pad_cu_seqlens(cu_seqlens_from_lengths(lengths), sequence_capacity)
     x, target = (torch.randn(token_capacity, dim, generator=generator) for _ in range(2))
-    return x.to("cuda", torch.bfloat16), target.to("cuda", torch.bfloat16), cu_seqlens.cuda()
+    return x.to(device, dtype), target.to(device, dtype), cu_seqlens.to(device)
 
 
 def varlen_attn_repro(
@@ -70,10 +72,31 @@ def varlen_attn_repro(
 def block_ablation(
     token_capacity: int = 2048, sequence_capacity: int = 32, active_tokens: int = 1500,
     active_sequences: int = 16, dim: int = 512, num_heads: int = 4, seed: int = 0,
+    *, impl: str = "varlen_attn", device: torch.device | str = "cuda", dtype: torch.dtype = torch.bfloat16,
 ) -> dict:
     """The block with NaN in the inactive rows of its input and target, undefined memory read as
-    NaN, and each set of masks: all, none, all but one."""
-    x, target, cu_seqlens = _packed_batch(token_capacity, sequence_capacity, active_tokens, active_sequences, dim, seed)
+    NaN, and each set of masks: all, none, all but one.
+
+    Args:
+        token_capacity, sequence_capacity, active_tokens, active_sequences: ``T``, ``N``, ``L``
+            and ``M`` of one packed batch (``M`` Zipf lengths summing to ``L``).
+        dim, num_heads, seed: the block's width and heads; the seed of the batch and weights.
+        impl: the block's attention (``"varlen_attn"``, torch's contract, is what the suite
+            records; ``"reference"`` runs on a CPU).
+        device, dtype: where and in which precision (the suite: CUDA, bf16; the "Masking"
+            chapter's CPU run: ``"cpu"``, float64).
+
+    Returns:
+        ``{"config": {...}, "runs": [{"variant", "masks", "loss_at_capacity", "loss_exact",
+        "gradients": {name: {"nonfinite", "max_abs_diff", "max_abs_exact"}}}]}`` (see
+        :func:`~attn_gym_lite.testing.exactness.compare_gradients`), one run per variant, in the
+        order all, none, without each site of ``MASK_SITES``.
+
+    Raises:
+        TypeError, ValueError: from the block or the batch for arguments out of range.
+    """
+    x, target, cu_seqlens = _packed_batch(token_capacity, sequence_capacity, active_tokens, active_sequences, dim, seed,
+                                          device, dtype)
     x[active_tokens:] = float("nan")
     target[active_tokens:] = float("nan")
     variants = [("all", MASK_SITES), ("none", ())]
@@ -81,8 +104,7 @@ def block_ablation(
     runs = []
     for name, masks in variants:
         torch.manual_seed(seed)
-        module = ShortConvAttentionBlock(dim, num_heads, masks=masks, impl="varlen_attn", device="cuda",
-                                         dtype=torch.bfloat16)
+        module = ShortConvAttentionBlock(dim, num_heads, masks=masks, impl=impl, device=device, dtype=dtype)
         with uninitialized_memory_as_nan():
             report = compare_gradients(
                 gradients_at_capacity(module, x, target, cu_seqlens, token_capacity),
@@ -91,9 +113,32 @@ def block_ablation(
         runs.append({"variant": name, "masks": list(masks), **report})
     return {
         "config": {"T": token_capacity, "N": sequence_capacity, "L": active_tokens, "M": active_sequences,
-                   "dim": dim, "num_heads": num_heads, "dtype": "bfloat16", "fill": "nan", "seed": seed},
+                   "dim": dim, "num_heads": num_heads, "dtype": str(dtype).removeprefix("torch."), "fill": "nan",
+                   "seed": seed, "impl": impl, "device": str(torch.device(device))},
         "runs": runs,
     }
+
+
+def ablation_verdicts(result: dict, rtol: float = 5e-2) -> dict[str, dict[str, str]]:
+    """Per variant and gradient of a :func:`block_ablation` result: ``"<n> non-finite"``,
+    ``"WRONG"`` (largest difference to the exact gradient above ``rtol`` times the exact
+    gradient's largest magnitude, floored at 1e-3) or ``"ok"``.
+
+    Raises:
+        ValueError: ``rtol`` is not a number > 0.
+    """
+    if isinstance(rtol, bool) or not isinstance(rtol, (int, float)) or not rtol > 0:
+        raise ValueError(f"ablation_verdicts: rtol must be a number > 0, got {rtol!r}")
+    verdicts = {}
+    for run in result["runs"]:
+        row = {}
+        for name, g in run["gradients"].items():
+            if g["nonfinite"]:
+                row[name] = f"{g['nonfinite']} non-finite"
+            else:
+                row[name] = "WRONG" if g["max_abs_diff"] > rtol * max(g["max_abs_exact"], 1e-3) else "ok"
+        verdicts[run["variant"]] = row
+    return verdicts
 
 
 def mask_cost(
