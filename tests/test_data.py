@@ -20,7 +20,9 @@ from helpers import ByteTokenizer, assert_batch_invariants, sequences_of
 
 from attn_gym_lite import data
 from attn_gym_lite.data import (
+    InOrder,
     PackedBatch,
+    PackedLoader,
     Tokenizer,
     fixed_count_loader,
     jsonl_texts,
@@ -28,10 +30,10 @@ from attn_gym_lite.data import (
     packed_batch_loader,
     parquet_texts,
     python_stdlib_corpus,
-    real_text_loader,
     text_files,
 )
 from attn_gym_lite.data.batch import padded_batch
+from attn_gym_lite.data.study import document_lengths
 
 FIXTURES = Path(__file__).parent / "fixtures"
 TINY_CORPUS = FIXTURES / "tiny_corpus"
@@ -43,7 +45,7 @@ TINY_JSONL = FIXTURES / "tiny.jsonl"
 # ---------------------------------------------------------------------------------------------
 
 
-def expected_pieces(documents, tokenizer, max_document_tokens, min_document_tokens=2):
+def expected_pieces(documents, tokenizer, max_piece_tokens, min_document_tokens=2):
     """Documents tokenized one by one (not batched) and cut into consecutive pieces."""
     pieces = []
     for document in documents:
@@ -51,7 +53,7 @@ def expected_pieces(documents, tokenizer, max_document_tokens, min_document_toke
         if len(ids) < min_document_tokens:
             continue
         pieces += [
-            ids[i : i + max_document_tokens] for i in range(0, len(ids), max_document_tokens)
+            ids[i : i + max_piece_tokens] for i in range(0, len(ids), max_piece_tokens)
         ]
     return pieces
 
@@ -431,43 +433,41 @@ def test_tiktoken_specs(monkeypatch):
 
 
 # ---------------------------------------------------------------------------------------------
-# Real-text loader
+# The loader on real text, in corpus order (shuffle_buffer=1, in-order packing)
 # ---------------------------------------------------------------------------------------------
 
 
-def test_real_text_loader_on_fixture_corpus(small_bpe, parquet_path):
+def in_order(token_capacity, sequence_capacity, **kwargs) -> list[PackedBatch]:
+    """Every batch of one pass of PackedLoader that keeps the corpus order, packed in order."""
+    kwargs = {"policy": InOrder(), "shuffle_buffer": 1, "prefetch": 0} | kwargs
+    return list(PackedLoader(token_capacity, sequence_capacity, **kwargs))
+
+
+def test_loader_on_fixture_corpus_tokenizes_as_one_document_at_a_time(small_bpe, parquet_path):
     documents = tiny_documents(parquet_path)
     T, N, longest = 32, 4, 12
-    batches = list(
-        real_text_loader(T, N, corpus=documents, tokenizer=small_bpe, max_document_tokens=longest)
-    )
+    batches = in_order(T, N, corpus=documents, tokenizer=small_bpe, max_piece_tokens=longest)
     pieces = expected_pieces(documents, small_bpe, longest)
     assert_packing(batches, pieces, T, N)
     assert max(map(len, pieces)) == longest  # some documents were split
     assert any(batch.active_sequences > 1 for batch in batches)  # and some packed together
     # Re-running gives identical batches.
-    again = real_text_loader(
-        T, N, corpus=documents, tokenizer=small_bpe, max_document_tokens=longest
-    )
+    again = in_order(T, N, corpus=documents, tokenizer=small_bpe, max_piece_tokens=longest)
     for first, second in zip(batches, again, strict=True):
         assert torch.equal(first.input_ids, second.input_ids)
         assert torch.equal(first.cu_seqlens, second.cu_seqlens)
 
 
-def test_real_text_loader_on_stdlib_with_tokenizer_path(small_bpe, small_cache):
+def test_loader_on_stdlib_with_tokenizer_path(small_bpe, small_cache):
     tokenizer_path = small_cache / small_bpe.name / "tokenizer.json"
     documents = list(python_stdlib_corpus(limit=12))
     T, N = 1024, 8
-    batches = list(real_text_loader(T, N, corpus=iter(documents), tokenizer=str(tokenizer_path)))
+    batches = in_order(T, N, corpus=documents, tokenizer=str(tokenizer_path))
     assert_packing(batches, expected_pieces(documents, small_bpe, T), T, N)
 
 
-def test_real_text_loader_splits_long_documents_exactly():
-    batches = list(
-        real_text_loader(
-            16, 4, corpus=["a" * 25], tokenizer=ByteTokenizer(), max_document_tokens=10
-        )
-    )
+def test_loader_splits_long_documents_exactly():
+    batches = in_order(16, 4, corpus=["a" * 25], tokenizer=ByteTokenizer(), max_piece_tokens=10)
     # Pieces of 10, 10, 5 tokens; the second 10 does not fit next to the first (10 + 10 > 16).
     assert [batch.cu_seqlens.tolist() for batch in batches] == [
         [0, 10, 10, 10, 10],
@@ -481,44 +481,33 @@ def test_real_text_loader_splits_long_documents_exactly():
     assert batches[1].loss_mask.tolist() == [True] * 9 + [False] + [True] * 4 + [False] * 2
 
 
-def test_real_text_loader_respects_sequence_capacity_and_num_batches():
+def test_loader_respects_sequence_capacity():
     corpus = [f"d{i}" for i in range(10)]
-    batches = list(real_text_loader(64, 3, corpus=corpus, tokenizer=ByteTokenizer()))
+    batches = in_order(64, 3, corpus=corpus, tokenizer=ByteTokenizer())
     assert [batch.active_sequences for batch in batches] == [3, 3, 3, 1]
     assert_packing(batches, [list(doc.encode()) for doc in corpus], 64, 3)
-    assert (
-        len(list(real_text_loader(64, 3, corpus=corpus, tokenizer=ByteTokenizer(), num_batches=2)))
-        == 2
-    )
 
 
-def test_real_text_loader_min_document_tokens():
+def test_loader_min_document_tokens():
     corpus = ["a", "bc", "", "def"]
-    kept = [batch for batch in real_text_loader(8, 4, corpus=corpus, tokenizer=ByteTokenizer())]
+    kept = in_order(8, 4, corpus=corpus, tokenizer=ByteTokenizer())
     assert [s for b in kept for s in sequences_of(b)] == [list(b"bc"), list(b"def")]
-    kept_all = real_text_loader(
-        8, 4, corpus=corpus, tokenizer=ByteTokenizer(), min_document_tokens=1
-    )
+    kept_all = in_order(8, 4, corpus=corpus, tokenizer=ByteTokenizer(), min_document_tokens=1)
     assert [s for b in kept_all for s in sequences_of(b)] == [list(b"a"), list(b"bc"), list(b"def")]
-    # Nothing to train on is said, not silently yielded as no batch (the reliability issue).
-    with pytest.raises(ValueError, match="corpus must hold at least one document, got an empty sequence"):
-        real_text_loader(8, 4, corpus=[], tokenizer=ByteTokenizer())
-    with pytest.raises(ValueError, match="corpus yielded no document of at least min_document_tokens = 2 tokens"):
-        list(real_text_loader(8, 4, corpus=["a", ""], tokenizer=ByteTokenizer()))
 
 
-def test_a_corpus_of_something_else_than_strings_is_refused_naming_the_document():
-    with pytest.raises(TypeError, match=r"corpus\[0\] must be a document string, got bytes"):
-        real_text_loader(8, 4, corpus=[b"abc"], tokenizer=ByteTokenizer())
+def test_a_document_of_another_type_is_refused_naming_its_corpus_index():
+    with pytest.raises(TypeError, match=r"corpus\[0\] must be a document string or a list/tuple of token ids, got bytes"):
+        in_order(8, 4, corpus=[b"abc"], tokenizer=ByteTokenizer())
+    with pytest.raises(TypeError, match=r"corpus\[1\] must be a document string or a list/tuple of token ids, got int"):
+        in_order(8, 4, corpus=["abc", 123], tokenizer=ByteTokenizer())
+    # The study's tokenizing pass checks its corpus as it is given: a list now, naming the index.
     with pytest.raises(TypeError, match=r"corpus\[1\] must be a document string, got int"):
-        real_text_loader(8, 4, corpus=["abc", 123], tokenizer=ByteTokenizer())
-    lazy = real_text_loader(8, 4, corpus=(d for d in ["abc", 123]), tokenizer=ByteTokenizer())
-    with pytest.raises(TypeError, match=r"corpus\[1\] must be a document string, got int"):
-        list(lazy)
+        document_lengths(["abc", 123], ByteTokenizer())
 
 
 @pytest.mark.parametrize("seed", range(40))
-def test_real_text_loader_random_cases(seed):
+def test_loader_in_corpus_order_random_cases(seed):
     """Random corpora and capacities, including empty documents and T = 1."""
     rng = random.Random(seed)
     token_capacity = rng.randint(1, 48)
@@ -530,65 +519,13 @@ def test_real_text_loader_random_cases(seed):
         "".join(rng.choices(alphabet, k=rng.randint(0, 40))) for _ in range(rng.randint(0, 12))
     ]
     tokenizer = ByteTokenizer()
-    if not expected_pieces(documents, tokenizer, longest, minimum):
-        with pytest.raises(ValueError, match="corpus must hold at least one document|corpus yielded no document"):
-            list(real_text_loader(token_capacity, sequence_capacity, corpus=documents, tokenizer=tokenizer,
-                                  max_document_tokens=longest, min_document_tokens=minimum))
-        return
-    batches = list(
-        real_text_loader(
-            token_capacity,
-            sequence_capacity,
-            corpus=documents,
-            tokenizer=tokenizer,
-            max_document_tokens=longest,
-            min_document_tokens=minimum,
-        )
-    )
+    arguments = dict(corpus=documents, tokenizer=tokenizer, max_piece_tokens=longest, min_document_tokens=minimum)
     pieces = expected_pieces(documents, tokenizer, longest, minimum)
-    if pieces:
-        assert_packing(batches, pieces, token_capacity, sequence_capacity)
-
-
-@pytest.mark.parametrize(
-    ("kwargs", "error", "match"),
-    [
-        ({"token_capacity": 0}, ValueError, r"token_capacity must be an int >= 1, got 0"),
-        ({"sequence_capacity": 65}, ValueError, r"sequence_capacity must be an int in \[1, 64\], got 65"),
-        (
-            {"max_document_tokens": 65},
-            ValueError,
-            r"max_document_tokens must be an int in \[1, 64\], got 65",
-        ),
-        ({"max_document_tokens": 0}, ValueError, r"max_document_tokens must be an int in \[1, 64\], got 0"),
-        ({"num_batches": 0}, ValueError, r"num_batches must be an int >= 1, got 0"),
-        ({"min_document_tokens": 0}, ValueError, r"min_document_tokens must be an int >= 1, got 0"),
-        (
-            {"corpus": "one document"},
-            TypeError,
-            r"corpus must be an iterable of document strings, got str",
-        ),
-        ({"corpus": 5}, TypeError, r"corpus must be an iterable of document strings, got int"),
-        ({"tokenizer": object()}, TypeError, r"tokenizer must have name, vocab_size, .*got object"),
-        (
-            {"tokenizer": "missing/tokenizer.json"},
-            FileNotFoundError,
-            r"spec='missing/tokenizer.json'",
-        ),
-    ],
-)
-def test_real_text_loader_rejects_bad_arguments(kwargs, error, match):
-    arguments = {
-        "token_capacity": 64,
-        "sequence_capacity": 4,
-        "corpus": ["x y"],
-        "tokenizer": ByteTokenizer(),
-    }
-    arguments |= kwargs
-    with pytest.raises(error, match=match):
-        real_text_loader(
-            arguments.pop("token_capacity"), arguments.pop("sequence_capacity"), **arguments
-        )
+    if not pieces:
+        with pytest.raises(ValueError, match="corpus must hold at least one document|corpus yielded no document"):
+            in_order(token_capacity, sequence_capacity, **arguments)
+        return
+    assert_packing(in_order(token_capacity, sequence_capacity, **arguments), pieces, token_capacity, sequence_capacity)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -195,7 +195,7 @@ def test_worker_errors_reach_the_consumer():
 
     with pytest.raises(OSError, match="disk gone"):
         list(make(corpus, prefetch=2))
-    with pytest.raises(TypeError, match=r"corpus documents must be str or lists/tuples of token ids, got int"):
+    with pytest.raises(TypeError, match=r"corpus\[0\] must be a document string or a list/tuple of token ids, got int"):
         list(make([3, "text"], shuffle_buffer=1, prefetch=2))
 
 
@@ -223,20 +223,25 @@ def test_batches_are_pinned_with_cuda():
     [
         ({"corpus": iter(["a b"])}, TypeError, r"corpus must be re-readable .* got list_iterator"),
         ({"corpus": "one document"}, TypeError, r"corpus must be re-readable .* got str"),
+        ({"corpus": 5}, TypeError, r"corpus must be re-readable .* got int"),
+        ({"token_capacity": 0}, ValueError, r"token_capacity must be an int >= 1, got 0"),
         ({"policy": "best-fit"}, TypeError, r"policy must be a PackingPolicy .* got str"),
         ({"sequence_capacity": 65}, ValueError, r"sequence_capacity must be an int in \[1, 64\], got 65"),
         ({"max_piece_tokens": 65}, ValueError, r"max_piece_tokens must be an int in \[1, 64\], got 65"),
+        ({"max_piece_tokens": 0}, ValueError, r"max_piece_tokens must be an int in \[1, 64\], got 0"),
+        ({"min_document_tokens": 0}, ValueError, r"min_document_tokens must be an int >= 1, got 0"),
         ({"shuffle_buffer": 0}, ValueError, r"shuffle_buffer must be an int >= 1, got 0"),
         ({"epochs": 0}, ValueError, r"epochs must be an int >= 1, got 0"),
         ({"prefetch": -1}, ValueError, r"prefetch must be an int >= 0, got -1"),
         ({"pin_memory": 1}, TypeError, r"pin_memory must be a bool, got int"),
         ({"tokenizer": object()}, TypeError, r"tokenizer must have name, vocab_size"),
+        ({"tokenizer": "missing/tokenizer.json"}, FileNotFoundError, r"spec='missing/tokenizer.json'"),
     ],
 )
 def test_loader_rejects_bad_arguments(kwargs, error, match):
-    arguments = {"corpus": ["a b"], "tokenizer": ByteTokenizer()} | kwargs
+    arguments = {"token_capacity": 64, "corpus": ["a b"], "tokenizer": ByteTokenizer()} | kwargs
     with pytest.raises(error, match=match):
-        PackedLoader(64, **arguments)
+        PackedLoader(**arguments)
 
 
 def test_endless_epochs_and_a_corpus_without_pieces_ends():

@@ -1,9 +1,11 @@
 """capture_graph and StaticInputs: argument checks on CPU, capture and replay on the GPU."""
 
+from itertools import islice
+
 import pytest
 import torch
 
-from attn_gym_lite.data import real_text_loader
+from attn_gym_lite.data import PackedLoader
 from attn_gym_lite.graph.capture import StaticInputs, capture_graph
 from attn_gym_lite.models import PackedLM
 
@@ -20,8 +22,8 @@ def test_static_inputs_copy_into_the_same_buffers():
 
 
 def test_static_inputs_take_dataclass_batches():
-    batch = next(real_text_loader(64, 4, corpus=["def f(x):\n    return x + 1\n"] * 6,
-                                  tokenizer=_tiny_tokenizer()))
+    batch = next(iter(PackedLoader(64, 4, corpus=["def f(x):\n    return x + 1\n"] * 6,
+                                   tokenizer=_tiny_tokenizer(), prefetch=0)))
     static = StaticInputs(batch, "cpu")
     assert set(static.keys()) == {"input_ids", "labels", "loss_mask", "cu_seqlens"}
     assert torch.equal(static.cu_seqlens, batch.cu_seqlens)
@@ -79,7 +81,7 @@ def test_replayed_training_graph_matches_eager_on_a_new_batch():
     """Capture forward+backward on batch 0, copy batch 1 into the static buffers, replay:
     loss and every gradient must equal an eager run on batch 1 at the same capacity."""
     torch.manual_seed(0)
-    batches = list(real_text_loader(1024, 8, num_batches=3))
+    batches = list(islice(PackedLoader(1024, 8), 3))
     model = PackedLM(8192, 256, 2, device="cuda", dtype=torch.bfloat16)
     parameters = tuple(model.parameters())
     static = StaticInputs(batches[0], "cuda")

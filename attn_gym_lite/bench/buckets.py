@@ -6,7 +6,8 @@
   versus the bucket that fits ``L``, as ``L`` falls from ``T`` to ``T / 16``;
 * lifetime: an output kept across a replay of another bucket, and the debug guard;
 * optimizer boundary: eager fused Adam on the graph's gradients versus a captured Adam step;
-* training: a :class:`PackedLM` trained on the real-text loader from one graph and from buckets
+* training: a :class:`PackedLM` trained on real text (:class:`PackedLoader`, in-order packing of the
+  shuffled standard library) from one graph and from buckets
   chosen by :func:`plan_buckets` on the loader's own ``L`` distribution, same batches, same
   initial weights: losses and step time per batch.
 """
@@ -19,7 +20,7 @@ from itertools import islice
 import torch
 from torch import nn
 
-from ..data import load_tokenizer, real_text_loader
+from ..data import InOrder, PackedLoader, load_tokenizer
 from ..data.capacity import plan_buckets, select_bucket
 from ..graph.buckets import GraphBuckets, private_pool_bytes
 from ..graph.capture import capture_graph
@@ -123,8 +124,8 @@ def training(token_capacity: int = 4096, sequence_capacity: int = 32, dim: int =
              steps: int = 200, k: int = 4, lr: float = 1e-3) -> dict:
     """One graph versus buckets planned from the loader's own ``L``, on the same batches."""
     tokenizer = load_tokenizer()
-    loader = real_text_loader(token_capacity, sequence_capacity, tokenizer=tokenizer, max_document_tokens=1024)
-    batches = [b.pin_memory() for b in islice(loader, steps)]
+    loader = PackedLoader(token_capacity, sequence_capacity, tokenizer=tokenizer, policy=InOrder(), max_piece_tokens=1024)
+    batches = list(islice(loader, steps))
     plan = plan_buckets([b.active_tokens for b in batches], k, align=256)
     runs = {}
     for name, capacities in (("one graph", [token_capacity]), ("buckets", list(plan.capacities))):
@@ -202,7 +203,7 @@ def optimizer_boundary(token_capacity: int = 4096, dim: int = 1024, num_heads: i
     """Forward + backward graph, then Adam: eager fused step on the graph's gradients versus the
     step captured as a second graph (``capturable=True``). Median µs and peak MiB of each."""
     tokenizer = load_tokenizer()
-    batch = next(real_text_loader(token_capacity, 32, tokenizer=tokenizer, max_document_tokens=1024)).pin_memory()
+    batch = next(iter(PackedLoader(token_capacity, 32, tokenizer=tokenizer, policy=InOrder(), max_piece_tokens=1024)))
     results = {}
     for mode in ("eager fused Adam", "captured Adam"):
         torch.manual_seed(0)

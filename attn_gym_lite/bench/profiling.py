@@ -1,7 +1,7 @@
 """Benchmark suite ``profiling``: traces of the "Graph capture" chapter's training step, eager and
 replayed, and what labelling the replayed kernels costs.
 
-* traces: a few steps of :class:`FixedCapacityTrainer` (PackedLM on the real-text loader),
+* traces: a few steps of :class:`FixedCapacityTrainer` (PackedLM on :class:`PackedLoader`'s real text),
   eager and from one graph, written gzipped beside the JSON (``profiling_traces/``), plus the
   replay trace labelled by :func:`annotate_trace`; the annotations it used go in the JSON;
 * summaries: kernels per step, GPU busy fraction, idle gaps, time per region;
@@ -21,7 +21,7 @@ from pathlib import Path
 
 import torch
 
-from ..data import load_tokenizer, real_text_loader
+from ..data import InOrder, PackedLoader, load_tokenizer
 from ..graph.training import FixedCapacityTrainer
 from ..models import PackedLM
 from ..profiling import annotate_trace, device_events, profile, record_annotations, save_trace, trace_summary
@@ -90,8 +90,8 @@ def profiling_suite(out: Path | None = None, token_capacity: int = 4096, sequenc
     inflation against wall clocks; the cost of labels. Traces go to ``out/profiling_traces``
     (not written when ``out`` is None, e.g. in a notebook's live run)."""
     tokenizer = load_tokenizer()
-    loader = real_text_loader(token_capacity, sequence_capacity, tokenizer=tokenizer, max_document_tokens=1024)
-    batches = [b.pin_memory() for b in islice(loader, 4 + steps)]
+    loader = PackedLoader(token_capacity, sequence_capacity, tokenizer=tokenizer, policy=InOrder(), max_piece_tokens=1024)
+    batches = list(islice(loader, 4 + steps))
     warm, profiled = batches[:3], batches[3:]  # profiled: 1 warm-up step for the profiler + steps
     folder = None if out is None else Path(out) / TRACE_FOLDER
     record: dict = {"config": {"T": token_capacity, "N": sequence_capacity, "dim": dim, "num_heads": num_heads,

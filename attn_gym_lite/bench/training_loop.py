@@ -7,7 +7,7 @@ from itertools import islice
 
 import torch
 
-from ..data import load_tokenizer, real_text_loader
+from ..data import InOrder, PackedLoader, load_tokenizer
 from ..graph.training import FixedCapacityTrainer
 from ..models import PackedLM
 
@@ -15,22 +15,21 @@ from ..models import PackedLM
 def training_loop(
     token_capacity: int = 4096, sequence_capacity: int = 32, dim: int = 1024, num_heads: int = 8,
     steps: int = 300, lr: float = 1e-3, seed: int = 0, device: str = "cuda",
-    dtype: torch.dtype = torch.bfloat16, max_document_tokens: int = 1024,
+    dtype: torch.dtype = torch.bfloat16, max_piece_tokens: int = 1024,
 ) -> dict:
-    """Train a :class:`PackedLM` on the real-text loader, eagerly and from one CUDA graph, on
-    the same batches from the same initial weights; losses per step and step time. Files longer
-    than ``max_document_tokens`` are cut into pieces of that length (the context length), several
-    of which share each batch.
+    """Train a :class:`PackedLM` on real text, eagerly and from one CUDA graph, on the same
+    batches from the same initial weights; losses per step and step time. The batches come from
+    :class:`PackedLoader` over the shuffled standard-library corpus, packed in order: files longer
+    than ``max_piece_tokens`` are cut into pieces of that length (the context length), several of
+    which share each batch.
 
     Step time is host wall-clock over all steps after the first 10 (synchronised at the ends),
     so it includes the copies into the static buffers and the eager Adam step.
     """
     tokenizer = load_tokenizer()
-    loader = real_text_loader(token_capacity, sequence_capacity, tokenizer=tokenizer,
-                              max_document_tokens=min(max_document_tokens, token_capacity))
+    loader = PackedLoader(token_capacity, sequence_capacity, tokenizer=tokenizer, policy=InOrder(),
+                          max_piece_tokens=min(max_piece_tokens, token_capacity), pin_memory=device == "cuda")
     batches = list(islice(loader, steps))
-    if device == "cuda":
-        batches = [b.pin_memory() for b in batches]
     runs = {}
     for mode in ("eager", "graph") if device == "cuda" else ("eager",):
         torch.manual_seed(seed)
@@ -48,7 +47,7 @@ def training_loop(
     return {
         "config": {"T": token_capacity, "N": sequence_capacity, "dim": dim, "num_heads": num_heads,
                    "vocab_size": tokenizer.vocab_size, "tokenizer": tokenizer.name, "steps": len(batches),
-                   "max_document_tokens": min(max_document_tokens, token_capacity),
+                   "max_piece_tokens": min(max_piece_tokens, token_capacity), "policy": loader.policy.label,
                    "lr": lr, "dtype": str(dtype).removeprefix("torch."), "seed": seed},
         "active_tokens": [b.active_tokens for b in batches],
         "active_sequences": [b.active_sequences for b in batches],

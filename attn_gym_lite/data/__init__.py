@@ -14,8 +14,8 @@ batches and measures how full they are. One concept per module:
 * :mod:`.segment`: cutting long documents into pieces (the boundary rule);
 * :mod:`.packing`: the packing policies (:class:`InOrder`, :class:`FirstFit`,
   :class:`BestFit`) and the bound on ``M`` each guarantees;
-* :mod:`.loader`: :func:`real_text_loader` (in order, one pass) and :class:`PackedLoader`
-  (any policy, shuffled, prefetched, pinned, resumable);
+* :mod:`.loader`: :class:`PackedLoader`, the one loader (any policy, shuffled, prefetched,
+  pinned, resumable);
 * :mod:`.synthetic`: batches of a prescribed shape: :func:`packed_batch_loader` (random ids) and
   :func:`fixed_count_loader` (real text, a fixed number of documents per batch);
 * :mod:`.study`: measuring a corpus and how well each policy packs it;
@@ -29,7 +29,7 @@ Everything here runs on the CPU and is deterministic.
 from .batch import PackedBatch, batch_from_pieces
 from .capacity import BucketPlan, plan_buckets, select_bucket
 from .corpora import hf_dataset_texts, jsonl_texts, parquet_texts, python_stdlib_corpus, text_files
-from .loader import PackedLoader, real_text_loader
+from .loader import PackedLoader
 from .packing import BestFit, FirstFit, InOrder, PackingPolicy
 from .recommend import Recommendation, recommend
 from .segment import segment, segment_lengths
@@ -56,7 +56,6 @@ __all__ = [
     "InOrder",
     "FirstFit",
     "BestFit",
-    "real_text_loader",
     "PackedLoader",
     "BucketPlan",
     "plan_buckets",

@@ -1,12 +1,10 @@
-"""Loaders: documents → tokens → pieces → a packing policy → :class:`PackedBatch`.
+"""The loader: documents → tokens → pieces → a packing policy → :class:`PackedBatch`.
 
-* :func:`real_text_loader`: one pass in corpus order with the in-order policy, in the caller's
-  thread. It is the foundation's loader, kept exactly as it was (the recorded training results
-  were made with it).
-* :class:`PackedLoader`: the loader for training runs: any policy (default: best-fit with the
-  seed article's 32-candidate buffer), a seeded shuffle buffer, several epochs, background
-  prefetch into pinned memory, and ``state_dict()`` / ``load_state_dict()`` so that a resumed
-  run continues on exactly the batch it would have seen next.
+:class:`PackedLoader` is the package's one loader, for training runs and for the book alike: any
+policy (default: best-fit with the seed article's 32-candidate buffer), a seeded shuffle buffer
+(``shuffle_buffer=1`` keeps the corpus order), several epochs, background prefetch into pinned
+memory, and ``state_dict()`` / ``load_state_dict()`` so that a resumed run continues on exactly
+the batch it would have seen next.
 """
 
 from __future__ import annotations
@@ -22,111 +20,12 @@ from typing import TypeVar
 
 from ..checks import check_capacities, check_int
 from .batch import PackedBatch, batch_from_pieces
-from .corpora import python_stdlib_corpus, resolve_corpus
-from .packing import BestFit, InOrder, PackingPolicy
+from .corpora import python_stdlib_corpus
+from .packing import BestFit, PackingPolicy
 from .segment import segment
-from .tokenizer import ENCODE_BATCH_SIZE, Tokenizer, resolve_tokenizer
+from .tokenizer import Tokenizer, encode_in_chunks, resolve_tokenizer
 
-__all__ = ["real_text_loader", "PackedLoader"]
-
-def _tokenized_pieces(
-    documents: Iterable[str],
-    tokenizer: Tokenizer,
-    max_piece_tokens: int,
-    min_document_tokens: int,
-) -> Iterator[list[int]]:
-    """Tokenize documents in chunks; yield each kept document as pieces of <= max tokens."""
-    documents = iter(documents)
-    while chunk := list(itertools.islice(documents, ENCODE_BATCH_SIZE)):
-        for ids in tokenizer.encode_batch(chunk):
-            if len(ids) >= min_document_tokens:
-                yield from segment(ids, max_piece_tokens)
-
-
-def real_text_loader(
-    token_capacity: int,
-    sequence_capacity: int,
-    *,
-    corpus: Iterable[str] | None = None,
-    tokenizer: Tokenizer | str | os.PathLike[str] | None = None,
-    max_document_tokens: int | None = None,
-    num_batches: int | None = None,
-    min_document_tokens: int = 2,
-) -> Iterator[PackedBatch]:
-    """Tokenize documents and pack them, greedily and in order, into fixed-capacity batches.
-
-    Each document (after tokenization) becomes one sequence; one longer than
-    ``max_document_tokens`` becomes consecutive pieces of at most that many tokens
-    (:func:`~attn_gym_lite.data.segment`: no token lost or repeated), each piece its own
-    sequence. Pieces are packed by :class:`~attn_gym_lite.data.InOrder` with ``N`` as the cap:
-    a piece that does not fit the remaining ``T - L`` rows, or that would be the ``N + 1``-th
-    sequence, closes the batch and opens the next one (no reordering, so the corpus order is kept
-    and the output is deterministic). ``cu_seqlens`` boundaries are exactly the piece boundaries;
-    labels are next tokens within a piece, and the loss mask is False on each piece's last token
-    and on padding.
-
-    Args:
-        token_capacity: ``T`` (tokens), >= 1.
-        sequence_capacity: ``N``, ``1 <= N <= T``.
-        corpus: document strings (any iterable, read once); default
-            :func:`~attn_gym_lite.data.python_stdlib_corpus`.
-        tokenizer: a :class:`~attn_gym_lite.data.Tokenizer`, or a spec for
-            :func:`~attn_gym_lite.data.load_tokenizer`; default the stdlib byte-level BPE.
-        max_document_tokens: longest piece (tokens), ``1..T``; default ``T``.
-        num_batches: stop after this many batches (>= 1); default: until the corpus ends (the
-            last, partial batch is yielded too).
-        min_document_tokens: drop documents with fewer tokens (>= 1); the default 2 drops
-            documents too short to give one next-token target.
-
-    Yields:
-        :class:`PackedBatch` on the CPU, each with ``L <= T``, ``1 <= M <= N``.
-
-    Raises:
-        TypeError: an argument has the wrong type (e.g. ``corpus`` is a single str).
-        ValueError: a size is out of range (checked when called, not at the first batch).
-
-    Source: seed article, "A More Realistic Training Loop" (packed batches of capacity T, N),
-    here fed with real text.
-    """
-    token_capacity, sequence_capacity = check_capacities(token_capacity, sequence_capacity)
-    max_document_tokens = check_int(
-        "max_document_tokens",
-        token_capacity if max_document_tokens is None else max_document_tokens,
-        minimum=1,
-        maximum=token_capacity,
-    )
-    if num_batches is not None:
-        num_batches = check_int("num_batches", num_batches, minimum=1)
-    min_document_tokens = check_int("min_document_tokens", min_document_tokens, minimum=1)
-    corpus = resolve_corpus(corpus)
-    tokenizer = resolve_tokenizer(tokenizer)
-
-    def batches() -> Iterator[PackedBatch]:
-        store: dict[int, list[int]] = {}  # stream position -> piece, until a batch takes it
-
-        def lengths() -> Iterator[int]:
-            pieces = _tokenized_pieces(corpus, tokenizer, max_document_tokens, min_document_tokens)
-            for position, piece in enumerate(pieces):
-                store[position] = piece
-                yield len(piece)
-
-        count = 0
-        for positions in InOrder().batches(lengths(), token_capacity, sequence_capacity):
-            pieces = [store.pop(position) for position in positions]
-            count += 1
-            yield batch_from_pieces(pieces, token_capacity, sequence_capacity)
-        if count == 0:
-            raise ValueError(
-                f"corpus yielded no document of at least min_document_tokens = {min_document_tokens} tokens: "
-                "no batch could be made"
-            )
-
-    return itertools.islice(batches(), num_batches)
-
-
-# ---------------------------------------------------------------------------------------------
-# The resumable loader
-# ---------------------------------------------------------------------------------------------
+__all__ = ["PackedLoader"]
 
 Item = TypeVar("Item")
 
@@ -216,7 +115,8 @@ class _PieceStream:
         documents = self._read(needed)
         self.shuffle = [(doc, documents[doc]) for doc in state["shuffle"]]
         pending_docs = sorted({doc for doc, _, _ in state["pending"]})
-        encoded = dict(zip(pending_docs, self._encode([documents[doc] for doc in pending_docs])))
+        pairs = ((doc, documents[doc]) for doc in pending_docs)
+        encoded = {doc: ids for chunk in encode_in_chunks(pairs, loader.tokenizer) for doc, ids in chunk}
         for doc, start, stop in state["pending"]:
             ids = encoded[doc][start:stop]
             if len(ids) != stop - start:
@@ -248,24 +148,6 @@ class _PieceStream:
             f"state refers to documents {sorted(needed - set(found))[:5]} but the corpus has "
             f"only {count} documents: was the state saved with another corpus?"
         )
-
-    def _encode(self, documents: list[object]) -> list[Sequence[int]]:
-        """Token ids per document: strings through the tokenizer (one batched call), lists or
-        tuples of token ids (a pre-tokenized corpus) as they are."""
-        texts = [document for document in documents if isinstance(document, str)]
-        encoded = iter(self.loader.tokenizer.encode_batch(texts) if texts else [])
-        ids = []
-        for document in documents:
-            if isinstance(document, str):
-                ids.append(next(encoded))
-            elif isinstance(document, (list, tuple)):
-                ids.append(document)
-            else:
-                raise TypeError(
-                    "corpus documents must be str or lists/tuples of token ids, "
-                    f"got {type(document).__name__}"
-                )
-        return ids
 
     def _add(self, doc: int, start: int, ids: Sequence[int]) -> None:
         self.store[self.next_position] = (doc, start, ids)
@@ -304,31 +186,32 @@ class _PieceStream:
         self.source = self._open()
         return True
 
+    def _epoch_documents(self) -> Iterator[tuple[int, object]]:
+        """``(corpus index, document)`` out of the shuffle buffer until the epoch ends."""
+        while (document := self._next_document()) is not None:
+            yield document
+
     def lengths(self) -> Iterator[int]:
         """Lengths of the restored pieces, then of each new piece as documents are read."""
         for position in list(self.store):
             yield len(self.store[position][2])
         size = self.loader.max_piece_tokens
         while True:
-            chunk = []
-            while len(chunk) < ENCODE_BATCH_SIZE:
-                if (document := self._next_document()) is None:
-                    break
-                chunk.append(document)
-            new_lengths = []
-            for (doc, _), ids in zip(chunk, self._encode([document for _, document in chunk])):
-                if len(ids) < self.loader.min_document_tokens:
-                    continue
-                start = 0
-                for piece in segment(ids, size):
-                    self._add(doc, start, piece)
-                    new_lengths.append(len(piece))
-                    start += len(piece)
-            self.pieces_this_epoch += len(new_lengths)
-            # Every piece of the chunk is in ``store`` before the first is handed over, so the
-            # saved state never misses a document the shuffle buffer has already released.
-            yield from new_lengths
-            if len(chunk) < ENCODE_BATCH_SIZE and not self._next_epoch():
+            for chunk in encode_in_chunks(self._epoch_documents(), self.loader.tokenizer):
+                new_lengths = []
+                for doc, ids in chunk:
+                    if len(ids) < self.loader.min_document_tokens:
+                        continue
+                    start = 0
+                    for piece in segment(ids, size):
+                        self._add(doc, start, piece)
+                        new_lengths.append(len(piece))
+                        start += len(piece)
+                self.pieces_this_epoch += len(new_lengths)
+                # Every piece of the chunk is in ``store`` before the first is handed over, so the
+                # saved state never misses a document the shuffle buffer has already released.
+                yield from new_lengths
+            if not self._next_epoch():
                 return
 
     def take(self, position: int) -> Sequence[int]:

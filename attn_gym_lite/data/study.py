@@ -15,7 +15,6 @@ quantiles of ``M`` rest on many batches even for a small corpus.
 
 from __future__ import annotations
 
-import itertools
 import math
 import random
 import statistics
@@ -28,7 +27,7 @@ from ..checks import check_int
 from .corpora import resolve_corpus
 from .packing import BestFit, FirstFit, InOrder, PackingPolicy
 from .segment import segment_lengths
-from .tokenizer import ENCODE_BATCH_SIZE, Tokenizer, resolve_tokenizer
+from .tokenizer import Tokenizer, encode_in_chunks, resolve_tokenizer
 
 __all__ = [
     "document_lengths",
@@ -71,10 +70,9 @@ def document_lengths(
     corpus = resolve_corpus(corpus)
     tokenizer = resolve_tokenizer(tokenizer)
     lengths: list[int] = []
-    documents = iter(corpus)
     with tqdm(desc="tokenizing", unit=" docs", disable=not progress) as bar:
-        while chunk := list(itertools.islice(documents, ENCODE_BATCH_SIZE)):
-            lengths += [len(ids) for ids in tokenizer.encode_batch(chunk)]
+        for chunk in encode_in_chunks(enumerate(corpus), tokenizer):
+            lengths += [len(ids) for _, ids in chunk]
             bar.update(len(chunk))
     return lengths
 

@@ -10,9 +10,10 @@
 
 from __future__ import annotations
 
+import itertools
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Protocol, runtime_checkable
 
@@ -109,6 +110,42 @@ class TiktokenTokenizer:
 # Documents per encode_batch call: enough for the tokenizer's thread pool, small enough that
 # a loader's first batch arrives quickly.
 ENCODE_BATCH_SIZE = 64
+
+
+def encode_in_chunks(
+    documents: Iterable[tuple[int, object]], tokenizer: Tokenizer
+) -> Iterator[list[tuple[int, Sequence[int]]]]:
+    """Token ids of numbered documents, :data:`ENCODE_BATCH_SIZE` documents at a time.
+
+    The package's one tokenizing loop (the loader and the corpus study use it). The string
+    documents of a chunk go through one ``tokenizer.encode_batch`` call (the Rust tokenizers
+    spread it over threads); a document given as a list or tuple of token ids (a pre-tokenized
+    corpus) is handed back as it is. A chunk is read from ``documents`` only when the consumer
+    asks for it, so a lazy corpus is read no further than needed.
+
+    Args:
+        documents: ``(index, document)`` pairs; ``index`` is the document's position in its
+            corpus, handed back with its ids and used to name it in errors.
+        tokenizer: a :class:`Tokenizer`.
+
+    Yields:
+        Per chunk of up to ``ENCODE_BATCH_SIZE`` documents, ``[(index, ids), ...]`` in input order.
+
+    Raises:
+        TypeError: a document is neither a string nor a list/tuple of token ids (raised when its
+            chunk is reached; the message names ``corpus[index]``).
+    """
+    documents = iter(documents)
+    while chunk := list(itertools.islice(documents, ENCODE_BATCH_SIZE)):
+        for index, document in chunk:
+            if not isinstance(document, (str, list, tuple)):
+                raise TypeError(
+                    f"corpus[{index}] must be a document string or a list/tuple of token ids, "
+                    f"got {type(document).__name__}: {document!r:.60}"
+                )
+        texts = [document for _, document in chunk if isinstance(document, str)]
+        encoded = iter(tokenizer.encode_batch(texts) if texts else [])
+        yield [(index, next(encoded) if isinstance(document, str) else document) for index, document in chunk]
 
 DEFAULT_VOCAB_SIZE = 8192
 DEFAULT_MAX_TRAINING_BYTES = 4_000_000
