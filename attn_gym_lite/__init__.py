@@ -1,10 +1,12 @@
 """attn_gym_lite: train on ragged (packed, variable-length) batches under CUDA graphs.
 
 The package is built in layers; a module imports only from its own layer or those below it
-(``tests/test_layers.py`` checks this):
+(``tests/test_layers.py`` checks this, and that this list is its table):
 
-1. :mod:`.checks` (argument checks), :mod:`.ragged` (``cu_seqlens``), :mod:`.schedule` (grid
-   arithmetic), :mod:`.regions` (``mark_kernels``);
+0. :mod:`.checks` (argument checks), :mod:`.isolation` (a function in a fresh process), and this
+   ``__init__`` (``__version__`` only);
+1. :mod:`.ragged` (``cu_seqlens``), :mod:`.schedule` (grid arithmetic), :mod:`.regions`
+   (``mark_kernels``);
 2. :mod:`.ops`: attention (one entry point, several implementations), masking, short
    convolution, the Triton kernels;
 3. :mod:`.data`: corpora, tokenizers, packing, loaders, bucket planning (CPU only);

@@ -5,6 +5,7 @@ resolved to the module it names, and compared by layer.
 """
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
@@ -15,6 +16,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "attn_gym_lite"
 LAYERS = {
     "attn_gym_lite": 0,  # the package's __init__: __version__ only
     "attn_gym_lite.checks": 0,
+    "attn_gym_lite.isolation": 0,
     "attn_gym_lite.ragged": 1,
     "attn_gym_lite.schedule": 1,
     "attn_gym_lite.regions": 1,
@@ -83,3 +85,13 @@ def test_the_checker_sees_relative_and_function_level_imports(tmp_path):
     assert not any(t.startswith("attn_gym_lite.profiling") for t in package_imports(PACKAGE / "graph" / "capture.py"))
     pitfalls = package_imports(PACKAGE / "bench" / "pitfalls.py")
     assert layer("attn_gym_lite.bench.pitfalls") == 8 and "attn_gym_lite.book.pitfalls" in pitfalls
+
+
+def test_the_package_docstring_states_this_table():
+    """attn_gym_lite/__init__.py lists the layers as ``K. :mod:`.name` ...;`` items: the same
+    modules in the same layers as LAYERS (read from the file, not imported)."""
+    docstring = ast.get_docstring(ast.parse((PACKAGE / "__init__.py").read_text()))
+    items = re.findall(r"^(\d+)\. (.*?)(?=^\d+\. |\n\n)", docstring, flags=re.M | re.S)
+    stated = {f"attn_gym_lite.{name}": int(number) for number, text in items for name in re.findall(r":mod:`\.(\w+)`", text)}
+    assert len(items) == 9 and "``__init__``" in items[0][1]
+    assert stated == {prefix: number for prefix, number in LAYERS.items() if prefix != "attn_gym_lite"}
