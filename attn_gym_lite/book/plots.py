@@ -128,18 +128,27 @@ def plot_bucket_compute(recorded: dict, live: list[dict] | None = None):
 
 def plot_padding_versus_buckets(plans: list, samples_mean: float):
     """Expected padded rows (as a fraction of all replayed rows) versus the number of buckets,
-    for a list of :class:`attn_gym_lite.buckets.BucketPlan` with k = 1, 2, ...
+    for a list of :class:`attn_gym_lite.data.capacity.BucketPlan` with k = 1, 2, ...
 
-    Returns: the matplotlib ``Figure``.
+    Left: the padding fraction per k, each point labelled with its percentage. Right: the
+    capacities each plan chose (tokens), one column of marks per k, so long capacity lists never
+    overlap as text labels would.
+
+    Returns: the matplotlib ``Figure`` (two axes).
     """
-    fig, ax = plt.subplots(figsize=(6, 3.2))
-    ks = range(1, len(plans) + 1)
-    ax.plot(ks, [1 - p.expected_fill for p in plans], "o-")
+    fig, (ax, ladder) = plt.subplots(1, 2, figsize=(8, 3.4), gridspec_kw={"width_ratios": [3, 2]})
+    ks = list(range(1, len(plans) + 1))
+    padding = [1 - p.expected_fill for p in plans]
+    ax.plot(ks, padding, "o-")
+    for k, value in zip(ks, padding):
+        ax.annotate(f"{value:.1%}", (k, value), textcoords="offset points", xytext=(0, 7), ha="center", fontsize=8)
+    ax.set(xlabel="buckets k", ylabel="padding / replayed rows", xticks=ks, xlim=(0.5, len(ks) + 0.5),
+           ylim=(0, max(padding) * 1.25 or 1),
+           title=f"plan_buckets on the loader's L\n(mean {samples_mean:.0f} tokens)")
     for k, plan in zip(ks, plans):
-        ax.annotate(",".join(str(c) for c in plan.capacities), (k, 1 - plan.expected_fill),
-                    textcoords="offset points", xytext=(4, 6), fontsize=7)
-    ax.set(xlabel="buckets k", ylabel="padding / replayed rows", xticks=list(ks),
-           title=f"plan_buckets on the loader's L (mean {samples_mean:.0f} tokens)")
+        ladder.scatter([k] * len(plan.capacities), plan.capacities, marker="_", s=300, color="tab:blue")
+    ladder.set(xlabel="buckets k", ylabel="capacity (tokens)", xticks=ks, xlim=(0.5, len(ks) + 0.5),
+               title="the capacities chosen")
     fig.tight_layout()
     return fig
 

@@ -1,0 +1,43 @@
+"""The book's figures as a reader sees them: values drawn where they belong, labels that do not overlap."""
+
+import itertools
+import random
+
+import matplotlib
+import pytest
+
+from attn_gym_lite.book.plots import plot_padding_versus_buckets
+from attn_gym_lite.data.capacity import plan_buckets
+
+matplotlib.use("Agg")
+
+
+def _text_boxes(fig):
+    fig.canvas.draw()
+    renderer = fig.canvas.get_renderer()
+    return [(text.get_text(), text.get_window_extent(renderer)) for ax in fig.axes
+            for text in [*ax.texts, ax.title, ax.xaxis.label, ax.yaxis.label] if text.get_text()]
+
+
+def test_plan_buckets_figure_shows_each_plan_and_no_label_overlaps():
+    rng = random.Random(0)
+    samples = [rng.randint(300, 4096) for _ in range(400)]
+    plans = [plan_buckets(samples, k, align=256) for k in range(1, 7)]
+    fig = plot_padding_versus_buckets(plans, sum(samples) / len(samples))
+    padding_ax, ladder_ax = fig.axes
+    # the padding curve and its labels: 1 - expected_fill per k, independently recomputed from the samples
+    for plan in plans:
+        bucket = [min(c for c in plan.capacities if c >= s) for s in samples]
+        assert 1 - plan.expected_fill == pytest.approx(1 - sum(samples) / sum(bucket))
+    assert list(padding_ax.lines[0].get_ydata()) == pytest.approx([1 - p.expected_fill for p in plans])
+    assert [t.get_text() for t in padding_ax.texts] == [f"{1 - p.expected_fill:.1%}" for p in plans]
+    # the ladder: every capacity of plan k at x = k
+    drawn = sorted((x, y) for c in ladder_ax.collections for x, y in c.get_offsets().tolist())
+    assert drawn == sorted((k, c) for k, p in enumerate(plans, 1) for c in p.capacities)
+    # no two texts overlap, and every text lies inside the figure
+    boxes = _text_boxes(fig)
+    figure_box = fig.bbox
+    for (name_a, a), (name_b, b) in itertools.combinations(boxes, 2):
+        assert not a.overlaps(b), f"{name_a!r} overlaps {name_b!r}"
+    for name, box in boxes:
+        assert figure_box.x0 <= box.x0 and box.x1 <= figure_box.x1 and figure_box.y0 <= box.y0 and box.y1 <= figure_box.y1, name
