@@ -27,6 +27,7 @@ Tensor = torch.Tensor
 __all__ = [
     "check_bool",
     "host_values",
+    "tensor_metadata",
     "check_capacities",
     "check_choice",
     "check_cu_seqlens",
@@ -71,6 +72,19 @@ def check_int(argument: str, value: object, *, minimum: int | None = None,
     if (minimum is not None and value < minimum) or (maximum is not None and value > maximum):
         raise ValueError(f"{argument} must be {expected}, got {value}")
     return value
+
+
+def tensor_metadata(*tensors: object) -> tuple | None:
+    """A hashable key of everything static checks look at: type, shape, strides, dtype and device
+    of each tensor; ``None`` if one argument is not a tensor (then check it in full).
+
+    Checks that depend on nothing else (shapes agree, dtype allowed, contiguous, on one device,
+    offsets below 2**31, ...) can be cached under this key and skipped on a repeated call: the
+    host time of an eager call is part of every step.
+    """
+    if not all(isinstance(t, Tensor) for t in tensors):
+        return None
+    return tuple((type(t), t.shape, t.stride(), t.dtype, t.device) for t in tensors)
 
 
 def host_values(argument: str, value: Tensor) -> Tensor:

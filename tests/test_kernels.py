@@ -167,8 +167,12 @@ def test_every_schedule_runs_each_chunk_exactly_once(lengths, spare_slots, spare
 # Argument checks: static metadata only, before any launch.
 
 
-def test_bad_arguments_name_themselves():
+@pytest.mark.parametrize("warm", [False, True], ids=["first_call", "after_a_cached_plan"])
+def test_bad_arguments_name_themselves(warm):
     q, k, v, _, cu = make_inputs([8, 8], 2)
+    if warm:  # the static checks are cached per call signature: a cached plan must vouch for nothing else
+        for schedule in ("auto", "flat"):
+            varlen_attention_triton(q, k, v, cu, schedule=schedule)
     with pytest.raises(ValueError, match="max_seqlen must be an int >= 1 for schedule='rect', got None"):
         varlen_attention_triton(q, k, v, cu, schedule="rect")
     with pytest.raises(ValueError, match="max_seqlen is only used by schedule='rect'"):
@@ -186,6 +190,10 @@ def test_bad_arguments_name_themselves():
         varlen_attention_triton(q, k, v, cu.long())
     with pytest.raises(TypeError, match="causal must be a bool, got 1"):
         varlen_attention_triton(q, k, v, cu, causal=1)
+    with pytest.raises(ValueError, match="cu_seqlens must be contiguous"):
+        varlen_attention_triton(q, k, v, torch.stack([cu, cu], 1)[:, 0])
+    with pytest.raises(TypeError, match="config must be an AttentionConfig or None, got dict"):
+        varlen_attention_triton(q, k, v, cu, config={})
     with pytest.raises(ValueError, match="KernelConfig: block_m must be a power of two >= 16, got 24"):
         KernelConfig(24, 16)
     with pytest.raises(ValueError, match="dkdv.block_n must be a multiple of dkdv.block_m, got 16 and 32"):
@@ -265,3 +273,28 @@ def test_dynamic_counters_restart_for_every_launch():
     ref_grads = torch.autograd.grad(ref, (q, k, v), do.double())
     for mine, expected in zip(grads[1], ref_grads):
         assert (mine[:56].double() - expected[:56]).abs().max() <= RTOL * max(expected.abs().max().item(), 1.0)
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    lengths=st.lists(st.integers(0, 300), min_size=1, max_size=40),
+    spare_slots=st.integers(0, 3000),  # N + 1 past the kernel's 1024-row block: the carry between blocks
+    C=st.sampled_from([1, 16, 64, 128]),
+    counters=st.integers(0, 3),
+)
+def test_chunk_offsets_kernel_matches_the_torch_definition(lengths, spare_slots, C, counters):
+    from attn_gym_lite.ops.kernels.offsets import chunk_offsets_kernel
+
+    cu = pad_cu_seqlens(cu_seqlens_from_lengths(lengths), len(lengths) + spare_slots).to(DEVICE)
+    slots = cu.numel()
+    offsets = torch.full((slots,), -7, dtype=torch.int32, device=DEVICE)
+    counter = torch.full((max(counters, 1),), 99, dtype=torch.int32, device=DEVICE)
+    block = max(16, min(1024, triton.next_power_of_2(slots)))
+    chunk_offsets_kernel[(1,)](cu, offsets, counter, slots - 1, NUM_COUNTERS=counters, CHUNK=C, BLOCK=block)
+    # Independent reference: a Python loop over the sequences, ceil per sequence.
+    expected = [0]
+    for s in lengths + [0] * spare_slots:
+        expected.append(expected[-1] + -(-s // C))
+    assert offsets.cpu().tolist() == expected
+    assert offsets.cpu().tolist() == chunk_offsets(cu, C).cpu().tolist()
+    assert counter.cpu().tolist() == ([0] * counters if counters else [99])

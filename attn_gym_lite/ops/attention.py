@@ -32,7 +32,15 @@ import math
 import torch
 import torch.nn.functional as F
 
-from ..checks import check_bool, check_choice, check_cu_seqlens, check_cu_seqlens_values, check_int, check_qkv
+from ..checks import (
+    check_bool,
+    check_choice,
+    check_cu_seqlens,
+    check_cu_seqlens_values,
+    check_int,
+    check_qkv,
+    tensor_metadata,
+)
 from ..schedule import SCHEDULES
 
 Tensor = torch.Tensor
@@ -132,13 +140,11 @@ def varlen_attention(
     Source: the FlashAttention varlen convention (``cu_seqlens``); torch's ``varlen_attn`` docs;
     the seed article for the schedules.
     """
-    check_qkv(q, k, v, _DTYPES)
-    check_cu_seqlens(cu_seqlens, device=q.device)
     check_bool("causal", causal)
     check_bool("zero_inactive", zero_inactive)
     check_bool("validate", validate)
-    impl = resolve_impl(impl, q)
     check_choice("schedule", schedule, SCHEDULES)
+    impl = _checked_impl(impl, q, k, v, cu_seqlens)
     if max_seqlen is not None:
         max_seqlen = check_int("max_seqlen", max_seqlen, minimum=1)
     # Under torch.compile nothing is read on the host (a query would break the traced graph).
@@ -171,6 +177,28 @@ def varlen_attention(
         window = (-1, 0) if causal else (-1, -1)
         return _varlen_attn(q, k, v, cu_seqlens, cu_seqlens, max_seqlen, max_seqlen, window_size=window)
     return _varlen_attn(q, k, v, cu_seqlens, cu_seqlens, max_seqlen, max_seqlen, is_causal=causal)
+
+
+# The static checks (shapes, dtypes, devices, layout of cu_seqlens) and the choice of "auto" depend
+# on metadata only: run them once per call signature, so a repeated eager call costs a lookup.
+_CHECKED: dict[tuple, str] = {}
+
+
+def _checked_impl(impl: str, q: Tensor, k: Tensor, v: Tensor, cu_seqlens: Tensor) -> str:
+    key = tensor_metadata(q, k, v, cu_seqlens)
+    if key is not None and isinstance(impl, str):
+        key = (key, impl)
+        resolved = _CHECKED.get(key)
+        if resolved is not None:
+            return resolved
+    check_qkv(q, k, v, _DTYPES)
+    check_cu_seqlens(cu_seqlens, device=q.device)
+    resolved = resolve_impl(impl, q)
+    if key is not None:
+        if len(_CHECKED) >= 256:
+            _CHECKED.clear()
+        _CHECKED[key] = resolved
+    return resolved
 
 
 def _padded_sdpa(q: Tensor, k: Tensor, v: Tensor, cu_seqlens: Tensor, width: int, causal: bool,

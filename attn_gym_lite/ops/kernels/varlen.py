@@ -10,16 +10,26 @@ zeroing the inactive rows) is recomputed on every replay of a captured graph.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 
 import torch
 import triton
 
-from ...checks import check_bool, check_choice, check_cu_seqlens, check_cu_seqlens_values, check_int, check_qkv
-from ...schedule import SCHEDULES, choose_schedule, chunk_offsets, launch_grid, num_sms
+from ...checks import (
+    check_bool,
+    check_choice,
+    check_cu_seqlens,
+    check_cu_seqlens_values,
+    check_int,
+    check_qkv,
+    tensor_metadata,
+)
+from ...schedule import SCHEDULES, choose_schedule, launch_grid, num_sms
 from .backward import attention_dkdv_kernel, attention_dq_kernel
 from .forward import attention_forward_kernel
 from .inactive import zero_inactive_rows_kernel
+from .offsets import chunk_offsets_kernel
 
 Tensor = torch.Tensor
 
@@ -87,6 +97,7 @@ class AttentionConfig:
             )
 
 
+@functools.cache
 def default_config() -> AttentionConfig:
     """Tiles used when ``config=None``.
 
@@ -127,6 +138,8 @@ class _Plan:
     dq: _Launch
     dkdv: _Launch
     num_sms: int
+    chunks: tuple[int, ...]  # chunk sizes whose chunk_offsets some kernel reads (rect reads none)
+    offsets_block: int  # rows of cu_seqlens the offsets kernel reads per step
 
 
 def _launch(schedule: str, chunk: int, config: KernelConfig, *, T: int, N: int, H: int,
@@ -237,7 +250,6 @@ def varlen_attention_triton(
     Source: FlashAttention-2 (Dao, 2023) for the kernels; the seed article, "The anatomy of a
     ragged kernel" through "Graph overcapture", for the schedules.
     """
-    _check_inputs(q, k, v, cu_seqlens)
     for name, flag in (("causal", causal), ("zero_inactive", zero_inactive), ("validate", validate)):
         check_bool(name, flag)
     check_choice("schedule", schedule, SCHEDULES)
@@ -245,40 +257,73 @@ def varlen_attention_triton(
         if max_seqlen is None:
             raise ValueError("max_seqlen must be an int >= 1 for schedule='rect', got None")
         max_seqlen = check_int("max_seqlen", max_seqlen, minimum=1)
-        if validate and not (q.is_cuda and torch.cuda.is_current_stream_capturing()):
-            check_cu_seqlens_values(cu_seqlens, token_capacity=q.shape[0], max_seqlen=max_seqlen)
+    plan = _plan(q, k, v, cu_seqlens, causal, schedule, max_seqlen, zero_inactive, config)
+    if schedule == "rect" and validate and not (q.is_cuda and torch.cuda.is_current_stream_capturing()):
+        check_cu_seqlens_values(cu_seqlens, token_capacity=q.shape[0], max_seqlen=max_seqlen)
+    q, k, v = (_unit_last_stride(x) for x in (q, k, v))
+    return _VarlenAttention.apply(q, k, v, cu_seqlens, plan)
+
+
+# -----------------------------------------------------------------------------
+# Launch plans, cached: in eager mode the host time of a call is part of every step, and all of
+# these checks and grids depend only on metadata (shapes, strides, dtypes, devices) and flags.
+# So they run once per distinct call signature; a repeated call costs one dictionary lookup.
+
+_PLANS: dict[tuple, _Plan] = {}
+_MAX_PLANS = 256  # distinct signatures kept; past that the cache starts again (a bound, not an LRU)
+
+
+def _plan(q: Tensor, k: Tensor, v: Tensor, cu_seqlens: Tensor, causal: bool, schedule: str,
+          max_seqlen: int | None, zero_inactive: bool, config: AttentionConfig | None) -> _Plan:
+    key = tensor_metadata(q, k, v, cu_seqlens)
+    if key is not None:
+        key = (key, causal, schedule, max_seqlen, zero_inactive, config)
+        try:
+            plan = _PLANS.get(key)
+        except TypeError:  # an unhashable config: refused below
+            key = plan = None
+        if plan is not None:
+            return plan
+    _check_inputs(q, k, v, cu_seqlens)  # raises on anything a key may not vouch for
     if config is None:
         config = default_config()
     elif not isinstance(config, AttentionConfig):
         raise TypeError(f"config must be an AttentionConfig or None, got {type(config).__name__}")
-
     T, H, _ = q.shape
     N = cu_seqlens.numel() - 1
     sms = num_sms(q.device)
     sizes = dict(T=T, N=N, H=H, max_seqlen=max_seqlen, sms=sms)
-    plan = _Plan(
-        causal=causal,
-        zero_inactive=zero_inactive,
-        forward=_launch(schedule, config.forward.block_m, config.forward, **sizes),
-        dq=_launch(schedule, config.dq.block_m, config.dq, **sizes),
-        dkdv=_launch(schedule, config.dkdv.block_n, config.dkdv, **sizes),
-        num_sms=sms,
-    )
-    q, k, v = (_unit_last_stride(x) for x in (q, k, v))
-    return _VarlenAttention.apply(q, k, v, cu_seqlens, plan)
+    forward = _launch(schedule, config.forward.block_m, config.forward, **sizes)
+    dq = _launch(schedule, config.dq.block_m, config.dq, **sizes)
+    dkdv = _launch(schedule, config.dkdv.block_n, config.dkdv, **sizes)
+    chunks = tuple(sorted({launch.chunk for launch in (forward, dq, dkdv) if launch.schedule != "rect"}))
+    plan = _Plan(causal=causal, zero_inactive=zero_inactive, forward=forward, dq=dq, dkdv=dkdv, num_sms=sms,
+                 chunks=chunks, offsets_block=max(16, min(1024, triton.next_power_of_2(N + 1))))
+    if key is not None:
+        if len(_PLANS) >= _MAX_PLANS:
+            _PLANS.clear()
+        _PLANS[key] = plan
+    return plan
 
 
 # -----------------------------------------------------------------------------
 # The autograd Function.
 
 
-def _offsets_for(cu_seqlens: Tensor, launches: tuple[_Launch, ...]) -> dict[int, Tensor]:
-    """One ``chunk_offsets`` per chunk size used by a flat or persistent kernel (rect needs none)."""
-    return {
-        launch.chunk: chunk_offsets(cu_seqlens, launch.chunk)
-        for launch in launches
-        if launch.schedule != "rect"
-    }
+def _chunk_metadata(cu_seqlens: Tensor, plan: _Plan) -> tuple[dict[int, Tensor], Tensor | None]:
+    """``chunk_offsets`` for each chunk size in ``plan.chunks`` and, when the forward kernel is
+    dynamic, its zeroed task counter: one int32 buffer, one launch per chunk size (usually one)."""
+    slots = cu_seqlens.numel()
+    counters = 1 if plan.forward.schedule == "dynamic" else 0
+    work = torch.empty(len(plan.chunks) * slots + counters, dtype=torch.int32, device=cu_seqlens.device)
+    counter = work[len(plan.chunks) * slots:] if counters else None
+    offsets = {}
+    for i, chunk in enumerate(plan.chunks):
+        offsets[chunk] = work[i * slots:(i + 1) * slots]
+        first = i == 0 and counter is not None
+        chunk_offsets_kernel[(1,)](cu_seqlens, offsets[chunk], counter if first else offsets[chunk], slots - 1,
+                                   NUM_COUNTERS=counters if first else 0, CHUNK=chunk, BLOCK=plan.offsets_block)
+    return offsets, counter
 
 
 def _counters(launches: tuple[_Launch, ...], cu_seqlens: Tensor) -> tuple[Tensor, ...]:
@@ -313,8 +358,9 @@ class _VarlenAttention(torch.autograd.Function):
         N = cu_seqlens.numel() - 1
         out = torch.empty((T, H, D), dtype=q.dtype, device=q.device)
         lse = torch.empty((H, T), dtype=torch.float32, device=q.device)
-        offsets = _offsets_for(cu_seqlens, (plan.forward, plan.dq, plan.dkdv))
-        (counter,) = _counters((plan.forward,), cu_seqlens)
+        offsets, counter = _chunk_metadata(cu_seqlens, plan)
+        if counter is None:
+            counter = cu_seqlens  # a stand-in pointer: other schedules never read it
         sm_scale = 1.0 / math.sqrt(D)
         f = plan.forward
         attention_forward_kernel[f.grid](
@@ -326,16 +372,14 @@ class _VarlenAttention(torch.autograd.Function):
         )
         if plan.zero_inactive:
             _zero_inactive(out, cu_seqlens, plan.num_sms)
-        chunks = sorted(offsets)
-        ctx.save_for_backward(q, k, v, out, lse, cu_seqlens, *(offsets[c] for c in chunks))
-        ctx.chunks = chunks
+        ctx.save_for_backward(q, k, v, out, lse, cu_seqlens, *(offsets[c] for c in plan.chunks))
         ctx.plan = plan
         return out
 
     @staticmethod
     def backward(ctx, grad_out: Tensor):
         q, k, v, out, lse, cu_seqlens, *offset_list = ctx.saved_tensors
-        offsets = dict(zip(ctx.chunks, offset_list))
+        offsets = dict(zip(ctx.plan.chunks, offset_list))
         plan: _Plan = ctx.plan
         T, H, D = q.shape
         N = cu_seqlens.numel() - 1
