@@ -10,8 +10,9 @@ A graph captured at token capacity ``T`` computes on all ``T`` physical rows whi
   gain's gradient is such a sum too. One non-finite inactive row in ``X`` poisons ``∇W`` even when
   ``∇Y`` is zero there.
 * Ragged kernels only compute the rows ``cu_seqlens`` describes. Rows past ``L`` of their
-  outputs, or of the input gradients they return, are left undefined (torch's ``varlen_attn``
-  returns NaN gradients for them).
+  outputs, or of the input gradients they return, are left undefined: whatever the memory held,
+  finite but wrong when it held stale numbers, NaN only when it held NaN (torch's ``varlen_attn``
+  included).
 
 The rule this module serves: **mask where inactive rows can mix, reduce, or become undefined,
 and nowhere else.** Two kinds of mask do it:
@@ -31,8 +32,8 @@ inside CUDA graph capture, where replay rebuilds the mask from the current ``cu_
 op leaves uninitialized reads as NaN, so a missing mask shows up as NaN instead of as silently
 wrong (stale but finite) numbers.
 
-Source: the seed article, section "Correctness tangent"; torch ``varlen_attn`` NaN gradients at
-padded capacity: pytorch/pytorch issue #176793.
+Source: the seed article, section "Correctness tangent"; torch ``varlen_attn`` undefined gradients
+at padded capacity: pytorch/pytorch issue #176793.
 """
 
 from __future__ import annotations
