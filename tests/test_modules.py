@@ -28,8 +28,8 @@ def test_varlen_attention_module_equals_per_document_computation():
 
 
 def nan_on_inactive_rows(q, k, v, cu_seqlens, max_seqlen, *, causal=False):
-    """Like torch's varlen_attn at padded capacity: inactive output rows and their q/k/v
-    gradients are NaN."""
+    """Like torch's varlen_attn at padded capacity, with its undefined rows shown as NaN: inactive
+    output rows and their q/k/v gradients are NaN here (torch leaves them undefined)."""
     out = varlen_attention_reference(q, k, v, cu_seqlens, causal=causal)
     inactive = torch.arange(q.shape[0]) >= cu_seqlens[-1]
     poison = (q + k + v) * torch.where(inactive, float("nan"), 0.0)[:, None, None]
