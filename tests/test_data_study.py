@@ -24,7 +24,6 @@ from attn_gym_lite.book.plots import (
     plot_policy_batches,
 )
 from attn_gym_lite.book.results import step_token_rate, study_markdown
-from attn_gym_lite.book.seed import SEED_PUBLISHED
 from attn_gym_lite.data import BestFit, FirstFit, InOrder, segment_lengths
 from attn_gym_lite.data.recommend import recommend
 from attn_gym_lite.data.study import (
@@ -211,10 +210,25 @@ def test_packer_throughput_reports_consistent_rates():
         packer_throughput(["", ""], ByteTokenizer(), min_seconds=0.01)
 
 
-def test_seed_figures_are_labelled_citations():
-    assert "seed article" in SEED_PUBLISHED["source"] and "B200" in SEED_PUBLISHED["setup"]
-    dolma = SEED_PUBLISHED["corpora"]["Dolma 3"]["rows"]
-    assert [(r["T"], r["B"], r["p99_M"]) for r in dolma] == [(8192, 32, 13), (16384, 32, 32)]
+def test_the_study_figure_draws_published_points_only_at_their_T():
+    # Hand-made "published" figures: two at T = 1024 (one with a p99 M) and one at a T the study
+    # did not run, which must not be drawn.
+    published = {"corpora": {
+        "Dolma 3": {"rows": [{"T": 1024, "B": 8, "mean_fill": 0.75, "p99_M": 5},
+                             {"T": 2048, "B": 8, "mean_fill": 0.5, "p99_M": 7}]},
+        "FineWeb sample-10BT": {"rows": [{"T": 1024, "B": 2, "mean_fill": 0.9}]},
+    }}
+    rows = packing_study(corpus_lengths(count=80), token_capacities=(1024,),
+                         policies=[InOrder(), BestFit(2), BestFit(8)], passes=1)
+    top, bottom = plot_packing_study(rows, seed_published=published).axes
+
+    def points(ax):
+        return {line.get_label(): (list(line.get_xdata()), list(line.get_ydata()))
+                for line in ax.lines if line.get_label().startswith("seed")}
+
+    assert points(top) == {"seed: Dolma 3": ([8], [pytest.approx(25.0)]),
+                           "seed: FineWeb sample-10BT": ([2], [pytest.approx(10.0)])}
+    assert points(bottom) == {"seed: Dolma 3 p99 M": ([8], [5])}
 
 
 def test_figures_draw_the_data():

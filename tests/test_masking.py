@@ -124,14 +124,6 @@ def test_uninitialized_memory_as_nan_reveals_and_restores(enabled, warn_only, fi
         torch.utils.deterministic.fill_uninitialized_memory = True
 
 
-def test_nan_times_zero_is_why_masks_select():
-    # The arithmetic fact behind every mask here: multiplying by a 0/1 mask does not clean a row.
-    garbage = torch.tensor([math.nan, math.inf, -math.inf, 1e300], dtype=torch.float64)
-    assert (garbage * 0)[:3].isnan().all() and (garbage * 0)[3] == 0
-    keep = torch.zeros(4, dtype=torch.bool)
-    assert torch.equal(torch.where(keep, garbage, 0), torch.zeros(4, dtype=torch.float64))
-
-
 # ---------------------------------------------------------------------------------------------
 # The proof, op by op
 
