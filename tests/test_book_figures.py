@@ -1,12 +1,15 @@
-"""The book's figures as a reader sees them: values drawn where they belong, labels that do not overlap."""
+"""The book's figures and printed text as a reader sees them: values drawn where they belong, labels
+that do not overlap, banners that fit a cell's width, Markdown without reStructuredText markup."""
 
 import itertools
 import random
 
 import matplotlib
 import pytest
+import torch
 
 from attn_gym_lite.book.plots import plot_padding_versus_buckets
+from attn_gym_lite.book.results import BANNER_WIDTH, banner, load_result, pitfall_markdown, provenance_line
 from attn_gym_lite.data.capacity import plan_buckets
 
 matplotlib.use("Agg")
@@ -41,3 +44,33 @@ def test_plan_buckets_figure_shows_each_plan_and_no_label_overlaps():
         assert not a.overlaps(b), f"{name_a!r} overlaps {name_b!r}"
     for name, box in boxes:
         assert figure_box.x0 <= box.x0 and box.x1 <= figure_box.x1 and figure_box.y0 <= box.y0 and box.y1 <= figure_box.y1, name
+
+
+@pytest.mark.parametrize("suite", ["pitfalls", "packing-study", "end-to-end"])
+def test_banner_lines_fit_the_cell_and_keep_every_word(suite):
+    record = load_result(suite)
+    not_run = "the GPU host's own run of this study (on its Python and its tokenizer, whose lengths differ)"
+    text = banner(record, not_run)
+    assert all(len(line) <= BANNER_WIDTH for line in text.splitlines()), text
+    assert len(text.splitlines()) >= 3  # the provenance line alone is longer than one line
+    # wrapping only moved words between lines: the same words, in the same order
+    if not torch.cuda.is_available():
+        expected = f"CPU mode: no CUDA device here, so {not_run} did not run. Showing the recording from: {provenance_line(record)}"
+        assert text.split() == expected.split()
+    assert "`" not in text and record["provenance"]["command"] in " ".join(text.split())
+
+
+def test_pitfall_markdown_turns_docstring_literals_into_code_spans():
+    report = {"name": "x", "what": "``.item()`` inside ``capture_graph``: a host sync.", "outcome": "error",
+              "error_type": "RuntimeError", "message": "bad `thing` happened"}
+    assert pitfall_markdown(report, "recorded").splitlines() == [
+        "**[recorded]** `.item()` inside `capture_graph`: a host sync.",
+        "",
+        "- outcome: **error**",
+        "- error_type: `RuntimeError`",
+        "- message: `bad 'thing' happened`",
+    ]
+    for recorded in load_result("pitfalls")["pitfalls"]:
+        assert "``" not in pitfall_markdown(recorded, "recorded")
+    with pytest.raises(ValueError, match="report must hold 'what' and 'outcome'.*missing \\['outcome'\\]"):
+        pitfall_markdown({"what": "x"}, "live")

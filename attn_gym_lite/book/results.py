@@ -10,6 +10,8 @@ data, so an installed wheel carries them as well as a checkout does); they are w
 from __future__ import annotations
 
 import json
+import re
+import textwrap
 from collections.abc import Sequence
 from importlib.resources import files
 from pathlib import Path
@@ -46,30 +48,70 @@ def load_result(suite: str, gpu: str = "h200", root: Path | str | None = None) -
 
 
 def provenance_line(record: dict) -> str:
-    """One line naming GPU, versions, date, commit and command of a recorded result."""
+    """One line naming GPU, versions, date, commit and command of a recorded result (plain text)."""
     p = record["provenance"]
     gpu = p["gpu"] or {}
     commit = (p.get("commit") or "unknown")[:12]
     return (
         f"{gpu.get('name', 'no GPU')} ({gpu.get('sm_count', '?')} SMs), driver {p.get('driver')}, "
         f"CUDA {p['cuda']}, torch {p['torch']}, triton {p['triton']}, {p['date'][:10]}, "
-        f"commit {commit}, `{p['command']}`"
+        f"commit {commit}, command: {p['command']}"
     )
+
+
+BANNER_WIDTH = 88
+"""Characters per banner line: a code cell's output in the rendered book shows about 90 before it cuts."""
+
+
+def _wrap(text: str, indent: str = "") -> str:
+    return textwrap.fill(text, BANNER_WIDTH, initial_indent=indent, subsequent_indent=indent + "  " if indent else "  ",
+                         break_long_words=False, break_on_hyphens=False)
 
 
 def banner(record: dict, not_run: str) -> str:
-    """The notice a notebook prints in CPU mode above a recorded figure.
+    """The notice a notebook prints in CPU mode above a recorded figure, wrapped to
+    :data:`BANNER_WIDTH` characters per line.
 
     Args:
-        record: the recorded result being shown.
+        record: the recorded result being shown (with its ``provenance``).
         not_run: what this machine did not run, e.g. ``"the graph replay timings"``.
+
+    Returns:
+        Lines of plain text: on a CPU, ``"CPU mode: no CUDA device here, so <not_run> did not run."``,
+        then the recording's :func:`provenance_line`, indented.
     """
     if torch.cuda.is_available():
-        return f"Live run on {torch.cuda.get_device_name()}, beside the recording from:\n  {provenance_line(record)}"
-    return (
-        f"CPU mode: no CUDA device here, so {not_run} did not run.\n"
-        f"Showing the recording from:\n  {provenance_line(record)}"
-    )
+        head = [f"Live run on {torch.cuda.get_device_name()}, beside the recording from:"]
+    else:
+        head = [f"CPU mode: no CUDA device here, so {not_run} did not run.", "Showing the recording from:"]
+    return "\n".join([*(_wrap(line) for line in head), _wrap(provenance_line(record), indent="  ")])
+
+
+def rst_to_markdown(text: str) -> str:
+    """Inline reStructuredText literals (````x````, as in docstrings) as Markdown code spans (```x```)."""
+    return re.sub(r"``(.+?)``", r"`\1`", text)
+
+
+def pitfall_markdown(report: dict, source: str) -> str:
+    """A pitfall's report (:func:`attn_gym_lite.book.pitfalls.pitfall_report`) as Markdown: what
+    the mistake is, then its outcome and every measured detail as a list.
+
+    Args:
+        report: ``{"name", "what", "outcome", ...details}``, live or from the ``pitfalls`` recording.
+        source: where it comes from, e.g. ``"live"`` or ``"recorded"``.
+
+    Raises:
+        ValueError: ``report`` lacks ``"what"`` or ``"outcome"``.
+    """
+    missing = [key for key in ("what", "outcome") if key not in report]
+    if missing:
+        raise ValueError(f"report must hold 'what' and 'outcome', got keys {sorted(report)} (missing {missing})")
+    lines = [f"**[{source}]** {rst_to_markdown(report['what'])}", "", f"- outcome: **{report['outcome']}**"]
+    for key, value in report.items():
+        if key not in ("name", "what", "outcome"):
+            shown = str(value).replace("`", "'")
+            lines.append(f"- {key}: `{shown}`")
+    return "\n".join(lines)
 
 
 def study_markdown(rows: Sequence[dict]) -> str:
