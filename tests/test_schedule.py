@@ -184,8 +184,31 @@ def test_schedulers_suite_records_a_failing_implementation_and_goes_on(monkeypat
     from attn_gym_lite.bench import schedulers
 
     monkeypatch.setattr(schedulers, "IMPLEMENTATIONS", ("flat",))
+    monkeypatch.setattr(schedulers, "DENSE_IMPLEMENTATIONS", ("sdpa_flash",))
     result = schedulers.schedulers_suite(iters=1, timeout_s=120)
-    assert set(result["errors"]) == {"flat"} and "Traceback" in result["errors"]["flat"]
+    assert set(result["errors"]) == {"flat", "sdpa_flash"} and "Traceback" in result["errors"]["flat"]
+    assert result["eager"]["rows"] == {} and result["eager"]["shape"]["T"] == 4096
     assert [(result[s]["T"], result[s]["N"], result[s]["series"]) for s in ("fragmentation", "overcapture", "constant")] \
         == [(8192, 256, {}), (16384, 256, {}), (16384, 128, {})]
     assert result["throughput"] == {}
+
+
+def test_dense_gap_and_eager_overhead_read_a_record():
+    from attn_gym_lite.bench.schedulers import dense_gap, eager_overhead
+
+    row = lambda f, b: {"fwd_tflops": f, "fwd_bwd_tflops": b}
+    record = {
+        "throughput": {
+            "uniform_16x1024_full": {"sdpa_flash": row(500, 400), "sdpa_cudnn": row(520, 380), "varlen_attn": row(300, 250),
+                                     "flat": row(390, 310), "dynamic": row(400, 300), "persistent+zero": row(999, 999)},
+            "zipf_16384x64_full": {"varlen_attn": row(1, 1), "flat": row(2, 2)},  # no dense row: skipped
+        },
+        "eager": {"rows": {"varlen_attn": {"fwd_host_us": 50.0, "fwd_bwd_host_us": 200.0},
+                           "default": {"fwd_host_us": 75.0, "fwd_bwd_host_us": 260.0}}},
+    }
+    fwd, fwd_bwd = dense_gap(record)
+    assert (fwd["dense_backend"], fwd["dense"], fwd["ours_schedule"], fwd["ours"]) == ("cudnn", 520, "dynamic", 400)
+    assert fwd["ours_vs_dense"] == 400 / 520 and fwd["ours_vs_varlen_attn"] == 400 / 300
+    assert (fwd_bwd["dense_backend"], fwd_bwd["ours_schedule"], fwd_bwd["ours_vs_dense"]) == ("flash", "flat", 310 / 400)
+    rows = {r["implementation"]: r for r in eager_overhead(record)}
+    assert rows["default"]["fwd_vs_varlen_attn"] == 1.5 and rows["default"]["fwd_bwd_vs_varlen_attn"] == 1.3

@@ -32,9 +32,13 @@ from ..isolation import IsolatedRunError, run_isolated
 from ..ops.attention import varlen_attention
 from ..ops.kernels import varlen_attention_triton
 from ..ragged import cu_seqlens_from_lengths, pad_cu_seqlens, zipf_lengths
-from .timing import cuda_event_us, median
+from .timing import cuda_event_us, median, wall_clock_us
 
 IMPLEMENTATIONS = ("varlen_attn", "rect", "flat", "persistent", "dynamic", "default", "persistent+zero")
+#: Dense attention on the uniform layout, one row per backend of torch's scaled_dot_product_attention:
+#: the bar a packed kernel is measured against (no raggedness to handle, torch's best kernels).
+DENSE_BACKENDS = ("flash", "cudnn", "efficient")
+DENSE_IMPLEMENTATIONS = tuple(f"sdpa_{backend}" for backend in DENSE_BACKENDS)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -57,6 +61,18 @@ def attention_fn(implementation: str, causal: bool, max_seqlen: int):
                                                     causal=causal, validate=False)
     if implementation == "default":
         return lambda q, k, v, cu: varlen_attention(q, k, v, cu, causal=causal)
+    if implementation in DENSE_IMPLEMENTATIONS:
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+
+        backend = {"flash": SDPBackend.FLASH_ATTENTION, "cudnn": SDPBackend.CUDNN_ATTENTION,
+                   "efficient": SDPBackend.EFFICIENT_ATTENTION}[implementation.removeprefix("sdpa_")]
+
+        def dense(q, k, v, cu):
+            # Only this backend may run (torch raises if it cannot): a row per backend, no fallback.
+            with sdpa_kernel(backend):
+                return varlen_attention(q, k, v, cu, impl="sdpa", max_seqlen=max_seqlen, causal=causal, validate=False)
+
+        return dense
     if implementation not in IMPLEMENTATIONS:
         raise ValueError(f"implementation must be one of {IMPLEMENTATIONS}, got {implementation!r}")
     schedule = implementation.removesuffix("+zero")
@@ -176,11 +192,50 @@ def throughput_layouts(seed: int) -> dict[str, torch.Tensor]:
 
 THROUGHPUT_IMPLEMENTATIONS = ("varlen_attn", "rect", "flat", "persistent", "dynamic", "default")
 
+#: The eager host-time table's shape: small enough that the host, not the GPU, bounds a call.
+EAGER_SHAPE = {"T": 4096, "M": 16, "heads": 8, "head_dim": 64}
+
+
+def eager_host_us(implementation: str, iters: int, seed: int) -> dict:
+    """Host time per eager call, back to back, at :data:`EAGER_SHAPE` (Zipf lengths, bfloat16,
+    not causal, inputs requiring grad as in training): forward alone and forward + backward
+    (``torch.autograd.grad`` of the output). Mean of ``iters`` calls after a warm-up, synchronised
+    only at the ends (:func:`~attn_gym_lite.bench.timing.wall_clock_us`). Beside it, the device
+    time of the same work replayed from a graph, which shows that the host bounds the call."""
+    T, M = EAGER_SHAPE["T"], EAGER_SHAPE["M"]
+    shapes = Shapes(heads=EAGER_SHAPE["heads"], head_dim=EAGER_SHAPE["head_dim"])
+    lengths = zipf_lengths(T, M, generator=torch.Generator().manual_seed(seed))
+    cu, s_max = _layout(lengths)
+    generator = torch.Generator(device="cuda").manual_seed(seed)
+    q, k, v, grad_out = (torch.randn(T, shapes.heads, shapes.head_dim, device="cuda", dtype=shapes.dtype,
+                                     generator=generator) for _ in range(4))
+    q, k, v = (x.requires_grad_() for x in (q, k, v))
+    attend = attention_fn(implementation, False, s_max)
+    row = {
+        "fwd_host_us": wall_clock_us(lambda: attend(q, k, v, cu), iters, warmup=20),
+        "fwd_bwd_host_us": wall_clock_us(lambda: torch.autograd.grad(attend(q, k, v, cu), (q, k, v), grad_out),
+                                         iters, warmup=20),
+    }
+    for name, backward in (("fwd", False), ("fwd_bwd", True)):
+        graph = AttentionGraph(implementation, T, M, s_max, shapes, backward=backward, seed=seed)
+        row[f"{name}_device_us"] = graph.replay_us(cu, iters)
+        del graph
+    return row
+
 
 def implementation_run(implementation: str, iters: int, seed: int) -> dict:
     """Everything the suite measures for one implementation, in this process: each sweep's rows and,
-    for :data:`THROUGHPUT_IMPLEMENTATIONS`, its exact-shape throughput per layout."""
+    for :data:`THROUGHPUT_IMPLEMENTATIONS`, its exact-shape throughput per layout and its eager host
+    time; for :data:`DENSE_IMPLEMENTATIONS`, throughput on the uniform layout only (dense attention
+    needs every sequence of one length)."""
     shapes = Shapes()
+    if implementation in DENSE_IMPLEMENTATIONS:
+        uniform = throughput_layouts(seed)["uniform_16x1024"]
+        return {"throughput": {
+            f"uniform_16x1024_{'causal' if causal else 'full'}":
+                throughput(uniform, dataclasses.replace(shapes, causal=causal), iters, (implementation,))[implementation]
+            for causal in (False, True)
+        }}
     run = {sweep: overcapture_sweep(points, T, N, shapes, iters, (implementation,))[implementation]
            for sweep, (T, N, points) in sweep_layouts(seed).items()}
     if implementation in THROUGHPUT_IMPLEMENTATIONS:
@@ -189,6 +244,7 @@ def implementation_run(implementation: str, iters: int, seed: int) -> dict:
                 throughput(lengths, dataclasses.replace(shapes, causal=causal), iters, (implementation,))[implementation]
             for causal in (False, True) for name, lengths in throughput_layouts(seed).items()
         }
+        run["eager"] = eager_host_us(implementation, 10 * iters, seed)
     return run
 
 
@@ -201,7 +257,7 @@ def schedulers_suite(iters: int = 20, seed: int = 0, timeout_s: float = 600) -> 
     (throughput both). Median of ``iters`` CUDA-event timings per graph.
     """
     runs, errors = {}, {}
-    for implementation in IMPLEMENTATIONS:
+    for implementation in IMPLEMENTATIONS + DENSE_IMPLEMENTATIONS:
         try:
             runs[implementation] = run_isolated(implementation_run, implementation, iters, seed, timeout_s=timeout_s)
         except IsolatedRunError as error:
@@ -211,14 +267,63 @@ def schedulers_suite(iters: int = 20, seed: int = 0, timeout_s: float = 600) -> 
     for implementation, run in runs.items():
         for layout, row in run.get("throughput", {}).items():
             tables.setdefault(layout, {})[implementation] = row
+    sweeps = {name for name in runs if name not in DENSE_IMPLEMENTATIONS}
     return {
         "config": {"heads": Shapes.heads, "head_dim": Shapes.head_dim, "dtype": "bfloat16",
                    "causal_sweeps": Shapes.causal, "zipf_exponent": 1.2, "iters": iters, "seed": seed,
                    "timing": "median CUDA-event time of one graph replay, forward + backward (dq, dk, dv)",
                    "zero_inactive": "False for all but persistent+zero"},
-        **{sweep: {"T": T, "N": N, "series": {impl: run[sweep] for impl, run in runs.items()}}
+        **{sweep: {"T": T, "N": N, "series": {impl: runs[impl][sweep] for impl in sweeps}}
            for sweep, (T, N, _) in layouts.items()},
         "throughput": tables,
+        "eager": {"shape": {**EAGER_SHAPE, "dtype": "bfloat16", "causal": False, "iters": 10 * iters,
+                            "timing": "mean host wall clock per call over back-to-back calls (synchronised at the "
+                                      "ends); device time: median CUDA-event time of the same work replayed"},
+                  "rows": {impl: run["eager"] for impl, run in runs.items() if "eager" in run}},
         "errors": errors,
     }
 
+
+
+# ---------------------------------------------------------------------------------------------
+# Reading a record: the two comparisons chapter 4 makes beyond FlashAttention-2.
+
+PACKED_SCHEDULES = ("rect", "flat", "persistent", "dynamic", "default")
+
+
+def dense_gap(record: dict) -> list[dict]:
+    """Per uniform layout (full and causal), the best dense SDPA backend against torch's
+    ``varlen_attn`` and this package's best schedule, forward and forward + backward (TFLOP/s of
+    exact-shape graph replays, from one record). Rows: ``layout, metric, dense, dense_backend,
+    varlen_attn, ours, ours_schedule, ours_vs_dense, ours_vs_varlen_attn``."""
+    rows = []
+    for layout, table in record["throughput"].items():
+        dense = {name: row for name, row in table.items() if name in DENSE_IMPLEMENTATIONS}
+        ours = {name: row for name, row in table.items() if name in PACKED_SCHEDULES}
+        if not dense or not ours or "varlen_attn" not in table:
+            continue
+        for metric in ("fwd", "fwd_bwd"):
+            key = f"{metric}_tflops"
+            best_dense = max(dense, key=lambda name: dense[name][key])
+            best_ours = max(ours, key=lambda name: ours[name][key])
+            rows.append({
+                "layout": layout, "metric": metric,
+                "dense": dense[best_dense][key], "dense_backend": best_dense.removeprefix("sdpa_"),
+                "varlen_attn": table["varlen_attn"][key],
+                "ours": ours[best_ours][key], "ours_schedule": best_ours,
+                "ours_vs_dense": ours[best_ours][key] / dense[best_dense][key],
+                "ours_vs_varlen_attn": ours[best_ours][key] / table["varlen_attn"][key],
+            })
+    return rows
+
+
+def eager_overhead(record: dict) -> list[dict]:
+    """Per implementation, eager host µs per call (forward; forward + backward), the device µs of
+    the same work, and the host time as a multiple of ``varlen_attn``'s."""
+    rows = record["eager"]["rows"]
+    base = rows.get("varlen_attn")
+    return [{
+        "implementation": name, **row,
+        "fwd_vs_varlen_attn": row["fwd_host_us"] / base["fwd_host_us"] if base else None,
+        "fwd_bwd_vs_varlen_attn": row["fwd_bwd_host_us"] / base["fwd_bwd_host_us"] if base else None,
+    } for name, row in rows.items()]

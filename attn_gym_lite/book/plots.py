@@ -248,7 +248,8 @@ def _row_order(tid: Any) -> tuple:
 
 # One colour per implementation, the same in every figure.
 COLOURS = {"varlen_attn": "tab:red", "rect": "tab:orange", "flat": "tab:green", "persistent": "tab:blue",
-           "dynamic": "tab:cyan", "default": "black", "persistent+zero": "tab:purple"}
+           "dynamic": "tab:cyan", "default": "black", "persistent+zero": "tab:purple",
+           "sdpa_flash": "0.35", "sdpa_cudnn": "0.55", "sdpa_efficient": "0.75"}  # dense: greys
 
 # The three sweeps: what the x axis is, and how to read it from a row.
 SWEEPS = {
