@@ -99,3 +99,34 @@ def test_replayed_training_graph_matches_eager_on_a_new_batch():
         for g, e in zip(grads, eager_grads):
             assert not g.isnan().any()
             torch.testing.assert_close(g, e)
+
+
+@pytest.mark.gpu
+def test_capture_succeeds_while_another_thread_pins_memory():
+    """The package's loader pins batches in a background thread; capture_graph's thread-local mode
+    lets it (torch's global mode refuses capture-unsafe calls such as pinned allocations in every
+    thread). Both the captures and the pinning thread must run without an error."""
+    import threading
+
+    stop, errors, pinned = threading.Event(), [], []
+
+    def pin():
+        try:  # kept alive, so each is a new pinned allocation, not a block the host cache hands back
+            while not stop.is_set() and len(pinned) < 4000:
+                pinned.append(torch.empty(1 << 18, dtype=torch.uint8).pin_memory())
+        except Exception as error:  # reported to the main thread below
+            errors.append(error)
+
+    worker = threading.Thread(target=pin, daemon=True)
+    worker.start()
+    try:
+        x = torch.randn(4096, device="cuda")
+        for _ in range(20):
+            graph, out = capture_graph(lambda: (x * 2).sin())
+            graph.replay()
+            torch.testing.assert_close(out, (x * 2).sin())
+    finally:
+        stop.set()
+        worker.join()
+    assert not errors, errors
+    assert pinned

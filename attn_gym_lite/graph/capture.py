@@ -75,6 +75,10 @@ def capture_graph(
             a pool should also share this stream: the caching allocator reuses a freed block
             only for allocations on the stream it was allocated on.
 
+    Captures in ``capture_error_mode="thread_local"``: only this thread's capture-unsafe CUDA calls
+    are refused, so a loader thread may keep pinning batches meanwhile (torch's default,
+    ``"global"``, refuses them in every thread). Change it with :func:`capture_options`.
+
     Returns:
         ``(graph, outputs)``: ``graph.replay()`` reruns the captured kernels and rewrites
         ``outputs`` in place. ``outputs`` live in the graph's private pool and are overwritten
@@ -104,7 +108,11 @@ def capture_graph(
     torch.cuda.current_stream().wait_stream(stream)
 
     graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph, pool=pool, stream=stream, **(_CAPTURE_OPTIONS.get() or {})):
+    # "thread_local", not torch's "global": the package's loader pins the next batches in a
+    # background thread, and in global mode that thread's pinned allocations (unsafe calls during
+    # any capture) would fail it, or the capture, whenever they overlap. capture_options overrides.
+    options = {"capture_error_mode": "thread_local", **(_CAPTURE_OPTIONS.get() or {})}
+    with torch.cuda.graph(graph, pool=pool, stream=stream, **options):
         outputs = fn()
     torch.cuda.current_stream().wait_stream(stream)
     graph.captured_outputs = outputs  # keeps them allocated for as long as the graph can replay
