@@ -32,15 +32,7 @@ import math
 import torch
 import torch.nn.functional as F
 
-from ..checks import (
-    check_bool,
-    check_choice,
-    check_cu_seqlens,
-    check_cu_seqlens_values,
-    check_int,
-    check_qkv,
-    tensor_metadata,
-)
+from .. import checks
 from ..schedule import SCHEDULES
 
 Tensor = torch.Tensor
@@ -72,7 +64,7 @@ def resolve_impl(impl: str, q: Tensor) -> str:
     Raises:
         ValueError: ``impl`` is not ``"auto"`` or one of :data:`IMPLEMENTATIONS`.
     """
-    check_choice("impl", impl, ("auto", *IMPLEMENTATIONS))
+    checks.check_choice("impl", impl, ("auto", *IMPLEMENTATIONS))
     if impl != "auto":
         return impl
     from .kernels import INTERPRETED  # the kernels are defined (and Triton imported) on first use
@@ -140,13 +132,13 @@ def varlen_attention(
     Source: the FlashAttention varlen convention (``cu_seqlens``); torch's ``varlen_attn`` docs;
     the seed article for the schedules.
     """
-    check_bool("causal", causal)
-    check_bool("zero_inactive", zero_inactive)
-    check_bool("validate", validate)
-    check_choice("schedule", schedule, SCHEDULES)
+    checks.check_bool("causal", causal)
+    checks.check_bool("zero_inactive", zero_inactive)
+    checks.check_bool("validate", validate)
+    checks.check_choice("schedule", schedule, SCHEDULES)
     impl = _checked_impl(impl, q, k, v, cu_seqlens)
     if max_seqlen is not None:
-        max_seqlen = check_int("max_seqlen", max_seqlen, minimum=1)
+        max_seqlen = checks.check_int("max_seqlen", max_seqlen, minimum=1)
     # Under torch.compile nothing is read on the host (a query would break the traced graph).
     capturing = torch.compiler.is_compiling() or (q.is_cuda and torch.cuda.is_current_stream_capturing())
     reads_bound = needs_max_seqlen(impl, schedule)
@@ -155,10 +147,10 @@ def varlen_attention(
         raise ValueError(f"max_seqlen must be an int >= 1 for {where}, got None")
     if impl == "reference":
         # Reads cu_seqlens on the host anyway: check every value rule on the way.
-        check_cu_seqlens_values(cu_seqlens, token_capacity=q.shape[0])
+        checks.check_cu_seqlens_values(cu_seqlens, token_capacity=q.shape[0])
         return varlen_attention_reference(q, k, v, cu_seqlens, causal=causal)
     if validate and reads_bound and not capturing:
-        check_cu_seqlens_values(cu_seqlens, token_capacity=q.shape[0], max_seqlen=max_seqlen)
+        checks.check_cu_seqlens_values(cu_seqlens, token_capacity=q.shape[0], max_seqlen=max_seqlen)
     if impl == "sdpa":
         return _padded_sdpa(q, k, v, cu_seqlens, max_seqlen, causal, validate and not capturing)
     if impl == "triton":
@@ -185,14 +177,14 @@ _CHECKED: dict[tuple, str] = {}
 
 
 def _checked_impl(impl: str, q: Tensor, k: Tensor, v: Tensor, cu_seqlens: Tensor) -> str:
-    key = tensor_metadata(q, k, v, cu_seqlens)
+    key = checks.tensor_metadata(q, k, v, cu_seqlens)
     if key is not None and isinstance(impl, str):
         key = (key, impl)
         resolved = _CHECKED.get(key)
         if resolved is not None:
             return resolved
-    check_qkv(q, k, v, _DTYPES)
-    check_cu_seqlens(cu_seqlens, device=q.device)
+    checks.check_qkv(q, k, v, _DTYPES)
+    checks.check_cu_seqlens(cu_seqlens, device=q.device)
     resolved = resolve_impl(impl, q)
     if key is not None:
         if len(_CHECKED) >= 256:

@@ -16,17 +16,9 @@ import math
 import torch
 import triton
 
-from ...checks import (
-    check_bool,
-    check_choice,
-    check_cu_seqlens,
-    check_cu_seqlens_values,
-    check_int,
-    check_qkv,
-    tensor_metadata,
-)
+from ... import checks
 from ...schedule import SCHEDULES, choose_schedule, launch_grid, num_sms
-from .backward import attention_dkdv_kernel, attention_dq_kernel
+from .backward import attention_backward_kernel
 from .forward import attention_forward_kernel
 from .inactive import zero_inactive_rows_kernel
 from .offsets import chunk_offsets_kernel
@@ -102,19 +94,22 @@ def default_config() -> AttentionConfig:
     """Tiles used when ``config=None``.
 
     In the interpreter (tests, CPU notebooks): 16-row tiles, so tiny shapes still span several
-    chunks. Compiled: forward ``128 x 64`` (3 stages), dQ ``128`` queries by ``64`` keys and dK/dV
-    ``128`` keys by ``64`` queries (2 stages), 8 warps each. All use ``C = 128``, so one
-    ``chunk_offsets`` serves every kernel. On an H200 (head dim 128, bfloat16, Zipf layout) these
-    were the fastest of the alternatives probed: 128 x 128, 64 x 64 and 128 x 32 forward tiles;
-    32- and 64-row partners for the backward tiles.
+    chunks. Compiled: forward ``128 x 64``, dQ ``128`` queries by ``64`` keys and dK/dV ``128``
+    keys by ``64`` queries, 8 warps and 3 pipeline stages each. All use ``C = 128``, so one
+    ``chunk_offsets`` serves every kernel. On an H200 (head dim 128, bfloat16, uniform and Zipf
+    layouts, causal and not) these were the fastest of the alternatives probed with
+    ``scripts/explore_configs.py`` (an exploration, not a recording: the schedulers suite records
+    what the chosen tiles achieve): forward 128 x 128, 64 x 64, 128 x 32 and 64 x 128 tiles, 4
+    warps, 2 or 4 stages; backward 64 x 64, 32 x 64, 128 x 128 and 32 x 128 pairs, 2 stages.
+    Larger tiles with 4 stages exceed the H200's shared memory per block.
     """
     if INTERPRETED:
         tiny = KernelConfig(16, 16)
         return AttentionConfig(tiny, tiny, tiny)
     return AttentionConfig(
         forward=KernelConfig(128, 64, num_warps=8, num_stages=3),
-        dq=KernelConfig(128, 64, num_warps=8, num_stages=2),
-        dkdv=KernelConfig(64, 128, num_warps=8, num_stages=2),
+        dq=KernelConfig(128, 64, num_warps=8, num_stages=3),
+        dkdv=KernelConfig(64, 128, num_warps=8, num_stages=3),
     )
 
 
@@ -157,8 +152,8 @@ def largest_offset(x: Tensor) -> int:
 
 
 def _check_inputs(q: object, k: object, v: object, cu_seqlens: object) -> None:
-    check_qkv(q, k, v, _DTYPES)
-    check_cu_seqlens(cu_seqlens, device=q.device)
+    checks.check_qkv(q, k, v, _DTYPES)
+    checks.check_cu_seqlens(cu_seqlens, device=q.device)
     if q.shape[2] not in _HEAD_DIMS:
         raise ValueError(f"q.shape[2] (head dim D) must be one of {_HEAD_DIMS}, got {q.shape[2]}")
     if INTERPRETED and q.is_cuda:
@@ -251,15 +246,15 @@ def varlen_attention_triton(
     ragged kernel" through "Graph overcapture", for the schedules.
     """
     for name, flag in (("causal", causal), ("zero_inactive", zero_inactive), ("validate", validate)):
-        check_bool(name, flag)
-    check_choice("schedule", schedule, SCHEDULES)
+        checks.check_bool(name, flag)
+    checks.check_choice("schedule", schedule, SCHEDULES)
     if schedule == "rect":
         if max_seqlen is None:
             raise ValueError("max_seqlen must be an int >= 1 for schedule='rect', got None")
-        max_seqlen = check_int("max_seqlen", max_seqlen, minimum=1)
+        max_seqlen = checks.check_int("max_seqlen", max_seqlen, minimum=1)
     plan = _plan(q, k, v, cu_seqlens, causal, schedule, max_seqlen, zero_inactive, config)
     if schedule == "rect" and validate and not (q.is_cuda and torch.cuda.is_current_stream_capturing()):
-        check_cu_seqlens_values(cu_seqlens, token_capacity=q.shape[0], max_seqlen=max_seqlen)
+        checks.check_cu_seqlens_values(cu_seqlens, token_capacity=q.shape[0], max_seqlen=max_seqlen)
     q, k, v = (_unit_last_stride(x) for x in (q, k, v))
     return _VarlenAttention.apply(q, k, v, cu_seqlens, plan)
 
@@ -275,7 +270,7 @@ _MAX_PLANS = 256  # distinct signatures kept; past that the cache starts again (
 
 def _plan(q: Tensor, k: Tensor, v: Tensor, cu_seqlens: Tensor, causal: bool, schedule: str,
           max_seqlen: int | None, zero_inactive: bool, config: AttentionConfig | None) -> _Plan:
-    key = tensor_metadata(q, k, v, cu_seqlens)
+    key = checks.tensor_metadata(q, k, v, cu_seqlens)
     if key is not None:
         key = (key, causal, schedule, max_seqlen, zero_inactive, config)
         try:
@@ -389,15 +384,13 @@ class _VarlenAttention(torch.autograd.Function):
         sm_scale = 1.0 / math.sqrt(D)
         scalars = (N, H, T, sm_scale * math.log2(math.e), sm_scale)
         dq_counter, dkdv_counter = _counters((plan.dq, plan.dkdv), cu_seqlens)
-        for launch, kernel, tensors, counter in (
-            (plan.dq, attention_dq_kernel, (q, k, v, out, grad_out, dq, lse, delta), dq_counter),
-            (plan.dkdv, attention_dkdv_kernel, (q, k, v, grad_out, dk, dv, lse, delta), dkdv_counter),
-        ):
+        for launch, name, counter in ((plan.dq, "dq", dq_counter), (plan.dkdv, "dkdv", dkdv_counter)):
             c = launch.config
-            kernel[launch.grid](
-                *tensors, cu_seqlens, offsets.get(launch.chunk, cu_seqlens), counter,
+            attention_backward_kernel[launch.grid](
+                q, k, v, out, grad_out, dq, dk, dv, lse, delta,
+                cu_seqlens, offsets.get(launch.chunk, cu_seqlens), counter,
                 *_strides(q, k, v, out),
-                *scalars, CAUSAL=plan.causal, HEAD_DIM=D, BLOCK_M=c.block_m, BLOCK_N=c.block_n,
+                *scalars, PASS=name, CAUSAL=plan.causal, HEAD_DIM=D, BLOCK_M=c.block_m, BLOCK_N=c.block_n,
                 SCHEDULE=launch.schedule, num_warps=c.num_warps, num_stages=c.num_stages,
             )
         if plan.zero_inactive:
