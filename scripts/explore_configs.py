@@ -1,6 +1,6 @@
 """Exploration (not a recording): forward and backward tile configs of the Triton kernels on the
 H200, exact-shape graphs, TFLOP/s. Prints JSON lines. Run on the GPU host."""
-import itertools, json, sys, time
+import itertools, json, time
 import torch
 from attn_gym_lite.bench.schedulers import attention_flops, throughput_layouts, eager_host_us
 from attn_gym_lite.bench.timing import cuda_event_us, median

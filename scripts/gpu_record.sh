@@ -23,7 +23,7 @@ record() {  # record SUITE LIMIT_S [taskset cores]
 case "$PASS" in
   A)
     record packing-study 420 8-15 &
-    record schedulers 330 0-7
+    record schedulers 450 0-7
     record hello-world 60 0-7
     record pitfalls 120 0-7
     record training-loop 120 0-7

@@ -26,7 +26,7 @@ from ..graph.buckets import GraphBuckets, private_pool_bytes
 from ..graph.capture import capture_graph
 from ..isolation import IsolatedRunError, run_isolated
 from ..models import PackedLM
-from .timing import cuda_event_us, median
+from .timing import cuda_event_us, median, wall_clock_us
 
 MIB = 2**20
 CONFIGS = ("one graph", "shared buckets", "independent graphs", "torch.compile reduce-overhead")
@@ -199,41 +199,71 @@ def lifetime() -> dict:
     return {"kept_output_changed_by": overwritten, "guard_error": message}
 
 
-def optimizer_boundary(token_capacity: int = 4096, dim: int = 1024, num_heads: int = 8, iters: int = 30) -> dict:
+def _host_call_us(fn, iters: int) -> float:
+    """Median host time of one ``fn()`` call, the GPU idle at its start (synchronised before each):
+    what issuing the work costs the host, not how long the GPU then runs."""
+    samples = []
+    for _ in range(iters):
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        fn()
+        samples.append((time.perf_counter() - start) * 1e6)
+    torch.cuda.synchronize()
+    return median(samples)
+
+
+def optimizer_boundary(token_capacity: int = 4096, dim: int = 1024, num_heads: int = 8, iters: int = 30,
+                       small_dim: int = 128, small_heads: int = 2) -> dict:
     """Forward + backward graph, then Adam: eager fused step on the graph's gradients versus the
-    step captured as a second graph (``capturable=True``). Median µs and peak MiB of each."""
+    step captured as a second graph (``capturable=True``), at ``dim`` (the GPU bounds the step) and
+    at ``small_dim`` (launches matter). Per mode: ``step_us`` (median CUDA-event time of a step),
+    ``wall_us`` (host wall clock per step, steps back to back), ``host_us`` (median host time to
+    issue one step with the GPU idle) and peak MiB."""
     tokenizer = load_tokenizer()
     batch = next(iter(PackedLoader(token_capacity, 32, tokenizer=tokenizer, policy=InOrder(), max_piece_tokens=1024)))
-    results = {}
-    for mode in ("eager fused Adam", "captured Adam"):
-        torch.manual_seed(0)
-        model = PackedLM(tokenizer.vocab_size, dim, num_heads, device="cuda", dtype=torch.bfloat16)
-        params = tuple(model.parameters())
-        optimizer = torch.optim.Adam(params, lr=1e-4, fused=True, capturable=mode == "captured Adam")
-        static = {k: getattr(batch, k).cuda() for k in ("input_ids", "labels", "loss_mask", "cu_seqlens")}
 
-        def forward_backward():
-            loss = model.loss(static["input_ids"], static["labels"], static["loss_mask"], static["cu_seqlens"], token_capacity)
-            return (loss, *torch.autograd.grad(loss, params))
+    def measure(width: int, heads: int) -> dict:
+        results = {}
+        for mode in ("eager fused Adam", "captured Adam"):
+            torch.manual_seed(0)
+            model = PackedLM(tokenizer.vocab_size, width, heads, device="cuda", dtype=torch.bfloat16)
+            params = tuple(model.parameters())
+            optimizer = torch.optim.Adam(params, lr=1e-4, fused=True, capturable=mode == "captured Adam")
+            static = {k: getattr(batch, k).cuda() for k in ("input_ids", "labels", "loss_mask", "cu_seqlens")}
 
-        graph, (loss, *grads) = capture_graph(forward_backward)
-        for p, g in zip(params, grads):
-            p.grad = g  # fixed addresses: the graph rewrites them on every replay
-        if mode == "captured Adam":
-            optimizer_graph, _ = capture_graph(optimizer.step)
+            def forward_backward():
+                loss = model.loss(static["input_ids"], static["labels"], static["loss_mask"], static["cu_seqlens"],
+                                  token_capacity)
+                return (loss, *torch.autograd.grad(loss, params))
 
-            def train_step():
-                graph.replay()
-                optimizer_graph.replay()
-        else:
-            def train_step():
-                graph.replay()
-                optimizer.step()
-        torch.cuda.synchronize()
-        torch.cuda.reset_peak_memory_stats()
-        step_us = median(cuda_event_us(train_step, iters))
-        results[mode] = {"step_us": step_us, "peak_allocated_mib": torch.cuda.max_memory_allocated() / MIB}
-    return {"config": {"T": token_capacity, "dim": dim, "num_heads": num_heads}, **results}
+            graph, (loss, *grads) = capture_graph(forward_backward)
+            for p, g in zip(params, grads):
+                p.grad = g  # fixed addresses: the graph rewrites them on every replay
+            if mode == "captured Adam":
+                optimizer_graph, _ = capture_graph(optimizer.step)
+
+                def train_step():
+                    graph.replay()
+                    optimizer_graph.replay()
+            else:
+                def train_step():
+                    graph.replay()
+                    optimizer.step()
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats()
+            results[mode] = {
+                "step_us": median(cuda_event_us(train_step, iters)),
+                "wall_us": wall_clock_us(train_step, iters),
+                "host_us": _host_call_us(train_step, iters),
+                "peak_allocated_mib": torch.cuda.max_memory_allocated() / MIB,
+                "parameter_tensors": len(params),
+            }
+        return results
+
+    return {"config": {"T": token_capacity, "dim": dim, "num_heads": num_heads},
+            **measure(dim, num_heads),
+            "small": {"config": {"T": token_capacity, "dim": small_dim, "num_heads": small_heads},
+                      **measure(small_dim, small_heads)}}
 
 
 def memory_part() -> list[dict]:

@@ -23,6 +23,7 @@ import torch
 
 from ..data import InOrder, PackedLoader, load_tokenizer
 from ..graph.training import FixedCapacityTrainer
+from ..isolation import run_isolated
 from ..models import PackedLM
 from ..profiling import annotate_trace, device_events, profile, record_annotations, save_trace, trace_summary
 from ..regions import native_annotations_available
@@ -84,21 +85,55 @@ def _host_replay_us(graph: torch.cuda.CUDAGraph, iters: int = 200) -> float:
     return statistics.median(samples)
 
 
+def _batches(token_capacity: int, sequence_capacity: int, steps: int):
+    tokenizer = load_tokenizer()
+    loader = PackedLoader(token_capacity, sequence_capacity, tokenizer=tokenizer, policy=InOrder(), max_piece_tokens=1024)
+    batches = list(islice(loader, 4 + steps))
+    return tokenizer, batches[:3], batches[3:]  # warm-up; profiled: 1 warm-up step for the profiler + steps
+
+
+def wall_clocks(token_capacity: int, sequence_capacity: int, dim: int, num_heads: int, steps: int) -> dict:
+    """The suite's steps timed by wall clock in a process where no profiler has ever run: once the
+    profiler has attached CUPTI to a process, later launches in it stay slower, so timing the
+    same steps after the traces would inflate the eager step. µs per step (mean over 20 passes of
+    the profiled batches), per ``graph.replay()`` call (median host time) and per replay on the
+    GPU (median of CUDA events). ``graph`` is captured with labels, as the traced one; ``plain``
+    without. Run it through :func:`~attn_gym_lite.isolation.run_isolated`."""
+    tokenizer, warm, profiled = _batches(token_capacity, sequence_capacity, steps)
+    eager = _trainer(tokenizer, warm[0], False, dim, num_heads)
+    plain = _trainer(tokenizer, warm[0], True, dim, num_heads)
+    with record_annotations(["train step"]):
+        graph = _trainer(tokenizer, warm[0], True, dim, num_heads)
+    for trainer in (eager, plain, graph):
+        for batch in warm:
+            trainer.step(batch)
+    # Each *_synced wall clock ends every step in a synchronize, like the profiled steps, so the
+    # only difference from the trace's step length is the profiler itself.
+    return {
+        "eager_step_us_wall_synced": _wall_step_us(eager, profiled, repeats=20, sync_each_step=True),
+        "graph_step_us_wall_synced": _wall_step_us(graph, profiled, repeats=20, sync_each_step=True),
+        "eager_step_us_wall": _wall_step_us(eager, profiled, repeats=20, sync_each_step=False),
+        "graph_step_us_wall": _wall_step_us(graph, profiled, repeats=20, sync_each_step=False),
+        "graph_launch_us_wall": _host_replay_us(graph.graph),
+        "graph_replay_gpu_us_events": median(cuda_event_us(graph.graph.replay, 50)),
+        "plain_graph_step_us_wall": _wall_step_us(plain, profiled, repeats=20, sync_each_step=False),
+    }
+
+
 def profiling_suite(out: Path | None = None, token_capacity: int = 4096, sequence_capacity: int = 32,
                     dim: int = 1024, num_heads: int = 8, steps: int = 3) -> dict:
     """Eager and replayed traces of ``steps`` training steps and their summaries; the profiler's
     inflation against wall clocks; the cost of labels. Traces go to ``out/profiling_traces``
     (not written when ``out`` is None, e.g. in a notebook's live run)."""
-    tokenizer = load_tokenizer()
-    loader = PackedLoader(token_capacity, sequence_capacity, tokenizer=tokenizer, policy=InOrder(), max_piece_tokens=1024)
-    batches = list(islice(loader, 4 + steps))
-    warm, profiled = batches[:3], batches[3:]  # profiled: 1 warm-up step for the profiler + steps
+    # Wall clocks first, in a fresh process: this one is about to host the profiler.
+    walls = run_isolated(wall_clocks, token_capacity, sequence_capacity, dim, num_heads, steps)
+    tokenizer, warm, profiled = _batches(token_capacity, sequence_capacity, steps)
     folder = None if out is None else Path(out) / TRACE_FOLDER
     record: dict = {"config": {"T": token_capacity, "N": sequence_capacity, "dim": dim, "num_heads": num_heads,
                                "steps": steps, "tokenizer": tokenizer.name},
                     "route": "graph node id" if native_annotations_available() else "capture order"}
 
-    eager = _trainer(tokenizer, batches[0], False, dim, num_heads)
+    eager = _trainer(tokenizer, warm[0], False, dim, num_heads)
     for batch in warm:
         eager.step(batch)
     with profile(None, warmup=1) as eager_profile:
@@ -108,12 +143,12 @@ def profiling_suite(out: Path | None = None, token_capacity: int = 4096, sequenc
             eager_profile.step()
 
     plain_start = time.perf_counter()
-    plain = _trainer(tokenizer, batches[0], True, dim, num_heads)
+    _trainer(tokenizer, warm[0], True, dim, num_heads)
     torch.cuda.synchronize()
     plain_capture_s = time.perf_counter() - plain_start
     labelled_start = time.perf_counter()
     with record_annotations(["train step"]) as annotations:
-        graph_trainer = _trainer(tokenizer, batches[0], True, dim, num_heads)
+        graph_trainer = _trainer(tokenizer, warm[0], True, dim, num_heads)
         torch.cuda.synchronize()
     labelled_capture_s = time.perf_counter() - labelled_start
     for batch in warm:
@@ -140,21 +175,14 @@ def profiling_suite(out: Path | None = None, token_capacity: int = 4096, sequenc
         "capture_s_with_labels": labelled_capture_s,
     }
 
-    # The profiler's view of host time against wall clocks with no profiler running.
-    del eager_profile, graph_profile
-    # Each *_synced wall clock ends every step in a synchronize, like the profiled steps, so the
-    # only difference from the trace's step length is the profiler itself.
+    # The profiler's view of host time against wall clocks with no profiler running (measured
+    # above, in a process the profiler never touched).
     record["overhead"] = {
         "eager_step_us_profiler": statistics.median(_step_durations_us(traces["eager"])),
         "graph_step_us_profiler": statistics.median(_step_durations_us(traces["graph_stock"])),
-        "eager_step_us_wall_synced": _wall_step_us(eager, profiled, repeats=20, sync_each_step=True),
-        "graph_step_us_wall_synced": _wall_step_us(graph_trainer, profiled, repeats=20, sync_each_step=True),
-        "eager_step_us_wall": _wall_step_us(eager, profiled, repeats=20, sync_each_step=False),
-        "graph_step_us_wall": _wall_step_us(graph_trainer, profiled, repeats=20, sync_each_step=False),
         "graph_launch_us_profiler": statistics.median(_api_durations_us(traces["graph_stock"], "cudaGraphLaunch")),
-        "graph_launch_us_wall": _host_replay_us(graph_trainer.graph),
         "graph_replay_gpu_us_profiler": statistics.median(_graph_spans_us(traces["graph_stock"])),
-        "graph_replay_gpu_us_events": median(cuda_event_us(graph_trainer.graph.replay, 50)),
-        "plain_graph_step_us_wall": _wall_step_us(plain, profiled, repeats=20, sync_each_step=False),
+        **walls,
+        "wall_clocks": "measured in a fresh process before any profiler ran",
     }
     return record

@@ -24,17 +24,23 @@ def training_loop(
     which share each batch.
 
     Step time is host wall-clock over all steps after the first 10 (synchronised at the ends),
-    so it includes the copies into the static buffers and the eager Adam step.
+    so it includes the copies into the static buffers and the eager Adam step. On CUDA each mode
+    runs twice from the same seed (``eager_repeat``, ``graph_repeat``), and
+    ``max_loss_difference`` gives the largest per-step loss difference between the runs of a
+    mode and between the two modes.
     """
     tokenizer = load_tokenizer()
     loader = PackedLoader(token_capacity, sequence_capacity, tokenizer=tokenizer, policy=InOrder(),
                           max_piece_tokens=min(max_piece_tokens, token_capacity), pin_memory=device == "cuda")
     batches = list(islice(loader, steps))
     runs = {}
-    for mode in ("eager", "graph") if device == "cuda" else ("eager",):
+    # Each mode runs twice from the same seed: whether a mode repeats itself bit for bit tells a
+    # non-deterministic kernel apart from two modes that simply compute differently.
+    modes = ("eager", "graph", "eager_repeat", "graph_repeat") if device == "cuda" else ("eager",)
+    for mode in modes:
         torch.manual_seed(seed)
         model = PackedLM(tokenizer.vocab_size, dim, num_heads, device=device, dtype=dtype)
-        trainer = FixedCapacityTrainer(model, batches[0], use_graph=mode == "graph", lr=lr)
+        trainer = FixedCapacityTrainer(model, batches[0], use_graph=mode.startswith("graph"), lr=lr)
         losses = [trainer.step(b) for b in batches[:10]]  # warm-up (and the graph's first replays)
         if device == "cuda":
             torch.cuda.synchronize()
@@ -44,6 +50,10 @@ def training_loop(
             torch.cuda.synchronize()
         step_us = (time.perf_counter() - start) / max(1, len(batches) - 10) * 1e6
         runs[mode] = {"losses": torch.stack(losses).tolist(), "step_us": step_us}
+    differences = {}
+    if device == "cuda":
+        for a, b in (("eager", "eager_repeat"), ("graph", "graph_repeat"), ("eager", "graph")):
+            differences[f"{a}_vs_{b}"] = max(abs(x - y) for x, y in zip(runs[a]["losses"], runs[b]["losses"]))
     return {
         "config": {"T": token_capacity, "N": sequence_capacity, "dim": dim, "num_heads": num_heads,
                    "vocab_size": tokenizer.vocab_size, "tokenizer": tokenizer.name, "steps": len(batches),
@@ -52,4 +62,5 @@ def training_loop(
         "active_tokens": [b.active_tokens for b in batches],
         "active_sequences": [b.active_sequences for b in batches],
         **runs,
+        "max_loss_difference": differences,
     }
