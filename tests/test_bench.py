@@ -14,7 +14,7 @@ from attn_gym_lite.bench import provenance as provenance_module
 from attn_gym_lite.bench.provenance import PACKAGE_ROOT, provenance, source_digest, source_files
 from attn_gym_lite.bench.suites import SUITES
 from attn_gym_lite.book.plots import plot_hello_world, plot_packed_batch, plot_training_loop
-from attn_gym_lite.book.results import RESULTS_ROOT, banner, load_result, provenance_line
+from attn_gym_lite.book.results import DECLARED_STALE, RESULTS_ROOT, banner, declared_stale, load_result, provenance_line
 
 RECORDED = sorted(RESULTS_ROOT.glob("*/*.json"))
 PROVENANCE_KEYS = {"gpu", "driver", "cuda", "torch", "triton", "python", "date", "command", "commit",
@@ -51,13 +51,34 @@ def test_source_digest_covers_exactly_what_a_suite_imports(tmp_path, monkeypatch
 
 @pytest.mark.parametrize("path", RECORDED, ids=lambda p: f"{p.parent.name}/{p.name}")
 def test_recordings_are_not_stale(path):
-    """A recording made by other code than today's must be re-recorded (README: Record results)."""
+    """A recording made by other code than today's must be re-recorded (README: Record results),
+    unless results/stale.json declares it, with the reason; a declared one must really be stale."""
     record = json.loads(path.read_text())
     suite = SUITES[record["suite"]]
-    assert record["provenance"].get("source_sha256") == source_digest(suite.module), (
+    fresh = record["provenance"].get("source_sha256") == source_digest(suite.module)
+    reason = declared_stale().get(f"{path.parent.name}/{path.name}")
+    if reason is not None:
+        assert not fresh, f"{path.name} matches today's code: remove it from {DECLARED_STALE}"
+        assert len(reason) > 40, f"{DECLARED_STALE} must say why {path.name} was not re-recorded"
+        return
+    assert fresh, (
         f"{path.name} was recorded by other code than today's {suite.module} and what it imports: "
         f"re-record it with python -m attn_gym_lite.bench {suite.name} --out {path.parent}"
     )
+
+
+def test_declared_stale_recordings_exist_and_the_banner_says_why(tmp_path):
+    for name in declared_stale():
+        assert (RESULTS_ROOT / name).is_file(), f"{DECLARED_STALE} names {name}, which is not a recording"
+    # The mechanism on a made-up folder: a declared recording carries its reason into the banner.
+    (tmp_path / "h200").mkdir()
+    record = {"suite": "hello-world", "provenance": json.loads((RESULTS_ROOT / "h200" / "hello_world.json").read_text())["provenance"]}
+    (tmp_path / "h200" / "hello_world.json").write_text(json.dumps(record))
+    assert "declared_stale" not in load_result("hello-world", root=tmp_path)
+    (tmp_path / DECLARED_STALE).write_text(json.dumps({"h200/hello_world.json": "the suite timed out on the GPU host"}))
+    loaded = load_result("hello-world", root=tmp_path)
+    assert loaded["declared_stale"] == "the suite timed out on the GPU host"
+    assert "Older than this package: the suite timed out on the GPU host" in banner(loaded, "x")
 
 
 @pytest.mark.parametrize("path", RECORDED, ids=lambda p: f"{p.parent.name}/{p.name}")

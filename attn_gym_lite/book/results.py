@@ -31,10 +31,24 @@ RESULTS_ROOT = _results_root()
 """``attn_gym_lite/results``: one folder per GPU (``h200``), each with ``<suite>.json`` files and the
 profiling suite's ``profiling_traces/``."""
 
+DECLARED_STALE = "stale.json"
+"""In :data:`RESULTS_ROOT`: recordings known to be older than the code their suite runs, each with the
+reason it was not re-recorded (``"<gpu>/<file>.json" -> reason``). The tests refuse any other stale
+recording, and any entry here that is not really stale; :func:`banner` prints the reason."""
+
+
+def declared_stale(root: Path | str | None = None) -> dict[str, str]:
+    """The :data:`DECLARED_STALE` entries under ``root`` (default :data:`RESULTS_ROOT`); ``{}`` if none."""
+    path = Path(root or RESULTS_ROOT) / DECLARED_STALE
+    return json.loads(path.read_text()) if path.is_file() else {}
+
 
 def load_result(suite: str, gpu: str = "h200", root: Path | str | None = None) -> dict:
     """Load ``<root>/<gpu>/<suite>.json`` (``suite`` with ``-`` or ``_``); ``root`` defaults to
     :data:`RESULTS_ROOT`, the recordings shipped with the package.
+
+    A recording listed in :data:`DECLARED_STALE` comes back with the reason under the key
+    ``"declared_stale"`` (added in memory, never written), which :func:`banner` prints.
 
     Raises:
         FileNotFoundError: no such recording; the message lists the suites recorded for ``gpu``.
@@ -44,7 +58,11 @@ def load_result(suite: str, gpu: str = "h200", root: Path | str | None = None) -
     if not path.is_file():
         known = sorted(p.stem for p in folder.glob("*.json")) if folder.is_dir() else []
         raise FileNotFoundError(f"load_result: no recording {path}; recorded for {gpu!r}: {known}")
-    return json.loads(path.read_text())
+    record = json.loads(path.read_text())
+    reason = declared_stale(root).get(f"{gpu}/{path.name}")
+    if reason:
+        record["declared_stale"] = reason
+    return record
 
 
 def provenance_line(record: dict) -> str:
@@ -78,13 +96,17 @@ def banner(record: dict, not_run: str) -> str:
 
     Returns:
         Lines of plain text: on a CPU, ``"CPU mode: no CUDA device here, so <not_run> did not run."``,
-        then the recording's :func:`provenance_line`, indented.
+        then the recording's :func:`provenance_line`, indented, and for a recording listed in
+        :data:`DECLARED_STALE` why it is older than the package.
     """
     if torch.cuda.is_available():
         head = [f"Live run on {torch.cuda.get_device_name()}, beside the recording from:"]
     else:
         head = [f"CPU mode: no CUDA device here, so {not_run} did not run.", "Showing the recording from:"]
-    return "\n".join([*(_wrap(line) for line in head), _wrap(provenance_line(record), indent="  ")])
+    lines = [*(_wrap(line) for line in head), _wrap(provenance_line(record), indent="  ")]
+    if record.get("declared_stale"):
+        lines.append(_wrap(f"Older than this package: {record['declared_stale']}"))
+    return "\n".join(lines)
 
 
 def rst_to_markdown(text: str) -> str:
