@@ -184,3 +184,27 @@ def test_sdpa_on_a_padded_batch_equals_packed_attention_on_the_real_tokens():
         varlen_attention(*padded, torch.tensor([0, 5, 8, 10], dtype=torch.int32), impl="sdpa", causal=True, max_seqlen=5)
     with pytest.raises(ValueError, match="impl='sdpa' needs T = B \\* max_seqlen rows, got T = 10 and max_seqlen = 4"):
         varlen_attention(*padded, rows, impl="sdpa", causal=True, max_seqlen=4, validate=False)
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "known regression: the per-signature check cache in ops.attention._checked_impl makes dynamo guard on "
+    "exact shapes, so torch.compile recompiles for every new shape (8 graphs for 11 shapes here) instead of "
+    "going dynamic; the end-to-end suite's compile stacks hit it. The fix (no cache while compiling) changes "
+    "code every suite runs, so it waits for the next re-recording of all suites."))
+def test_the_entry_point_compiles_once_for_changing_shapes():
+    from torch._dynamo.utils import counters
+
+    from attn_gym_lite.ops import attention
+
+    torch._dynamo.reset()
+    counters.clear()
+
+    def checked(q, cu):
+        return q * 2 if attention._checked_impl("varlen_attn", q, q, q, cu) == "varlen_attn" else q
+
+    compiled = torch.compile(checked, backend="eager")
+    for rows in range(100, 320, 20):
+        q = torch.randn(rows, 2, 16)
+        torch.testing.assert_close(compiled(q, torch.tensor([0, rows], dtype=torch.int32)), q * 2)
+    # Static shapes first, then one dynamic graph: what the checks compiled to before the cache.
+    assert counters["stats"]["unique_graphs"] <= 2
