@@ -1,0 +1,236 @@
+"""The two KDA references of :mod:`attn_gym_lite.ops.kda` against each other and against a hand
+computation: forward, final states and gradients on random ragged layouts, the state reset at
+sequence boundaries, and the argument checks."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from attn_gym_lite.ops.kda import kda_chunked, kda_recurrent
+
+F64 = torch.float64
+TOLERANCE = 1e-10
+
+
+def cu(*bounds: int) -> torch.Tensor:
+    return torch.tensor(bounds, dtype=torch.int32)
+
+
+def random_inputs(T: int, H: int, K: int, V: int, L: int, seed: int, dtype=F64, fill=float("nan"),
+                  min_log_decay: float = -2.0):
+    """q, k (L2-normalised, as Kimi Linear feeds the core), v, g in [min_log_decay, 0], beta in
+    (0, 1); rows L .. T - 1 hold ``fill`` (the references must never read them)."""
+    gen = torch.Generator().manual_seed(seed)
+    q = torch.randn(T, H, K, generator=gen, dtype=F64)
+    k = torch.nn.functional.normalize(torch.randn(T, H, K, generator=gen, dtype=F64), dim=-1)
+    v = torch.randn(T, H, V, generator=gen, dtype=F64)
+    g = min_log_decay * torch.rand(T, H, K, generator=gen, dtype=F64)
+    beta = 0.05 + 0.9 * torch.rand(T, H, generator=gen, dtype=F64)
+    tensors = []
+    for x in (q, k, v, g, beta):
+        x = x.clone()
+        x[L:] = fill
+        tensors.append(x.to(dtype).requires_grad_())
+    return tensors
+
+
+@st.composite
+def layouts(draw):
+    """(T, cu_seqlens): up to 4 sequences, empty ones and length 1 included, lengths around the
+    chunk sizes used (4, 16), unused tail slots and inactive rows past L."""
+    lengths = draw(st.lists(st.one_of(st.sampled_from([0, 1, 4, 5, 16, 17]), st.integers(0, 21)), min_size=1, max_size=4))
+    lengths += [0] * draw(st.integers(0, 2))  # unused tail slots repeat L
+    bounds = [0]
+    for length in lengths:
+        bounds.append(bounds[-1] + length)
+    T = bounds[-1] + draw(st.integers(0, 3))
+    return max(T, 1), torch.tensor(bounds, dtype=torch.int32)
+
+
+def run_with_gradients(fn, inputs, cu_seqlens, weights, **kwargs):
+    """(o, final_state, gradients of <o, w_o> + <S, w_S> w.r.t. q, k, v, g, beta)."""
+    o, state = fn(*inputs, cu_seqlens, output_final_state=True, **kwargs)
+    loss = (o * weights[0]).sum() + (state * weights[1]).sum()
+    if not loss.requires_grad:  # L = 0: the output does not depend on the inputs at all
+        return o, state, [torch.zeros_like(x) for x in inputs]
+    grads = torch.autograd.grad(loss, inputs, allow_unused=True)
+    return o, state, [torch.zeros_like(x) if dx is None else dx for x, dx in zip(inputs, grads)]
+
+
+@settings(max_examples=100, deadline=None)
+@given(layout=layouts(), H=st.integers(1, 2), K=st.integers(1, 4), V=st.integers(1, 3),
+       C=st.sampled_from([1, 3, 4, 16, 64]), seed=st.integers(0, 2**16))
+def test_chunked_equals_recurrent_forward_and_gradients(layout, H, K, V, C, seed):
+    T, cu_seqlens = layout
+    L, N = int(cu_seqlens[-1]), cu_seqlens.numel() - 1
+    inputs = random_inputs(T, H, K, V, L, seed)
+    gen = torch.Generator().manual_seed(seed + 1)
+    weights = (torch.randn(T, H, V, generator=gen, dtype=F64), torch.randn(N, H, K, V, generator=gen, dtype=F64))
+
+    o_ref, s_ref, d_ref = run_with_gradients(kda_recurrent, inputs, cu_seqlens, weights)
+    o, s, d = run_with_gradients(kda_chunked, inputs, cu_seqlens, weights, chunk_size=C)
+
+    assert o.shape == (T, H, V) and s.shape == (N, H, K, V)
+    assert torch.equal(o[L:], torch.zeros_like(o[L:])) and torch.equal(o_ref[L:], torch.zeros_like(o_ref[L:]))
+    torch.testing.assert_close(o, o_ref, rtol=0, atol=TOLERANCE)
+    torch.testing.assert_close(s, s_ref, rtol=0, atol=TOLERANCE)
+    for name, dx, dx_ref in zip("q k v g beta".split(), d, d_ref):
+        assert torch.isfinite(dx_ref).all() and torch.equal(dx_ref[L:], torch.zeros_like(dx_ref[L:])), name
+        assert torch.equal(dx[L:], torch.zeros_like(dx[L:])), name  # the NaN rows get zero gradients
+        torch.testing.assert_close(dx, dx_ref, rtol=0, atol=TOLERANCE, msg=lambda m, name=name: f"d{name}: {m}")
+
+
+def test_hand_computed_case():
+    """T = 4, H = 1, K = V = 2, scale = 1, cu_seqlens = [0, 2, 3]: two sequences, one inactive row.
+
+    Sequence 0, token 0 (state zero, so its decay changes nothing):
+        k0 = [1, 0], v0 = [1, 2], beta0 = 1/2
+        S = beta0 k0 v0^T = [[1/2, 1], [0, 0]]
+        o0 = S^T q0, q0 = [1, 1]  ->  [1/2, 1]
+    Token 1: g1 = [ln 1/2, ln 1/4], so the decay first scales row 0 by 1/2 and row 1 by 1/4:
+        S' = [[1/4, 1/2], [0, 0]]
+        k1 = [1, 1]: S'^T k1 = [1/4, 1/2]; v1 = [1, 0] -> v1 - S'^T k1 = [3/4, -1/2]
+        beta1 = 1/2 -> correction [3/8, -1/4], added to both rows (k1 = [1, 1]):
+        S = [[5/8, 1/4], [3/8, -1/4]]
+        o1 = S^T q1, q1 = [1, 2] -> [5/8 + 3/4, 1/4 - 1/2] = [11/8, -1/4]
+    Sequence 1, token 2: the state restarts at zero:
+        k2 = [0, 1], v2 = [4, -2], beta2 = 1/4 -> S = [[0, 0], [1, -1/2]]
+        o2 = S^T q2, q2 = [3, 1] -> [1, -1/2]
+    Row 3 is past L = 3: zero.
+    (Had the update come before the decay, token 1 would give S = [[3/8, 1/4], [1/16, -1/8]] and
+    o1 = [1/2, 0]; had the state not been reset, o2 would carry sequence 0's memory.)
+    """
+    q = torch.tensor([[1.0, 1.0], [1.0, 2.0], [3.0, 1.0], [9.0, 9.0]], dtype=F64)[:, None]
+    k = torch.tensor([[1.0, 0.0], [1.0, 1.0], [0.0, 1.0], [9.0, 9.0]], dtype=F64)[:, None]
+    v = torch.tensor([[1.0, 2.0], [1.0, 0.0], [4.0, -2.0], [9.0, 9.0]], dtype=F64)[:, None]
+    g = torch.log(torch.tensor([[0.5, 0.5], [0.5, 0.25], [0.5, 0.5], [0.5, 0.5]], dtype=F64))[:, None]
+    beta = torch.tensor([[0.5], [0.5], [0.25], [0.5]], dtype=F64)
+    expected_o = torch.tensor([[0.5, 1.0], [11 / 8, -0.25], [1.0, -0.5], [0.0, 0.0]], dtype=F64)[:, None]
+    expected_s = torch.tensor([[[0.625, 0.25], [0.375, -0.25]], [[0.0, 0.0], [1.0, -0.5]]], dtype=F64)[:, None]
+    for fn, kwargs in ((kda_recurrent, {}), (kda_chunked, {"chunk_size": 1}), (kda_chunked, {"chunk_size": 2}),
+                       (kda_chunked, {"chunk_size": 64})):
+        o, s = fn(q, k, v, g, beta, cu(0, 2, 3), scale=1.0, output_final_state=True, **kwargs)
+        torch.testing.assert_close(o, expected_o, rtol=0, atol=1e-14, msg=lambda m, fn=fn: f"{fn.__name__}: {m}")
+        torch.testing.assert_close(s, expected_s, rtol=0, atol=1e-14, msg=lambda m, fn=fn: f"{fn.__name__}: {m}")
+
+
+def test_default_scale_is_inverse_sqrt_k():
+    q, k, v, g, beta = random_inputs(7, 2, 4, 3, 7, seed=3)
+    for fn in (kda_recurrent, kda_chunked):
+        o_default, s_default = fn(q, k, v, g, beta, cu(0, 3, 7), output_final_state=True)
+        o_one, s_one = fn(q, k, v, g, beta, cu(0, 3, 7), scale=1.0, output_final_state=True)
+        torch.testing.assert_close(o_default, o_one / math.sqrt(4), rtol=0, atol=1e-14)
+        torch.testing.assert_close(s_default, s_one, rtol=0, atol=0)  # scale touches the read only
+
+
+@settings(max_examples=25, deadline=None)
+@given(lengths=st.lists(st.integers(0, 11), min_size=1, max_size=4), C=st.sampled_from([4, 16]),
+       seed=st.integers(0, 2**16))
+def test_packed_batch_equals_each_sequence_alone(lengths, C, seed):
+    bounds = [0]
+    for length in lengths:
+        bounds.append(bounds[-1] + length)
+    T, H, K, V = max(bounds[-1], 1), 2, 3, 2
+    inputs = [x.detach() for x in random_inputs(T, H, K, V, bounds[-1], seed)]
+    for fn, kwargs in ((kda_recurrent, {}), (kda_chunked, {"chunk_size": C})):
+        o, s = fn(*inputs, torch.tensor(bounds, dtype=torch.int32), output_final_state=True, **kwargs)
+        for n, (start, end) in enumerate(zip(bounds[:-1], bounds[1:])):
+            if end == start:
+                assert torch.equal(s[n], torch.zeros_like(s[n]))
+                continue
+            alone = [x[start:end] for x in inputs]
+            o_n, s_n = fn(*alone, cu(0, end - start), output_final_state=True, **kwargs)
+            torch.testing.assert_close(o[start:end], o_n, rtol=0, atol=1e-12)
+            torch.testing.assert_close(s[n], s_n[0], rtol=0, atol=1e-12)
+
+
+def test_no_reset_would_differ():
+    """The reset is observable: sequence 1 run after sequence 0 without a boundary gives another output."""
+    inputs = [x.detach() for x in random_inputs(6, 1, 2, 2, 6, seed=5, min_log_decay=-0.1)]
+    for fn in (kda_recurrent, kda_chunked):
+        split, _ = fn(*inputs, cu(0, 3, 6))
+        joined, _ = fn(*inputs, cu(0, 6))
+        torch.testing.assert_close(split[:3], joined[:3], rtol=0, atol=1e-14)
+        assert (split[3:] - joined[3:]).abs().max() > 1e-3
+
+
+def test_strong_decay_over_a_long_chunk_stays_finite():
+    """g = -40 per step over a 64-token chunk: the cumulative decay reaches exp(-2560); the chunked
+    form keeps every exponent <= 0, so nothing overflows and it still matches the recurrence."""
+    inputs = random_inputs(64, 1, 3, 2, 64, seed=7, min_log_decay=-80.0)
+    o_ref, s_ref = kda_recurrent(*inputs, cu(0, 64), output_final_state=True)
+    o, s = kda_chunked(*inputs, cu(0, 64), chunk_size=64, output_final_state=True)
+    assert torch.isfinite(o).all() and torch.isfinite(s).all()
+    torch.testing.assert_close(o, o_ref, rtol=0, atol=TOLERANCE)
+    torch.testing.assert_close(s, s_ref, rtol=0, atol=TOLERANCE)
+    grads = torch.autograd.grad(o.sum() + s.sum(), inputs)
+    assert all(torch.isfinite(dx).all() for dx in grads)
+
+
+def test_chunked_gradients_match_finite_differences():
+    """An autograd-independent check of the chunked backward (torch.autograd.gradcheck)."""
+    inputs = random_inputs(6, 1, 2, 2, 5, seed=11, fill=0.0)
+    cu_seqlens = cu(0, 2, 5)
+    assert torch.autograd.gradcheck(
+        lambda *x: kda_chunked(*x, cu_seqlens, chunk_size=2, output_final_state=True), inputs
+    )
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_low_precision_inputs(dtype):
+    inputs = random_inputs(20, 2, 4, 3, 17, seed=13, fill=0.0)
+    o64, s64 = kda_recurrent(*inputs, cu(0, 9, 17), output_final_state=True)
+    low = [x.detach().to(dtype) for x in inputs]
+    tolerance = 1e-5 if dtype == torch.float32 else 5e-2
+    for fn in (kda_recurrent, kda_chunked):
+        o, s = fn(*low, cu(0, 9, 17), output_final_state=True)
+        assert o.dtype == dtype and s.dtype == torch.float32
+        torch.testing.assert_close(o.to(F64), o64.detach(), rtol=tolerance, atol=tolerance)
+        torch.testing.assert_close(s.to(F64), s64.detach(), rtol=tolerance, atol=tolerance)
+
+
+def good_arguments():
+    q, k, v, g, beta = (x.detach() for x in random_inputs(5, 2, 3, 4, 5, seed=0))
+    return {"q": q, "k": k, "v": v, "g": g, "beta": beta, "cu_seqlens": cu(0, 2, 5)}
+
+
+BAD_ARGUMENTS = [
+    ("q", [[1.0]], TypeError, "q must be a torch.Tensor"),
+    ("q", torch.zeros(5, 6, dtype=F64), ValueError, "q must have shape"),
+    ("q", torch.zeros(5, 2, 3, dtype=torch.int64), TypeError, "q must have dtype"),
+    ("k", torch.zeros(5, 2, 4, dtype=F64), ValueError, "k must have q's shape"),
+    ("k", torch.zeros(5, 2, 3, dtype=F64, device="meta"), ValueError, "k must be on device"),
+    ("v", torch.zeros(4, 2, 4, dtype=F64), ValueError, "v must have shape"),
+    ("v", torch.zeros(5, 2, 4, dtype=torch.float32), TypeError, "v must have q's dtype"),
+    ("g", torch.zeros(5, 2, 1, dtype=F64), ValueError, "g must have q's shape"),
+    ("beta", torch.zeros(5, 2, 1, dtype=F64), ValueError, "beta must have shape"),
+    ("beta", torch.zeros(5, 3, dtype=F64), ValueError, "beta must have shape"),
+    ("cu_seqlens", torch.tensor([0, 2, 5]), TypeError, "cu_seqlens must have dtype torch.int32"),
+    ("cu_seqlens", cu(0, 2, 6), ValueError, r"cu_seqlens\[-1\]"),
+    ("cu_seqlens", cu(1, 2, 5), ValueError, r"cu_seqlens\[0\] must be 0"),
+    ("cu_seqlens", cu(0, 3, 2), ValueError, "cu_seqlens must be non-decreasing"),
+    ("cu_seqlens", cu(0), ValueError, "cu_seqlens must have at least 2 entries"),
+    ("scale", "1", TypeError, "scale must be"),
+    ("scale", float("nan"), ValueError, "scale must be"),
+    ("output_final_state", 1, TypeError, "output_final_state must be a bool"),
+]
+
+
+@pytest.mark.parametrize("fn", [kda_recurrent, kda_chunked])
+@pytest.mark.parametrize(("name", "value", "error", "match"), BAD_ARGUMENTS)
+def test_bad_arguments_name_the_argument(fn, name, value, error, match):
+    arguments = good_arguments()
+    arguments[name] = value
+    with pytest.raises(error, match=match):
+        fn(**arguments)
+
+
+@pytest.mark.parametrize(("value", "error"), [(0, ValueError), (2.0, TypeError), (True, TypeError)])
+def test_bad_chunk_size(value, error):
+    with pytest.raises(error, match="chunk_size must be an int >= 1"):
+        kda_chunked(**good_arguments(), chunk_size=value)
