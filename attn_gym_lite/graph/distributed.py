@@ -1,0 +1,449 @@
+"""Data parallelism for packed batches: one global token mean over ranks, a sharded loader, a DDP step.
+
+With data parallelism every rank trains on its own packed batch, and the batches hold different
+numbers of loss-masked tokens: ``c_r`` on rank ``r`` (at most ``T``, usually fewer). What the run
+should minimise is the mean next-token cross-entropy over *all* those tokens,
+
+    loss = (S_0 + ... + S_{W-1}) / C,     S_r = sum of rank r's per-token losses,  C = c_0 + ... + c_{W-1},
+
+and not the mean of the ranks' own means (what :func:`~attn_gym_lite.models.packed_lm_loss`, and
+so ``PackedLM.loss`` / ``PackedTransformer.loss``, give on each rank: ``S_r / c_r``), which weights
+a token on a sparsely filled rank more than one on a full rank.
+
+:class:`~torch.nn.parallel.DistributedDataParallel` all-reduces the gradients and divides them by
+the world size ``W`` (its default communication: the bucket is divided by the process group's
+size and summed over ranks; the API reference's note on summed losses says the same), so the
+gradient every rank applies is ``(1/W) sum_r grad(l_r)`` for the loss ``l_r`` it back-propagated.
+:func:`global_token_mean_loss` therefore returns
+
+    l_r = W * S_r / C
+
+whose rank average is ``(1/W) sum_r W * S_r / C = sum_r S_r / C``: DDP's averaged gradient is
+exactly the gradient of the global token mean (``C`` depends on no parameter). ``C`` comes from a
+tensor ``all_reduce`` of ``c_r`` on the device, with no host read, so the whole loss can sit inside
+a captured CUDA graph (NCCL >= 2.9.6 captures collectives).
+
+Also here:
+
+* :func:`shard_corpus` and :class:`ShardedPackedLoader`: each rank packs its own shard of the
+  corpus (document ``i`` goes to rank ``i mod W``), resumable per rank;
+* :class:`DataParallelTrainer`: forward, backward with DDP's all-reduce, eager fused Adam, run
+  eagerly (tested on CPU with ``gloo``) or captured as one CUDA graph per rank following PyTorch's
+  recipe for DDP under whole-network capture. **The captured path has not been run yet**: it is
+  written for the project's 2-GPU host, where it still has to be tested and measured.
+
+The package's :class:`~attn_gym_lite.graph.FixedCapacityTrainer` cannot simply be wrapped in DDP:
+it takes gradients with ``torch.autograd.grad``, and DDP all-reduces only gradients accumulated into
+``.grad`` by ``backward()`` (the DDP API notes say it does not work with ``torch.autograd.grad``).
+
+On the GPU host, start every process with ``NCCL_NVLS_ENABLE=0``, ``TORCH_SYMM_MEM_DISABLE_MULTICAST=1``
+and ``NVSHMEM_DISABLE_NVLS=1`` in its environment (NVLink multicast stays off there).
+
+Sources: PyTorch's DDP notes and ``DistributedDataParallel`` API reference (gradient averaging,
+``gradient_as_bucket_view``, ``static_graph``); PyTorch's CUDA semantics notes, "CUDA Graphs" →
+"Usage with DistributedDataParallel" → "NCCL >= 2.9.6" (the three setup steps for whole-network
+capture); NCCL's user guide, "Using NCCL with CUDA Graphs".
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable, Iterable, Sequence
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+
+from ..checks import check_bool, check_int, check_real
+from ..data import PackedBatch, PackedLoader, python_stdlib_corpus
+from ..regions import mark_kernels
+from .capture import StaticInputs, capture_graph
+
+Tensor = torch.Tensor
+
+__all__ = [
+    "DDP_CAPTURE_WARMUP",
+    "DataParallelTrainer",
+    "ShardedPackedLoader",
+    "global_token_mean_loss",
+    "shard_corpus",
+    "token_loss_sum",
+]
+
+#: Eager DDP iterations PyTorch's CUDA-graph notes require before capturing a DDP backward
+#: ("Your warmup must run at least 11 DDP-enabled eager iterations before capture").
+DDP_CAPTURE_WARMUP = 11
+
+_TOKEN_FIELDS = ("input_ids", "labels", "loss_mask")
+_INTEGER_DTYPES = (torch.int32, torch.int64)
+
+
+def token_loss_sum(logits: Tensor, labels: Tensor, loss_mask: Tensor) -> tuple[Tensor, Tensor]:
+    """Sum of next-token cross-entropies over the rows ``loss_mask`` selects, and how many rows.
+
+    The numerator and denominator of :func:`~attn_gym_lite.models.packed_lm_loss` (which returns
+    their quotient, the *local* mean), kept apart so that the denominator can be summed over ranks.
+    Rows outside ``loss_mask`` are selected away, never multiplied by 0 (a garbage logit on an
+    inactive row must not become ``NaN * 0``). No host synchronisation.
+
+    Args:
+        logits: floating ``[T, V]`` (``T`` token capacity, ``V`` vocabulary size).
+        labels: int64 ``[T]`` targets in ``[0, V)``.
+        loss_mask: bool ``[T]``, True on the rows the loss counts (at most ``L`` of them).
+
+    Returns:
+        ``(total, count)``: ``total`` a 0-dim tensor in nats, in ``float32`` for half-precision
+        logits (as ``packed_lm_loss`` computes) and in the logits' dtype otherwise (float64 stays
+        float64); ``count`` a 0-dim int64 tensor (tokens). Both on the logits' device.
+
+    Raises:
+        TypeError: an argument is not a tensor or has the wrong dtype.
+        ValueError: wrong numbers of dims, row counts that differ, or different devices.
+    """
+    _check_tensor("logits", logits, ndim=2, shape="[T, V]", floating=True)
+    _check_tensor("labels", labels, ndim=1, shape="[T]", dtypes=(torch.int64,), device=logits.device)
+    _check_tensor("loss_mask", loss_mask, ndim=1, shape="[T]", dtypes=(torch.bool,), device=logits.device)
+    if not labels.shape[0] == loss_mask.shape[0] == logits.shape[0]:
+        raise ValueError(
+            f"logits, labels and loss_mask must have the same T rows, got {tuple(logits.shape)}, "
+            f"{tuple(labels.shape)} and {tuple(loss_mask.shape)}"
+        )
+    dtype = torch.promote_types(logits.dtype, torch.float32)
+    token_losses = F.cross_entropy(logits.to(dtype), labels, reduction="none")
+    total = torch.where(loss_mask, token_losses, 0.0).sum()
+    return total, loss_mask.sum(dtype=torch.int64)
+
+
+def global_token_mean_loss(token_loss_sum: Tensor, active_tokens: Tensor,
+                           group: dist.ProcessGroup | None = None) -> Tensor:
+    """This rank's share of the mean loss over every rank's loss-masked tokens, scaled for DDP.
+
+    Returns ``l_r = W * S_r / max(C, 1)`` with ``S_r = token_loss_sum`` (this rank's summed
+    per-token loss), ``C`` the sum of ``active_tokens`` over the ``W`` ranks of ``group`` and ``W``
+    its size. Back-propagate ``l_r`` through a :class:`~torch.nn.parallel.DistributedDataParallel`
+    model with its default gradient averaging (all-reduce, divide by ``W``): every rank then holds
+
+        (1/W) sum_r grad(W * S_r / C) = grad(sum_r S_r / C),
+
+    the gradient of the mean over all ``C`` tokens, however unevenly they are spread over the
+    ranks. (With a communication hook that sums instead of averaging, use ``S_r / C``: divide the
+    result by ``W``.) The rank average of ``l_r`` is the global mean loss; the value on one rank
+    alone is not (all-reduce ``l_r / W`` to report it). With ``C = 0`` the loss is 0, not NaN,
+    like :func:`~attn_gym_lite.models.packed_lm_loss`.
+
+    ``C`` is computed by ``torch.distributed.all_reduce`` (SUM) of a copy of ``active_tokens`` on
+    its device: no host read, so the call can be captured in a CUDA graph with NCCL; every rank of
+    ``group`` must call it, the same number of times and in the same order. ``W`` is a host int
+    read from the group. Multiplying by ``W`` is exact when ``W`` is a power of two.
+
+    Args:
+        token_loss_sum: 0-dim floating tensor, ``S_r`` in nats (e.g. :func:`token_loss_sum`'s
+            ``total``), differentiable.
+        active_tokens: 0-dim int32/int64 tensor on the same device, ``c_r``: the tokens this rank's
+            loss counts (the loss-masked rows, not ``L``).
+        group: the process group DDP averages over; ``None`` for the default group.
+
+    Returns:
+        A 0-dim tensor in ``token_loss_sum``'s dtype and device.
+
+    Raises:
+        TypeError: an argument is not a tensor of the right kind, or ``group`` is not a
+            ``ProcessGroup``.
+        ValueError: a tensor is not 0-dim, or the two are on different devices.
+        RuntimeError: ``torch.distributed`` is not initialized.
+    """
+    _check_tensor("token_loss_sum", token_loss_sum, ndim=0, shape="[] (a scalar)", floating=True)
+    _check_tensor("active_tokens", active_tokens, ndim=0, shape="[] (a scalar)", dtypes=_INTEGER_DTYPES,
+                  device=token_loss_sum.device)
+    world_size = _world_size(group)
+    global_tokens = active_tokens.to(torch.int64, copy=True)
+    dist.all_reduce(global_tokens, op=dist.ReduceOp.SUM, group=group)
+    return token_loss_sum / global_tokens.clamp_min(1).to(token_loss_sum.dtype) * world_size
+
+
+def _world_size(group: object) -> int:
+    if group is not None and not isinstance(group, dist.ProcessGroup):
+        raise TypeError(f"group must be a torch.distributed.ProcessGroup or None, got {type(group).__name__}")
+    if not (dist.is_available() and dist.is_initialized()):
+        raise RuntimeError("torch.distributed is not initialized: call torch.distributed.init_process_group first")
+    return dist.get_world_size(group)
+
+
+def _check_tensor(argument: str, value: object, *, ndim: int, shape: str, dtypes=None, floating: bool = False,
+                  device: torch.device | None = None) -> None:
+    if not isinstance(value, Tensor):
+        raise TypeError(f"{argument} must be a torch.Tensor of shape {shape}, got {type(value).__name__}")
+    if floating and not value.is_floating_point():
+        raise TypeError(f"{argument} must have a floating dtype, got {value.dtype}")
+    if dtypes is not None and value.dtype not in dtypes:
+        names = " or ".join(str(d).removeprefix("torch.") for d in dtypes)
+        raise TypeError(f"{argument} must have dtype {names}, got {value.dtype}")
+    if value.dim() != ndim:
+        raise ValueError(f"{argument} must have shape {shape}, got shape {tuple(value.shape)}")
+    if device is not None and value.device != device:
+        raise ValueError(f"{argument} must be on {device} like the other tensors, got {value.device}")
+
+
+def shard_corpus(corpus: Callable[[], Iterable[object]] | Sequence[object], rank: int,
+                 world_size: int) -> Callable[[], Iterable[object]]:
+    """Rank ``rank``'s shard of a corpus: documents ``rank, rank + W, rank + 2W, ...``.
+
+    A round-robin split by document, so the shards are disjoint, cover the corpus and differ in
+    size by at most one document (their token counts differ more: documents vary in length).
+
+    Args:
+        corpus: a sequence of documents or a zero-argument function returning an iterable of them
+            (as :class:`~attn_gym_lite.data.PackedLoader` takes; a document is a string or a list of
+            token ids).
+        rank: this rank, ``0 <= rank < world_size``.
+        world_size: ``W``, number of shards (>= 1).
+
+    Returns:
+        A zero-argument function returning the shard's documents in corpus order; re-readable
+        (each call starts over), as a resumable loader needs. A sequence is read by slicing, a
+        function by skipping (every rank reads the whole stream and keeps its documents).
+
+    Raises:
+        TypeError: ``corpus`` is neither; ``rank`` or ``world_size`` not an int.
+        ValueError: ``world_size < 1`` or ``rank`` outside ``[0, world_size)``.
+    """
+    world_size = check_int("world_size", world_size, minimum=1)
+    rank = check_int("rank", rank, minimum=0, maximum=world_size - 1)
+    if callable(corpus):
+        return lambda: itertools.islice(corpus(), rank, None, world_size)
+    if isinstance(corpus, Sequence) and not isinstance(corpus, (str, bytes)):
+        return lambda: iter(corpus[rank::world_size])
+    raise TypeError(
+        "corpus must be a sequence of documents or a zero-argument function returning an iterable of them, "
+        f"got {type(corpus).__name__}"
+    )
+
+
+class ShardedPackedLoader(PackedLoader):
+    """A :class:`~attn_gym_lite.data.PackedLoader` over rank ``rank``'s shard of the corpus.
+
+    The same pipeline and arguments as ``PackedLoader`` (``token_capacity``, ``corpus``, ``policy``,
+    ``seed``, ...), on :func:`shard_corpus` ``(corpus, rank, world_size)``: every rank packs batches of
+    the same capacity ``(T, N)`` from different documents. The same ``seed`` on every rank is fine
+    (the shards differ).
+
+    Resuming: each rank saves and restores its own :meth:`state_dict`; the state records
+    ``rank`` and ``world_size`` (key ``"shard"``), and :meth:`load_state_dict` refuses another
+    rank's state or another world size (a rank's document indices count within its shard).
+
+    The ranks' shards give different numbers of batches. DDP needs every rank to take the same
+    number of steps (each step is a collective): train for a fixed number of steps with
+    ``epochs=None`` (repeat forever), or stop all ranks at the first that runs out.
+
+    Args:
+        token_capacity, *args, **kwargs: as for ``PackedLoader``; ``corpus`` as for
+            :func:`shard_corpus` (default: the stdlib corpus).
+        rank, world_size: this rank and ``W`` (keyword-only).
+
+    Raises:
+        TypeError, ValueError: as ``PackedLoader`` and :func:`shard_corpus`.
+    """
+
+    def __init__(self, token_capacity: int, *args, rank: int, world_size: int,
+                 corpus: Callable[[], Iterable[object]] | Sequence[object] | None = None, **kwargs) -> None:
+        if corpus is None:
+            corpus = python_stdlib_corpus
+        self.rank = check_int("rank", rank, minimum=0)
+        self.world_size = check_int("world_size", world_size, minimum=1)
+        super().__init__(token_capacity, *args, corpus=shard_corpus(corpus, rank, world_size), **kwargs)
+
+    def state_dict(self) -> dict:
+        """``PackedLoader.state_dict()`` plus ``"shard": {"rank", "world_size"}``."""
+        return {**super().state_dict(), "shard": {"rank": self.rank, "world_size": self.world_size}}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Continue from this rank's :meth:`state_dict`.
+
+        Raises:
+            TypeError: ``state`` is not a dict.
+            ValueError: ``state`` has no ``"shard"`` entry or was saved by another rank or world
+                size; or whatever ``PackedLoader.load_state_dict`` refuses.
+        """
+        if not isinstance(state, dict):
+            raise TypeError(f"state must be a dict from state_dict(), got {type(state).__name__}")
+        expected = {"rank": self.rank, "world_size": self.world_size}
+        if state.get("shard") != expected:
+            raise ValueError(f"state must be saved by the shard {expected}, got shard {state.get('shard')!r}")
+        super().load_state_dict({key: value for key, value in state.items() if key != "shard"})
+
+
+class _TokenLossSum(nn.Module):
+    """``model`` -> logits -> (:func:`token_loss_sum`): the module DDP wraps, so that its forward
+    (which DDP needs to run to prepare the all-reduce) is the whole loss computation."""
+
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, input_ids: Tensor, labels: Tensor, loss_mask: Tensor, cu_seqlens: Tensor,
+                max_seqlen: int | None) -> tuple[Tensor, Tensor]:
+        logits = self.model(input_ids, cu_seqlens, max_seqlen)
+        with mark_kernels("loss"):
+            return token_loss_sum(logits, labels, loss_mask)
+
+
+class DataParallelTrainer:
+    """Data-parallel training on :class:`~attn_gym_lite.data.PackedBatch` es of one capacity ``(T, N)``.
+
+    One process per device. Each step: this rank's batch -> forward -> :func:`token_loss_sum` ->
+    :func:`global_token_mean_loss` (all-reduce of the token count) -> ``backward()``, during which
+    :class:`~torch.nn.parallel.DistributedDataParallel` all-reduces and averages the gradients in
+    buckets -> eager fused Adam. Every rank ends the step with the gradient of the mean loss over
+    all ranks' tokens, and identical parameters.
+
+    * ``use_graph=False``: eager, on all ``T`` rows (CPU with ``gloo``, or CUDA with ``nccl``).
+    * ``use_graph=True`` (CUDA, NCCL >= 2.9.6): forward, backward and the all-reduces captured in
+      one CUDA graph per rank; only the copy into the static buffers, the replay and Adam run each
+      step. Written after PyTorch's CUDA-graph notes, "Usage with DistributedDataParallel" ->
+      "NCCL >= 2.9.6": (1) disable DDP's async error handling before ``init_process_group`` (the
+      notes set ``NCCL_ASYNC_ERROR_HANDLING=0``; newer torch reads
+      ``TORCH_NCCL_ASYNC_ERROR_HANDLING``): the caller's job, since the group exists before this
+      class; (2) DDP is constructed on a side stream, the stream the warm-up and the capture run
+      on; (3) at least :data:`DDP_CAPTURE_WARMUP` = 11 eager DDP iterations before capture
+      (``warmup``; they run forward and backward on ``first_batch`` without an optimizer step, so
+      the parameters do not move). ``gradient_as_bucket_view=True`` makes every ``.grad`` a view
+      into DDP's bucket, at an address fixed once DDP has rebuilt its buckets (after the first
+      iteration, inside the warm-up); the graph zeroes those gradients in place at the start of
+      each replay. **Untested so far**: it needs the 2-GPU host; keep the eager path as the
+      reference to compare against there.
+
+    Every rank must construct the trainer and call :meth:`step` the same number of times (both
+    run collectives); the batches may have different ``L`` and numbers of loss-masked tokens, and
+    that is what the loss accounts for.
+
+    Args:
+        model: a packed language model (``forward(input_ids, cu_seqlens, max_seqlen) -> logits
+            [T, V]``, e.g. :class:`~attn_gym_lite.models.PackedTransformer`), with its parameters
+            on this rank's device (CPU for ``gloo``; ``cuda:<local rank>`` for ``nccl``). DDP
+            broadcasts rank 0's parameters and buffers to the other ranks at construction.
+        first_batch: a batch at the capacity every later batch of this rank will have; the graph
+            is warmed up and captured on it.
+        use_graph: capture the step (CUDA only).
+        lr: Adam learning rate.
+        process_group: the group to train over; ``None`` for the default group.
+        bucket_cap_mb: DDP's gradient bucket size (MiB); ``None`` for DDP's default (25 MiB).
+            Fewer, larger buckets mean fewer all-reduce launches in the graph; smaller ones let
+            communication overlap more of the backward. To be measured on the GPU host.
+        static_graph: passed to DDP. The step trains the same parameters every iteration, so it is
+            valid; the CUDA-graph notes do not require it. Which capture works best is to be
+            measured on the GPU host.
+        max_seqlen: as for :class:`~attn_gym_lite.graph.FixedCapacityTrainer`: the bound baked into
+            the graph where the model's attention needs one; default ``T``.
+        warmup: eager iterations before capture (>= 11), only with ``use_graph``.
+
+    Attributes:
+        ddp: the ``DistributedDataParallel`` module; ``ddp(input_ids, labels, loss_mask, cu_seqlens,
+            max_seqlen)`` returns this rank's ``(total, count)`` (:func:`token_loss_sum`).
+        optimizer: the fused Adam over ``model``'s parameters.
+        graph: the captured step, or ``None`` (eager).
+
+    Raises:
+        TypeError: ``model`` is not an ``nn.Module``; ``first_batch`` not a ``PackedBatch``; a
+            flag not a bool; ``process_group`` not a ``ProcessGroup``.
+        ValueError: ``use_graph`` on a non-CUDA device; ``warmup < 11`` with ``use_graph``;
+            ``max_seqlen`` outside ``[1, T]``; ``lr`` or ``bucket_cap_mb`` negative.
+        RuntimeError: ``torch.distributed`` is not initialized.
+    """
+
+    def __init__(self, model: nn.Module, first_batch: PackedBatch, *, use_graph: bool = False, lr: float = 1e-3,
+                 process_group: dist.ProcessGroup | None = None, bucket_cap_mb: float | None = None,
+                 static_graph: bool = False, max_seqlen: int | None = None,
+                 warmup: int = DDP_CAPTURE_WARMUP) -> None:
+        if not isinstance(model, nn.Module):
+            raise TypeError(f"model must be an nn.Module, got {type(model).__name__}")
+        if not isinstance(first_batch, PackedBatch):
+            raise TypeError(f"first_batch must be a PackedBatch, got {type(first_batch).__name__}")
+        check_bool("use_graph", use_graph)
+        check_bool("static_graph", static_graph)
+        check_real("lr", lr, minimum=0)
+        if bucket_cap_mb is not None:
+            check_real("bucket_cap_mb", bucket_cap_mb, minimum=0)
+        self.world_size = _world_size(process_group)
+        device = next(model.parameters()).device
+        if use_graph and device.type != "cuda":
+            raise ValueError(f"use_graph=True needs CUDA parameters, got parameters on {device}")
+        if use_graph:
+            check_int("warmup", warmup, minimum=DDP_CAPTURE_WARMUP)
+        capacity = first_batch.token_capacity
+        self.max_seqlen = check_int("max_seqlen", capacity if max_seqlen is None else max_seqlen,
+                                    minimum=1, maximum=capacity)
+        self.needs_max_seqlen = bool(getattr(model, "needs_max_seqlen", False))
+        self.model, self.device, self.use_graph, self.group = model, device, use_graph, process_group
+
+        options = {"process_group": process_group, "gradient_as_bucket_view": True, "static_graph": static_graph}
+        if bucket_cap_mb is not None:
+            options["bucket_cap_mb"] = bucket_cap_mb
+        if device.type == "cuda":
+            options["device_ids"] = [device]
+        self.stream = torch.cuda.Stream(device) if use_graph else None
+        if self.stream is not None:
+            # Step 2 of the notes: construct DDP on the side stream that warms up and captures.
+            self.stream.wait_stream(torch.cuda.current_stream(device))
+            with torch.cuda.stream(self.stream):
+                self.ddp = nn.parallel.DistributedDataParallel(_TokenLossSum(model), **options)
+            torch.cuda.current_stream(device).wait_stream(self.stream)
+        else:
+            self.ddp = nn.parallel.DistributedDataParallel(_TokenLossSum(model), **options)
+        self.parameters = tuple(model.parameters())
+        self.optimizer = torch.optim.Adam(self.parameters, lr=lr, fused=True)
+        self.graph = self.static = None
+        if use_graph:
+            self.static = StaticInputs(first_batch, device)
+            self.graph, self._loss = capture_graph(
+                lambda: self._forward_backward(self.static, self.max_seqlen), warmup=warmup, stream=self.stream)
+
+    def _forward_backward(self, inputs, max_seqlen: int) -> Tensor:
+        # Zero in place: under capture the gradients (DDP bucket views) keep their addresses.
+        for parameter in self.parameters:
+            if parameter.grad is not None:
+                parameter.grad.zero_()
+        total, count = self.ddp(*(inputs[name] for name in _TOKEN_FIELDS), inputs["cu_seqlens"], max_seqlen)
+        loss = global_token_mean_loss(total, count, self.group)
+        with mark_kernels("backward"):
+            loss.backward()
+        # The global mean loss, for reporting: the rank average of the scaled losses.
+        reported = loss.detach() / self.world_size
+        dist.all_reduce(reported, op=dist.ReduceOp.SUM, group=self.group)
+        return reported
+
+    def forward_backward(self, batch: PackedBatch) -> Tensor:
+        """Forward and backward on this rank's batch, without the optimizer step.
+
+        Afterwards every parameter's ``.grad`` holds the gradient of the global token mean loss
+        (identical on every rank). Returns that loss (nats per token, over all ranks' loss-masked
+        tokens) as a 0-dim device tensor (a fresh copy); no host synchronisation.
+
+        Raises:
+            TypeError: ``batch`` is not a ``PackedBatch``.
+            ValueError: with a graph, the batch has another capacity than ``first_batch``, or its
+                longest sequence exceeds the captured ``max_seqlen`` where the model needs one.
+        """
+        if not isinstance(batch, PackedBatch):
+            raise TypeError(f"batch must be a PackedBatch, got {type(batch).__name__}")
+        if self.graph is not None:
+            if self.needs_max_seqlen and batch.max_seqlen > self.max_seqlen:
+                raise ValueError(
+                    f"batch.max_seqlen must be <= the max_seqlen = {self.max_seqlen} the graph was captured with, "
+                    f"got {batch.max_seqlen}"
+                )
+            self.static.copy_(batch)
+            self.graph.replay()
+            return self._loss.clone()
+        inputs = {name: getattr(batch, name).to(self.device, non_blocking=True) for name in (*_TOKEN_FIELDS, "cu_seqlens")}
+        return self._forward_backward(inputs, max(batch.max_seqlen, 1)).clone()
+
+    def step(self, batch: PackedBatch) -> Tensor:
+        """:meth:`forward_backward`, then one eager fused Adam step; returns the global mean loss.
+
+        Raises:
+            As :meth:`forward_backward`.
+        """
+        loss = self.forward_backward(batch)
+        self.optimizer.step()
+        return loss
