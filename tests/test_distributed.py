@@ -233,10 +233,10 @@ def test_loss_arguments_are_checked():
     scalar, count = torch.tensor(1.0), torch.tensor(3)
     cases = [
         ((1.0, count), TypeError, r"token_loss_sum must be a torch.Tensor of shape \[\] \(a scalar\), got float"),
-        ((count, count), TypeError, "token_loss_sum must have a floating dtype, got torch.int64"),
+        ((count, count), TypeError, "token_loss_sum must have dtype float16, bfloat16, float32, float64, got torch.int64"),
         ((torch.ones(2), count), ValueError, r"token_loss_sum must have shape \[\] \(a scalar\), got shape \(2,\)"),
         ((scalar, 3), TypeError, "active_tokens must be a torch.Tensor"),
-        ((scalar, torch.tensor(3.0)), TypeError, "active_tokens must have dtype int32 or int64, got torch.float32"),
+        ((scalar, torch.tensor(3.0)), TypeError, "active_tokens must have dtype int32, int64, got torch.float32"),
         ((scalar, torch.ones(2, dtype=torch.int64)), ValueError, "active_tokens must have shape"),
         ((scalar, count, "world"), TypeError, "group must be a torch.distributed.ProcessGroup or None, got str"),
     ]
@@ -248,7 +248,7 @@ def test_loss_arguments_are_checked():
             global_token_mean_loss(scalar, count)
 
     logits, labels, mask = torch.zeros(4, VOCAB), torch.zeros(4, dtype=torch.int64), torch.ones(4, dtype=torch.bool)
-    with pytest.raises(TypeError, match="logits must have a floating dtype, got torch.int64"):
+    with pytest.raises(TypeError, match="logits must have dtype float16, bfloat16, float32, float64, got torch.int64"):
         token_loss_sum(labels.reshape(4, 1), labels, mask)
     with pytest.raises(ValueError, match=r"logits must have shape \[T, V\], got shape \(4,\)"):
         token_loss_sum(labels.double(), labels, mask)

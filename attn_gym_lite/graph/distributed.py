@@ -55,7 +55,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-from ..checks import check_bool, check_int, check_real
+from ..checks import check_bool, check_int, check_real, check_tensor
 from ..data import PackedBatch, PackedLoader, python_stdlib_corpus
 from ..regions import mark_kernels
 from .capture import StaticInputs, capture_graph
@@ -77,6 +77,7 @@ DDP_CAPTURE_WARMUP = 11
 
 _TOKEN_FIELDS = ("input_ids", "labels", "loss_mask")
 _INTEGER_DTYPES = (torch.int32, torch.int64)
+_FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
 
 def token_loss_sum(logits: Tensor, labels: Tensor, loss_mask: Tensor) -> tuple[Tensor, Tensor]:
@@ -101,9 +102,9 @@ def token_loss_sum(logits: Tensor, labels: Tensor, loss_mask: Tensor) -> tuple[T
         TypeError: an argument is not a tensor or has the wrong dtype.
         ValueError: wrong numbers of dims, row counts that differ, or different devices.
     """
-    _check_tensor("logits", logits, ndim=2, shape="[T, V]", floating=True)
-    _check_tensor("labels", labels, ndim=1, shape="[T]", dtypes=(torch.int64,), device=logits.device)
-    _check_tensor("loss_mask", loss_mask, ndim=1, shape="[T]", dtypes=(torch.bool,), device=logits.device)
+    check_tensor("logits", logits, ndim=2, shape="[T, V]", dtypes=_FLOAT_DTYPES)
+    check_tensor("labels", labels, ndim=1, shape="[T]", dtypes=(torch.int64,), device=logits.device)
+    check_tensor("loss_mask", loss_mask, ndim=1, shape="[T]", dtypes=(torch.bool,), device=logits.device)
     if not labels.shape[0] == loss_mask.shape[0] == logits.shape[0]:
         raise ValueError(
             f"logits, labels and loss_mask must have the same T rows, got {tuple(logits.shape)}, "
@@ -153,8 +154,8 @@ def global_token_mean_loss(token_loss_sum: Tensor, active_tokens: Tensor,
         ValueError: a tensor is not 0-dim, or the two are on different devices.
         RuntimeError: ``torch.distributed`` is not initialized.
     """
-    _check_tensor("token_loss_sum", token_loss_sum, ndim=0, shape="[] (a scalar)", floating=True)
-    _check_tensor("active_tokens", active_tokens, ndim=0, shape="[] (a scalar)", dtypes=_INTEGER_DTYPES,
+    check_tensor("token_loss_sum", token_loss_sum, ndim=0, shape="[] (a scalar)", dtypes=_FLOAT_DTYPES)
+    check_tensor("active_tokens", active_tokens, ndim=0, shape="[] (a scalar)", dtypes=_INTEGER_DTYPES,
                   device=token_loss_sum.device)
     world_size = _world_size(group)
     global_tokens = active_tokens.to(torch.int64, copy=True)
@@ -168,21 +169,6 @@ def _world_size(group: object) -> int:
     if not (dist.is_available() and dist.is_initialized()):
         raise RuntimeError("torch.distributed is not initialized: call torch.distributed.init_process_group first")
     return dist.get_world_size(group)
-
-
-def _check_tensor(argument: str, value: object, *, ndim: int, shape: str, dtypes=None, floating: bool = False,
-                  device: torch.device | None = None) -> None:
-    if not isinstance(value, Tensor):
-        raise TypeError(f"{argument} must be a torch.Tensor of shape {shape}, got {type(value).__name__}")
-    if floating and not value.is_floating_point():
-        raise TypeError(f"{argument} must have a floating dtype, got {value.dtype}")
-    if dtypes is not None and value.dtype not in dtypes:
-        names = " or ".join(str(d).removeprefix("torch.") for d in dtypes)
-        raise TypeError(f"{argument} must have dtype {names}, got {value.dtype}")
-    if value.dim() != ndim:
-        raise ValueError(f"{argument} must have shape {shape}, got shape {tuple(value.shape)}")
-    if device is not None and value.device != device:
-        raise ValueError(f"{argument} must be on {device} like the other tensors, got {value.device}")
 
 
 def shard_corpus(corpus: Callable[[], Iterable[object]] | Sequence[object], rank: int,
