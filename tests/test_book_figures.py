@@ -76,3 +76,18 @@ def test_pitfall_markdown_turns_docstring_literals_into_code_spans():
         assert "``" not in pitfall_markdown(recorded, "recorded")
     with pytest.raises(ValueError, match="report must hold 'what' and 'outcome'.*missing \\['outcome'\\]"):
         pitfall_markdown({"what": "x"}, "live")
+
+
+def test_masking_figure_colours_each_verdict_and_plots_the_cost():
+    from attn_gym_lite.book.plots import plot_masking
+
+    verdicts = {"all": {"input": "ok", "w": "ok"}, "none": {"input": "12 non-finite", "w": "WRONG"}}
+    points = [{"L": 8192, "masked_us": 2000.0, "unmasked_us": 1900.0}, {"L": 1024, "masked_us": 1500.0, "unmasked_us": 1400.0}]
+    fig = plot_masking(verdicts, points)
+    table, cost = fig.axes[:2]
+    # rows = variants, columns = gradients; ok -> 0, WRONG -> 1, non-finite -> 2
+    assert table.images[0].get_array().tolist() == [[0, 0], [2, 1]]
+    assert [t.get_text() for t in table.get_yticklabels()] == ["all", "none"]
+    masked, unmasked = cost.lines[:2]
+    assert list(masked.get_xdata()) == [8192, 1024] and list(masked.get_ydata()) == [2.0, 1.5]
+    assert list(unmasked.get_ydata()) == [1.9, 1.4]

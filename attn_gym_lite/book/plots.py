@@ -14,6 +14,7 @@ from typing import Any
 import matplotlib.pyplot as plt
 import numpy as np
 import torch
+from matplotlib.colors import ListedColormap
 from matplotlib.patches import Patch
 from matplotlib.ticker import NullLocator
 
@@ -257,6 +258,46 @@ SWEEPS = {
     "overcapture": ("active tokens L (M fixed)", lambda row: row["L"]),
     "constant": ("active fraction M/N = L/T (128 tokens each)", None),
 }
+
+
+# ---------------------------------------------------------------------------------------------
+# Masking
+# ---------------------------------------------------------------------------------------------
+
+_VERDICT_COLOURS = {"ok": "tab:green", "WRONG": "tab:orange", "non-finite": "tab:red"}
+
+
+def plot_masking(verdicts: dict[str, dict[str, str]], cost_points: Sequence[dict]):
+    """The masking chapter's two results in one figure.
+
+    Left: the block ablation, one row per set of masks, one column per gradient, each cell green
+    (matches the exact gradient), orange (finite but wrong) or red (non-finite); ``verdicts`` as
+    :func:`attn_gym_lite.bench.masking.ablation_verdicts` returns them. Right: what the masks cost,
+    masked and unmasked replay time (µs) against the active tokens ``L``, from the ``mask_cost``
+    points (``L``, ``masked_us``, ``unmasked_us``).
+
+    Returns: the matplotlib ``Figure``.
+    """
+    variants = list(verdicts)
+    names = list(next(iter(verdicts.values())))
+    kinds = list(_VERDICT_COLOURS)
+    grid = np.array([[kinds.index("non-finite" if v.endswith("non-finite") else v) for v in verdicts[r].values()]
+                     for r in variants])
+    fig, (table_ax, cost_ax) = plt.subplots(1, 2, figsize=(12, 3.8), gridspec_kw={"width_ratios": [3, 2]})
+    table_ax.imshow(grid, cmap=ListedColormap([_VERDICT_COLOURS[k] for k in kinds]), vmin=-0.5,
+                    vmax=len(kinds) - 0.5, aspect="auto")
+    table_ax.set_xticks(range(len(names)), names, rotation=35, ha="right", fontsize=8)
+    table_ax.set_yticks(range(len(variants)), variants, fontsize=8)
+    table_ax.set_title("gradients at capacity vs the exact ones", fontsize=10)
+    table_ax.legend(handles=[Patch(color=_VERDICT_COLOURS[k], label=k) for k in kinds], fontsize=8,
+                    loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    ls = [p["L"] for p in cost_points]
+    cost_ax.plot(ls, [p["masked_us"] / 1e3 for p in cost_points], "o-", color="tab:blue", label="masked")
+    cost_ax.plot(ls, [p["unmasked_us"] / 1e3 for p in cost_points], "o--", color="0.5", label="unmasked")
+    cost_ax.set(xlabel="active tokens L", ylabel="ms per replay (fwd + bwd)", title="what the masks cost", ylim=(0, None))
+    cost_ax.legend(fontsize=8)
+    fig.tight_layout()
+    return fig
 
 
 def plot_grid_sizes(sizes: dict, ax=None):
