@@ -22,13 +22,8 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from attn_gym_lite.data import PackedLoader, batch_from_pieces
-from attn_gym_lite.graph.distributed import (
-    DataParallelTrainer,
-    ShardedPackedLoader,
-    global_token_mean_loss,
-    shard_corpus,
-    token_loss_sum,
-)
+from attn_gym_lite.data.sharding import ShardedPackedLoader, shard_corpus
+from attn_gym_lite.graph.distributed import DataParallelTrainer, global_token_mean_loss, token_loss_sum
 from attn_gym_lite.graph.training import FixedCapacityTrainer
 from attn_gym_lite.models import PackedLM, PackedTransformer, packed_lm_loss
 

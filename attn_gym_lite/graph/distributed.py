@@ -25,8 +25,8 @@ a captured CUDA graph (NCCL >= 2.9.6 captures collectives).
 
 Also here:
 
-* :func:`shard_corpus` and :class:`ShardedPackedLoader`: each rank packs its own shard of the
-  corpus (document ``i`` goes to rank ``i mod W``), resumable per rank;
+* each rank reads its own shard of the corpus through :mod:`attn_gym_lite.data.sharding`
+  (:class:`~attn_gym_lite.data.sharding.ShardedPackedLoader`, resumable per rank);
 * :class:`DataParallelTrainer`: forward, backward with DDP's all-reduce, eager fused Adam, run
   eagerly (tested on CPU with ``gloo``) or captured as one CUDA graph per rank following PyTorch's
   recipe for DDP under whole-network capture. **The captured path has not been run yet**: it is
@@ -47,16 +47,13 @@ capture); NCCL's user guide, "Using NCCL with CUDA Graphs".
 
 from __future__ import annotations
 
-import itertools
-from collections.abc import Callable, Iterable, Sequence
-
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
 from ..checks import check_bool, check_int, check_real, check_tensor
-from ..data import PackedBatch, PackedLoader, python_stdlib_corpus
+from ..data import PackedBatch
 from ..regions import mark_kernels
 from .capture import StaticInputs, capture_graph
 
@@ -65,9 +62,7 @@ Tensor = torch.Tensor
 __all__ = [
     "DDP_CAPTURE_WARMUP",
     "DataParallelTrainer",
-    "ShardedPackedLoader",
     "global_token_mean_loss",
-    "shard_corpus",
     "token_loss_sum",
 ]
 
@@ -169,94 +164,6 @@ def _world_size(group: object) -> int:
     if not (dist.is_available() and dist.is_initialized()):
         raise RuntimeError("torch.distributed is not initialized: call torch.distributed.init_process_group first")
     return dist.get_world_size(group)
-
-
-def shard_corpus(corpus: Callable[[], Iterable[object]] | Sequence[object], rank: int,
-                 world_size: int) -> Callable[[], Iterable[object]]:
-    """Rank ``rank``'s shard of a corpus: documents ``rank, rank + W, rank + 2W, ...``.
-
-    A round-robin split by document, so the shards are disjoint, cover the corpus and differ in
-    size by at most one document (their token counts differ more: documents vary in length).
-
-    Args:
-        corpus: a sequence of documents or a zero-argument function returning an iterable of them
-            (as :class:`~attn_gym_lite.data.PackedLoader` takes; a document is a string or a list of
-            token ids).
-        rank: this rank, ``0 <= rank < world_size``.
-        world_size: ``W``, number of shards (>= 1).
-
-    Returns:
-        A zero-argument function returning the shard's documents in corpus order; re-readable
-        (each call starts over), as a resumable loader needs. A sequence is read by slicing, a
-        function by skipping (every rank reads the whole stream and keeps its documents).
-
-    Raises:
-        TypeError: ``corpus`` is neither; ``rank`` or ``world_size`` not an int.
-        ValueError: ``world_size < 1`` or ``rank`` outside ``[0, world_size)``.
-    """
-    world_size = check_int("world_size", world_size, minimum=1)
-    rank = check_int("rank", rank, minimum=0, maximum=world_size - 1)
-    if callable(corpus):
-        return lambda: itertools.islice(corpus(), rank, None, world_size)
-    if isinstance(corpus, Sequence) and not isinstance(corpus, (str, bytes)):
-        return lambda: iter(corpus[rank::world_size])
-    raise TypeError(
-        "corpus must be a sequence of documents or a zero-argument function returning an iterable of them, "
-        f"got {type(corpus).__name__}"
-    )
-
-
-class ShardedPackedLoader(PackedLoader):
-    """A :class:`~attn_gym_lite.data.PackedLoader` over rank ``rank``'s shard of the corpus.
-
-    The same pipeline and arguments as ``PackedLoader`` (``token_capacity``, ``corpus``, ``policy``,
-    ``seed``, ...), on :func:`shard_corpus` ``(corpus, rank, world_size)``: every rank packs batches of
-    the same capacity ``(T, N)`` from different documents. The same ``seed`` on every rank is fine
-    (the shards differ).
-
-    Resuming: each rank saves and restores its own :meth:`state_dict`; the state records
-    ``rank`` and ``world_size`` (key ``"shard"``), and :meth:`load_state_dict` refuses another
-    rank's state or another world size (a rank's document indices count within its shard).
-
-    The ranks' shards give different numbers of batches. DDP needs every rank to take the same
-    number of steps (each step is a collective): train for a fixed number of steps with
-    ``epochs=None`` (repeat forever), or stop all ranks at the first that runs out.
-
-    Args:
-        token_capacity, *args, **kwargs: as for ``PackedLoader``; ``corpus`` as for
-            :func:`shard_corpus` (default: the stdlib corpus).
-        rank, world_size: this rank and ``W`` (keyword-only).
-
-    Raises:
-        TypeError, ValueError: as ``PackedLoader`` and :func:`shard_corpus`.
-    """
-
-    def __init__(self, token_capacity: int, *args, rank: int, world_size: int,
-                 corpus: Callable[[], Iterable[object]] | Sequence[object] | None = None, **kwargs) -> None:
-        if corpus is None:
-            corpus = python_stdlib_corpus
-        self.rank = check_int("rank", rank, minimum=0)
-        self.world_size = check_int("world_size", world_size, minimum=1)
-        super().__init__(token_capacity, *args, corpus=shard_corpus(corpus, rank, world_size), **kwargs)
-
-    def state_dict(self) -> dict:
-        """``PackedLoader.state_dict()`` plus ``"shard": {"rank", "world_size"}``."""
-        return {**super().state_dict(), "shard": {"rank": self.rank, "world_size": self.world_size}}
-
-    def load_state_dict(self, state: dict) -> None:
-        """Continue from this rank's :meth:`state_dict`.
-
-        Raises:
-            TypeError: ``state`` is not a dict.
-            ValueError: ``state`` has no ``"shard"`` entry or was saved by another rank or world
-                size; or whatever ``PackedLoader.load_state_dict`` refuses.
-        """
-        if not isinstance(state, dict):
-            raise TypeError(f"state must be a dict from state_dict(), got {type(state).__name__}")
-        expected = {"rank": self.rank, "world_size": self.world_size}
-        if state.get("shard") != expected:
-            raise ValueError(f"state must be saved by the shard {expected}, got shard {state.get('shard')!r}")
-        super().load_state_dict({key: value for key, value in state.items() if key != "shard"})
 
 
 class _TokenLossSum(nn.Module):
