@@ -87,6 +87,49 @@ def tensor_metadata(*tensors: object) -> tuple | None:
     return tuple((type(t), t.shape, t.stride(), t.dtype, t.device) for t in tensors)
 
 
+class SignatureCache:
+    """What static checks concluded, per call signature (:func:`tensor_metadata` plus flags), so a
+    repeated eager call costs one dictionary lookup instead of the checks.
+
+    Bounded: past ``capacity`` distinct signatures it starts again (a bound, not an LRU). While
+    ``torch.compile`` traces, :meth:`key` returns ``None`` and nothing is looked up or stored: a
+    lookup keyed on exact shapes would make dynamo guard on them and recompile for every new shape
+    instead of tracing one dynamic graph (the checks themselves trace to nothing).
+    """
+
+    def __init__(self, capacity: int = 256):
+        self.capacity = capacity
+        self._entries: dict = {}
+
+    def key(self, tensors: tuple, *flags: object) -> tuple | None:
+        """The key of ``tensors`` and ``flags``; ``None`` (do not cache) while compiling, when an
+        argument is not a tensor, or when a flag is unhashable."""
+        if torch.compiler.is_compiling():
+            return None
+        metadata = tensor_metadata(*tensors)
+        if metadata is None:
+            return None
+        key = (metadata, *flags)
+        try:
+            hash(key)
+        except TypeError:
+            return None
+        return key
+
+    def get(self, key: tuple | None):
+        return None if key is None else self._entries.get(key)
+
+    def put(self, key: tuple | None, value) -> None:
+        if key is None:
+            return
+        if len(self._entries) >= self.capacity:
+            self._entries.clear()
+        self._entries[key] = value
+
+    def clear(self) -> None:
+        self._entries.clear()
+
+
 def host_values(argument: str, value: Tensor) -> Tensor:
     """A copy of ``value`` on the host as int64, for checks and host-side arithmetic.
 

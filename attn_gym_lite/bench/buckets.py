@@ -26,7 +26,7 @@ from ..graph.buckets import GraphBuckets, private_pool_bytes
 from ..graph.capture import capture_graph
 from ..isolation import IsolatedRunError, run_isolated
 from ..models import PackedLM
-from .timing import cuda_event_us, median, wall_clock_us
+from .timing import cuda_event_us, host_call_us, median, wall_clock_us
 
 MIB = 2**20
 CONFIGS = ("one graph", "shared buckets", "independent graphs", "torch.compile reduce-overhead")
@@ -199,19 +199,6 @@ def lifetime() -> dict:
     return {"kept_output_changed_by": overwritten, "guard_error": message}
 
 
-def _host_call_us(fn, iters: int) -> float:
-    """Median host time of one ``fn()`` call, the GPU idle at its start (synchronised before each):
-    what issuing the work costs the host, not how long the GPU then runs."""
-    samples = []
-    for _ in range(iters):
-        torch.cuda.synchronize()
-        start = time.perf_counter()
-        fn()
-        samples.append((time.perf_counter() - start) * 1e6)
-    torch.cuda.synchronize()
-    return median(samples)
-
-
 def optimizer_boundary(token_capacity: int = 4096, dim: int = 1024, num_heads: int = 8, iters: int = 30,
                        small_dim: int = 128, small_heads: int = 2) -> dict:
     """Forward + backward graph, then Adam: eager fused step on the graph's gradients versus the
@@ -254,7 +241,7 @@ def optimizer_boundary(token_capacity: int = 4096, dim: int = 1024, num_heads: i
             results[mode] = {
                 "step_us": median(cuda_event_us(train_step, iters)),
                 "wall_us": wall_clock_us(train_step, iters),
-                "host_us": _host_call_us(train_step, iters),
+                "host_us": host_call_us(train_step, iters),
                 "peak_allocated_mib": torch.cuda.max_memory_allocated() / MIB,
                 "parameter_tensors": len(params),
             }

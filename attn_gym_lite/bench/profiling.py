@@ -27,7 +27,7 @@ from ..isolation import run_isolated
 from ..models import PackedLM
 from ..profiling import annotate_trace, device_events, profile, record_annotations, save_trace, trace_summary
 from ..regions import native_annotations_available
-from .timing import cuda_event_us, median
+from .timing import cuda_event_us, host_call_us, median
 
 TRACE_FOLDER = "profiling_traces"
 
@@ -74,17 +74,6 @@ def _graph_spans_us(trace: dict) -> list[float]:
     return [end - start for start, end in spans.values()]
 
 
-def _host_replay_us(graph: torch.cuda.CUDAGraph, iters: int = 200) -> float:
-    """Median host time of one ``graph.replay()`` call (the launch, not the GPU work)."""
-    samples = []
-    for _ in range(iters):
-        start = time.perf_counter()
-        graph.replay()
-        samples.append((time.perf_counter() - start) * 1e6)
-        torch.cuda.synchronize()
-    return statistics.median(samples)
-
-
 def _batches(token_capacity: int, sequence_capacity: int, steps: int):
     tokenizer = load_tokenizer()
     loader = PackedLoader(token_capacity, sequence_capacity, tokenizer=tokenizer, policy=InOrder(), max_piece_tokens=1024)
@@ -114,7 +103,7 @@ def wall_clocks(token_capacity: int, sequence_capacity: int, dim: int, num_heads
         "graph_step_us_wall_synced": _wall_step_us(graph, profiled, repeats=20, sync_each_step=True),
         "eager_step_us_wall": _wall_step_us(eager, profiled, repeats=20, sync_each_step=False),
         "graph_step_us_wall": _wall_step_us(graph, profiled, repeats=20, sync_each_step=False),
-        "graph_launch_us_wall": _host_replay_us(graph.graph),
+        "graph_launch_us_wall": host_call_us(graph.graph.replay, 200, sync_before=False),
         "graph_replay_gpu_us_events": median(cuda_event_us(graph.graph.replay, 50)),
         "plain_graph_step_us_wall": _wall_step_us(plain, profiled, repeats=20, sync_each_step=False),
     }

@@ -28,6 +28,26 @@ def wall_clock_us(fn: Callable[[], object], iters: int, warmup: int = 5) -> floa
     return (time.perf_counter() - start) / iters * 1e6
 
 
+def host_call_us(fn: Callable[[], object], iters: int, sync_before: bool = True) -> float:
+    """Median host time of one ``fn()`` call in µs, over ``iters`` calls.
+
+    With ``sync_before`` the GPU is idle at the start of each call (synchronised before each), so
+    the figure is what issuing the work costs the host, not how long the GPU then runs; without,
+    the synchronize follows each call instead (the call itself may then wait on earlier work).
+    """
+    samples = []
+    for _ in range(iters):
+        if sync_before:
+            torch.cuda.synchronize()
+        start = time.perf_counter()
+        fn()
+        samples.append((time.perf_counter() - start) * 1e6)
+        if not sync_before:
+            torch.cuda.synchronize()
+    torch.cuda.synchronize()
+    return median(samples)
+
+
 def cuda_event_us(fn: Callable[[], object], iters: int, warmup: int = 5) -> list[float]:
     """Device time of each of ``iters`` calls in µs (CUDA events around each call)."""
     for _ in range(warmup):

@@ -173,23 +173,18 @@ def varlen_attention(
 
 # The static checks (shapes, dtypes, devices, layout of cu_seqlens) and the choice of "auto" depend
 # on metadata only: run them once per call signature, so a repeated eager call costs a lookup.
-_CHECKED: dict[tuple, str] = {}
+_CHECKED = checks.SignatureCache()
 
 
 def _checked_impl(impl: str, q: Tensor, k: Tensor, v: Tensor, cu_seqlens: Tensor) -> str:
-    key = checks.tensor_metadata(q, k, v, cu_seqlens)
-    if key is not None and isinstance(impl, str):
-        key = (key, impl)
-        resolved = _CHECKED.get(key)
-        if resolved is not None:
-            return resolved
+    key = _CHECKED.key((q, k, v, cu_seqlens), impl)
+    resolved = _CHECKED.get(key)
+    if resolved is not None:
+        return resolved
     checks.check_qkv(q, k, v, _DTYPES)
     checks.check_cu_seqlens(cu_seqlens, device=q.device)
     resolved = resolve_impl(impl, q)
-    if key is not None:
-        if len(_CHECKED) >= 256:
-            _CHECKED.clear()
-        _CHECKED[key] = resolved
+    _CHECKED.put(key, resolved)
     return resolved
 
 

@@ -264,21 +264,16 @@ def varlen_attention_triton(
 # these checks and grids depend only on metadata (shapes, strides, dtypes, devices) and flags.
 # So they run once per distinct call signature; a repeated call costs one dictionary lookup.
 
-_PLANS: dict[tuple, _Plan] = {}
-_MAX_PLANS = 256  # distinct signatures kept; past that the cache starts again (a bound, not an LRU)
+_PLANS = checks.SignatureCache()
 
 
 def _plan(q: Tensor, k: Tensor, v: Tensor, cu_seqlens: Tensor, causal: bool, schedule: str,
           max_seqlen: int | None, zero_inactive: bool, config: AttentionConfig | None) -> _Plan:
-    key = checks.tensor_metadata(q, k, v, cu_seqlens)
-    if key is not None:
-        key = (key, causal, schedule, max_seqlen, zero_inactive, config)
-        try:
-            plan = _PLANS.get(key)
-        except TypeError:  # an unhashable config: refused below
-            key = plan = None
-        if plan is not None:
-            return plan
+    # An unhashable config gets no key (and is refused below).
+    key = _PLANS.key((q, k, v, cu_seqlens), causal, schedule, max_seqlen, zero_inactive, config)
+    plan = _PLANS.get(key)
+    if plan is not None:
+        return plan
     _check_inputs(q, k, v, cu_seqlens)  # raises on anything a key may not vouch for
     if config is None:
         config = default_config()
@@ -294,10 +289,7 @@ def _plan(q: Tensor, k: Tensor, v: Tensor, cu_seqlens: Tensor, causal: bool, sch
     chunks = tuple(sorted({launch.chunk for launch in (forward, dq, dkdv) if launch.schedule != "rect"}))
     plan = _Plan(causal=causal, zero_inactive=zero_inactive, forward=forward, dq=dq, dkdv=dkdv, num_sms=sms,
                  chunks=chunks, offsets_block=max(16, min(1024, triton.next_power_of_2(N + 1))))
-    if key is not None:
-        if len(_PLANS) >= _MAX_PLANS:
-            _PLANS.clear()
-        _PLANS[key] = plan
+    _PLANS.put(key, plan)
     return plan
 
 
