@@ -227,11 +227,11 @@ def test_offsets_past_int32_are_refused_whatever_the_layout():
     meta = torch.empty(16, 8947849, 16, device="meta").transpose(0, 1)
     assert meta.stride() == (16, 143165584, 1) and meta.shape[0] * meta.stride(0) < 2**31
     assert largest_offset(meta) == 8947848 * 16 + 15 * 143165584 + 15 > 2**31 - 1
-    # The same check on a real CPU tensor, through the public function (nothing is computed: the
-    # storage is reserved, never touched).
-    storage = torch.empty(16, 8947849, 16, dtype=torch.bfloat16)
+    # The same check on a real tensor (CPU in the interpreter, 4.6 GB on a GPU), through the public
+    # function (nothing is computed: the storage is reserved, never touched).
+    storage = torch.empty(16, 8947849, 16, dtype=torch.bfloat16, device=DEVICE)
     q = storage.transpose(0, 1)
-    cu = torch.tensor([0, 16], dtype=torch.int32)
+    cu = torch.tensor([0, 16], dtype=torch.int32, device=DEVICE)
     with pytest.raises(ValueError, match=r"q must have every element offset below 2\*\*31 .*strides \(16, 143165584, 1\)"):
         varlen_attention_triton(q, q, q, cu, schedule="rect", max_seqlen=16)
 
