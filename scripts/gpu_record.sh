@@ -1,11 +1,14 @@
 #!/usr/bin/env bash
 # Record on the offline GPU host in three passes that each fit one 10-minute device call
 # (see book/reproducing.md). Usage on the host:
-#   ATTN_GYM_LITE_GIT_COMMIT=<sha> PASS=A|B|C bash scripts/gpu_record.sh
+#   ATTN_GYM_LITE_GIT_COMMIT=<sha> PASS=A|B|D|C|S bash scripts/gpu_record.sh
 # A: schedulers, hello-world, pitfalls, training-loop, profiling on the GPU (cores 0-7), and the
 #    CPU-only packing-study beside them (cores 8-15);
-# B: end-to-end, masking, buckets;
-# C: the GPU tests, then notebooks in GPU mode (NOTEBOOKS, default 08 then 04).
+# B: end-to-end, masking;
+# D: buckets, linear-attention;
+# C: the GPU tests (every `gpu`-marked test, then the kernel and property tests unfiltered, on the
+#    GPU), then notebooks in GPU mode (NOTEBOOKS, default: all, in order);
+# S: scale-out, on a host with two GPUs (NVLink multicast off in every process).
 # Everything lands in $OUT as one tarball (results) and one log, within the device's file limits.
 # Back in the checkout: tar -xzf results_<PASS>.tar.gz -C attn_gym_lite/results/h200 (the package's
 # recordings, shipped as package data).
@@ -31,15 +34,21 @@ case "$PASS" in
     wait ;;
   B)
     record end-to-end 430
-    record masking 90
-    record buckets 150 ;;
+    record masking 90 ;;
+  D)
+    record buckets 150
+    record linear-attention 300 ;;
+  S)
+    export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+    record scale-out 420 ;;
   C)
     start=$SECONDS
-    timeout 200 python3 -m pytest -q -rs -p no:cacheprovider -m gpu tests tests/test_kernels.py 2>&1 | tail -25 | tee -a "$log"
+    timeout 200 python3 -m pytest -q -rs -p no:cacheprovider -m gpu tests 2>&1 | tail -25 | tee -a "$log"
+    timeout 150 python3 -m pytest -q -rs -p no:cacheprovider tests/test_kernels.py tests/test_properties.py 2>&1 | tail -8 | tee -a "$log"
     echo "tests: $((SECONDS - start)) s" | tee -a "$log"
-    for nb in ${NOTEBOOKS:-notebooks/08_putting_it_together.ipynb notebooks/04_schedulers.ipynb}; do
+    for nb in ${NOTEBOOKS:-notebooks/*.ipynb}; do
       start=$SECONDS
-      timeout 240 python3 -m pytest -q -p no:cacheprovider --nbmake --overwrite "$nb" 2>&1 | tail -4 | tee -a "$log"
+      timeout ${NOTEBOOK_LIMIT_S:-150} python3 -m pytest -q -p no:cacheprovider --nbmake --overwrite "$nb" 2>&1 | tail -4 | tee -a "$log"
       echo "$nb: $((SECONDS - start)) s" | tee -a "$log"
     done
     python3 - <<'PY' >> "$log"
