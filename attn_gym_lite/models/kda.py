@@ -1,0 +1,295 @@
+r"""A Kimi Delta Attention (KDA) layer on packed batches, masked for padded capacity.
+
+::
+
+    x ─► [input: value mask] ─┬─► qkv projection ─► [projection_grad: gradient barrier]
+                              │     ─► short conv (ragged) ─► SiLU ─► q, k, v ─► L2 norm (q, k)
+                              ├─► f_proj (low rank) ─► g = -exp(A_log) · softplus(· + dt_bias)
+                              ├─► b_proj ─► beta = sigmoid(·)
+                              │     [gate_grad: gradient barrier on g and beta]
+                              │   KDA core (q, k, v, g, beta, cu_seqlens)  ─► o
+                              └─► g_proj (low rank) ─► gated RMSNorm(o, sigmoid gate) ─► output projection
+
+The layer of the Kimi Linear report and of flash-linear-attention's ``KimiDeltaAttention``, on a
+packed ``[T, hidden]`` batch described by ``cu_seqlens`` (DESIGN.md's ``T``, ``L``, ``N``), and with
+no residual (the caller's block adds it). The q, k, v projections are one matrix and their three
+short convolutions one depthwise convolution over the concatenated channels: a depthwise
+convolution acts on each channel alone, so this is the same function as three of each, with fewer
+launches.
+
+Masks, by the "Masking" chapter's rule (*mask where inactive rows can mix, reduce, or become
+undefined, and nowhere else*):
+
+============================  =================  ================================================
+site (``MASK_SITES`` name)    kind               why exactly here
+============================  =================  ================================================
+``input``                     value mask         rows past ``L`` of the input may hold anything
+                                                 (NaN, stale data); every projection's weight
+                                                 gradient sums over every row, ``NaN * 0 = NaN``
+``projection_grad``           gradient barrier   the short convolution's backward leaves the
+                                                 inactive rows of its input gradient undefined;
+                                                 the qkv weight gradient would sum them
+``gate_grad``                 gradient barrier   the core's contract fixes its *output* rows past
+                                                 ``L`` (zero) but not its ``g``/``beta`` input
+                                                 gradients there; ``A_log``, ``dt_bias`` and the
+                                                 ``f_proj``/``b_proj`` weight gradients sum them
+============================  =================  ================================================
+
+Nowhere else: the short convolution and the KDA core are ragged (their active rows read only
+active rows); q, k, v rows past ``L`` come out of the convolution undefined, but every op between
+it and the core is token-parallel and the core never reads them, and their gradients stop in the
+convolution's backward, which reads active rows only. The core writes zeros in rows past ``L``
+(all three implementations), so the gated norm and the output projection turn them into exact
+zeros: the layer's output rows past ``L`` are 0, and with a loss that selects active rows every
+gradient equals the one computed on the ``L`` real rows alone (``tests/test_kda_module.py``).
+
+Sources:
+
+* Kimi Team, *Kimi Linear: An Expressive, Efficient Hybrid Linear Attention Architecture*
+  (arXiv:2510.26692, 2025), section on Kimi Delta Attention: the layer (projections, short
+  convolution, L2-normalised q and k, the low-rank per-channel forget gate
+  ``-exp(A) · softplus(·)``, sigmoid ``beta``, the sigmoid-gated output RMSNorm).
+* flash-linear-attention (fla-org/flash-linear-attention), ``fla/layers/kda.py``
+  (``KimiDeltaAttention``): the same layer; read for the parameter shapes and initialisations
+  (``A_log`` per head from ``log U(1, 16)``, ``dt_bias`` per channel at zero, both float32;
+  low-rank ``f_proj``/``g_proj`` through ``head_v_dim``). The code here is written anew.
+* Seed article (``seed/so-you-wanna-cuda-graph.txt``), "A real KDA module": the module-level
+  Amdahl study this layer is measured in (``attn_gym_lite.bench.linear_attention``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .. import checks
+from ..ops.kda import kda_chunked, kda_recurrent
+from ..ops.masking import active_token_mask, mask_inactive_token_gradients, mask_inactive_tokens
+from ..ops.short_conv import ShortConv
+
+Tensor = torch.Tensor
+
+__all__ = ["KDA_IMPLEMENTATIONS", "KDAAttention", "KDA_MASK_SITES", "gated_rms_norm", "kda_gate", "l2_normalize"]
+
+#: Where :class:`KDAAttention` masks, in forward order.
+KDA_MASK_SITES = ("input", "projection_grad", "gate_grad")
+
+#: The KDA cores :class:`KDAAttention` can run: the Triton kernel (default, capturable) and the
+#: two eager references of :mod:`attn_gym_lite.ops.kda` (they read ``cu_seqlens`` on the host).
+KDA_IMPLEMENTATIONS = ("triton", "chunked", "recurrent")
+
+
+def l2_normalize(x: Tensor, eps: float = 1e-6) -> Tensor:
+    """``x / sqrt(sum(x²) + eps)`` over the last dim, computed in at least float32.
+
+    Args:
+        x: ``[..., K]`` floating tensor (``[T, H, K]`` per head here).
+        eps: added under the square root (fla's ``l2norm`` uses 1e-6), so a zero row stays zero.
+
+    Returns:
+        A tensor like ``x`` (same dtype), each last-dim vector of norm ~1.
+
+    Token-parallel: row ``t`` of the result depends on row ``t`` of ``x`` only.
+    Source: Kimi Linear report (q and k L2-normalised per head); fla ``fla/modules/l2norm.py``.
+    """
+    compute = x.float() if x.dtype in (torch.float16, torch.bfloat16) else x
+    return (compute * torch.rsqrt(compute.pow(2).sum(-1, keepdim=True) + eps)).to(x.dtype)
+
+
+def kda_gate(f: Tensor, A_log: Tensor, dt_bias: Tensor) -> Tensor:
+    """KDA's per-channel log-decay ``g = -exp(A_log[h]) · softplus(f + dt_bias)``, ``g <= 0``.
+
+    Args:
+        f: ``[T, H, K]`` the low-rank gate projection of the input.
+        A_log: ``[H]`` per-head log rate (``exp(A_log) > 0`` scales the decay).
+        dt_bias: ``[H * K]`` per-channel bias inside the softplus.
+
+    Returns:
+        ``[T, H, K]`` in the promoted dtype of ``A_log`` and float32 (float32, or float64 for a
+        float64 layer): the natural-log decay, so channel ``d`` keeps ``exp(g[t, h, d])`` of its
+        state at token ``t``.
+
+    Source: Kimi Linear report, KDA gate; fla ``fla/ops/kda/gate.py`` (``-exp(A_log) *
+    softplus(g + dt_bias)``, the formula ``chunk_kda(use_gate_in_kernel=True)`` fuses).
+    """
+    tokens, heads, width = f.shape
+    compute = torch.promote_types(A_log.dtype, torch.float32)
+    pre = f.to(compute) + dt_bias.to(compute).view(heads, width)
+    return -A_log.to(compute).exp().view(heads, 1) * F.softplus(pre)
+
+
+def gated_rms_norm(o: Tensor, gate: Tensor, weight: Tensor, eps: float) -> Tensor:
+    """``RMSNorm(o) · weight · sigmoid(gate)`` over the last dim, computed in at least float32.
+
+    Args:
+        o: ``[T, H, V]`` the core's output.
+        gate: ``[T, H, V]`` the output gate's pre-activation.
+        weight: ``[V]`` the norm's gain, shared by the heads.
+        eps: added to the mean square.
+
+    Returns:
+        ``[T, H, V]`` in ``o``'s dtype. A zero row of ``o`` gives a zero row (whatever the gate).
+
+    Source: fla ``FusedRMSNormGated(head_v_dim, activation="sigmoid")``; Kimi Linear report
+    (output gate).
+    """
+    compute = torch.promote_types(o.dtype, torch.float32)
+    normed = F.rms_norm(o.to(compute), (o.shape[-1],), weight.to(compute), eps)
+    return (normed * torch.sigmoid(gate.to(compute))).to(o.dtype)
+
+
+class KDAAttention(nn.Module):
+    """Kimi Delta Attention on a packed batch: projections, ragged short convolution, KDA core,
+    gated output norm and output projection.
+
+    Args:
+        hidden_size: model width (int >= 1).
+        num_heads: ``H`` (int >= 1).
+        head_dim: ``K``, the key width per head (int >= 1; the Triton kernel wants a power of
+            two, e.g. 64 or 128).
+        head_v_dim: ``V``, the value width per head; default ``head_dim`` (fla's ``expand_v=1``).
+        conv_size: width of the short convolution (int >= 1, 4 in Kimi Linear and fla).
+        gate_rank: inner width of the low-rank ``f_proj`` and ``g_proj``; default ``head_v_dim``
+            (fla's choice).
+        norm_eps: the output RMSNorm's epsilon.
+        impl: the KDA core: ``"triton"`` (default; :func:`attn_gym_lite.ops.kda.kda_triton`, no
+            host read, capturable), ``"chunked"`` or ``"recurrent"`` (the eager references; they
+            read ``cu_seqlens`` on the host, so a captured graph cannot hold them).
+        chunk_size: ``C`` of the chunked cores (64, fla's and the kernel's default).
+        masks: which of :data:`KDA_MASK_SITES` to apply. All of them (default) is what training
+            at padded capacity needs; leave sites out only to see what each one prevents.
+        device, dtype: of the parameters. ``A_log`` and ``dt_bias`` are kept in at least float32
+            (as fla keeps them), whatever ``dtype``.
+
+    Shapes: ``forward(x [T, hidden_size], cu_seqlens int32 [N + 1]) -> [T, hidden_size]`` in
+    ``x``'s dtype; rows ``L .. T - 1`` of the result are 0 and never depend on rows
+    ``L .. T - 1`` of ``x`` (which may hold anything, NaN included).
+
+    Raises:
+        TypeError / ValueError: a size that is not an int >= 1, an ``impl`` outside
+            :data:`KDA_IMPLEMENTATIONS`, ``masks`` given as a string or naming a site not in
+            :data:`KDA_MASK_SITES`; in ``forward``, ``x`` not ``[T, hidden_size]`` in the
+            parameters' dtype and device, or a malformed ``cu_seqlens`` (metadata only: the
+            values are not read, so the check is capture-safe; validate batches eagerly with
+            :func:`attn_gym_lite.ragged.validate_cu_seqlens`).
+
+    Capturable on CUDA with ``impl="triton"``: nothing in ``forward`` reads the device.
+    Source: Kimi Linear report (arXiv:2510.26692); fla ``fla/layers/kda.py``. See
+    :mod:`attn_gym_lite.models.kda`.
+    """
+
+    def __init__(
+        self,
+        hidden_size: int,
+        num_heads: int,
+        head_dim: int = 128,
+        *,
+        head_v_dim: int | None = None,
+        conv_size: int = 4,
+        gate_rank: int | None = None,
+        norm_eps: float = 1e-5,
+        impl: str = "triton",
+        chunk_size: int = 64,
+        masks: Iterable[str] = KDA_MASK_SITES,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
+    ) -> None:
+        super().__init__()
+        hidden_size = checks.check_int("hidden_size", hidden_size, minimum=1)
+        H = checks.check_int("num_heads", num_heads, minimum=1)
+        K = checks.check_int("head_dim", head_dim, minimum=1)
+        V = K if head_v_dim is None else checks.check_int("head_v_dim", head_v_dim, minimum=1)
+        rank = V if gate_rank is None else checks.check_int("gate_rank", gate_rank, minimum=1)
+        conv_size = checks.check_int("conv_size", conv_size, minimum=1)
+        self.norm_eps = checks.check_real("norm_eps", norm_eps, minimum=0.0)
+        self.impl = checks.check_choice("impl", impl, KDA_IMPLEMENTATIONS)
+        self.chunk_size = checks.check_int("chunk_size", chunk_size, minimum=1)
+        if isinstance(masks, str):
+            raise TypeError(f"masks must be a collection of names from {KDA_MASK_SITES}, got the string {masks!r}")
+        self.masks = frozenset(masks)
+        unknown = sorted(self.masks - set(KDA_MASK_SITES))
+        if unknown:
+            raise ValueError(f"masks must be names from {KDA_MASK_SITES}, got unknown {unknown}")
+        self.hidden_size, self.num_heads, self.head_dim, self.head_v_dim = hidden_size, H, K, V
+
+        factory = {"device": device, "dtype": dtype}
+        self.qkv_proj = nn.Linear(hidden_size, 2 * H * K + H * V, bias=False, **factory)
+        self.conv = ShortConv(2 * H * K + H * V, conv_size, **factory)
+        self.f_proj = nn.Sequential(nn.Linear(hidden_size, rank, bias=False, **factory),
+                                    nn.Linear(rank, H * K, bias=False, **factory))
+        self.b_proj = nn.Linear(hidden_size, H, bias=False, **factory)
+        # The decay's parameters stay in float32 at least: exp(A_log) and softplus are sensitive
+        # to rounding, and fla keeps them float32 in bf16 models too.
+        gate_dtype = torch.promote_types(dtype or torch.get_default_dtype(), torch.float32)
+        self.A_log = nn.Parameter(torch.empty(H, device=device, dtype=gate_dtype).uniform_(1, 16).log())
+        self.dt_bias = nn.Parameter(torch.zeros(H * K, device=device, dtype=gate_dtype))
+        self.g_proj = nn.Sequential(nn.Linear(hidden_size, rank, bias=False, **factory),
+                                    nn.Linear(rank, H * V, bias=True, **factory))
+        self.o_norm_weight = nn.Parameter(torch.ones(V, **factory))
+        self.o_proj = nn.Linear(H * V, hidden_size, bias=False, **factory)
+
+    def _core(self, q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, cu_seqlens: Tensor) -> Tensor:
+        if self.impl == "triton":
+            # Imported here: the kernel module loads Triton, which the references do not need.
+            from ..ops.kda import kda_triton
+
+            o, _ = kda_triton(q, k, v, g, beta, cu_seqlens, chunk_size=self.chunk_size)
+        elif self.impl == "chunked":
+            o, _ = kda_chunked(q, k, v, g, beta, cu_seqlens, chunk_size=self.chunk_size)
+        else:
+            o, _ = kda_recurrent(q, k, v, g, beta, cu_seqlens)
+        return o
+
+    def core_inputs(self, x: Tensor, cu_seqlens: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+        """Everything before the core: ``(q, k, v, g, beta)`` for the input ``x``.
+
+        ``q, k`` ``[T, H, K]`` (L2-normalised), ``v`` ``[T, H, V]`` in ``x``'s dtype; ``g``
+        ``[T, H, K]`` in at least float32; ``beta`` ``[T, H]``. Rows past ``L`` of ``q, k, v`` are
+        undefined (the short convolution's); those of ``g`` and ``beta`` are finite. Exposed so
+        that the core can be timed on the layer's own inputs (the Amdahl study).
+        """
+        x, active = self._masked_input(x, cu_seqlens)
+        return self._core_inputs(x, active, cu_seqlens)
+
+    def forward(self, x: Tensor, cu_seqlens: Tensor) -> Tensor:
+        x, active = self._masked_input(x, cu_seqlens)
+        T = x.shape[0]
+        o = self._core(*self._core_inputs(x, active, cu_seqlens), cu_seqlens)
+        gate = self.g_proj(x).view(T, self.num_heads, self.head_v_dim)
+        o = gated_rms_norm(o, gate, self.o_norm_weight, self.norm_eps)
+        return self.o_proj(o.reshape(T, self.num_heads * self.head_v_dim))
+
+    def _masked_input(self, x: Tensor, cu_seqlens: Tensor) -> tuple[Tensor, Tensor]:
+        """Checks, the active-row mask (on the device, from ``cu_seqlens[-1]``) and the input mask."""
+        self._check_input(x, cu_seqlens)
+        active = active_token_mask(x, cu_seqlens)
+        return (mask_inactive_tokens(x, active) if "input" in self.masks else x), active
+
+    def _core_inputs(self, x: Tensor, active: Tensor, cu_seqlens: Tensor) -> tuple[Tensor, ...]:
+        T, H, K, V = x.shape[0], self.num_heads, self.head_dim, self.head_v_dim
+        qkv = self.qkv_proj(x)
+        if "projection_grad" in self.masks:
+            qkv = mask_inactive_token_gradients(qkv, active)
+        qkv = F.silu(self.conv(qkv, cu_seqlens))
+        q, k, v = qkv.split([H * K, H * K, H * V], dim=-1)
+        q, k = l2_normalize(q.reshape(T, H, K)), l2_normalize(k.reshape(T, H, K))
+        g = kda_gate(self.f_proj(x).view(T, H, K), self.A_log, self.dt_bias)
+        beta = torch.sigmoid(self.b_proj(x))
+        if "gate_grad" in self.masks:
+            g, beta = mask_inactive_token_gradients(g, active), mask_inactive_token_gradients(beta, active)
+        return q, k, v.reshape(T, H, V), g, beta
+
+    def _check_input(self, x: object, cu_seqlens: object) -> None:
+        weight = self.qkv_proj.weight
+        checks.check_tensor("x", x, ndim=2, shape=f"[T, {self.hidden_size}]", dtypes=(weight.dtype,),
+                            device=weight.device)
+        if x.shape[1] != self.hidden_size:
+            raise ValueError(f"x must have shape [T, {self.hidden_size}] (hidden_size), got {tuple(x.shape)}")
+        checks.check_cu_seqlens(cu_seqlens, device=x.device)
+
+    def extra_repr(self) -> str:
+        return (f"hidden_size={self.hidden_size}, num_heads={self.num_heads}, head_dim={self.head_dim}, "
+                f"head_v_dim={self.head_v_dim}, impl={self.impl!r}, masks={sorted(self.masks)}")

@@ -1,0 +1,167 @@
+"""The ``linear-attention`` suite's CPU-testable pieces (layouts, comparisons, the exactness harness,
+the row builders, the guards) and, on a GPU, its parts at small shapes."""
+
+import importlib.util
+
+import pytest
+import torch
+
+from attn_gym_lite.bench import linear_attention as la
+from attn_gym_lite.ops.kda import kda_chunked
+
+
+def _has_triton_kda() -> bool:
+    try:
+        from attn_gym_lite.ops.kda import kda_triton  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+needs_kernel = pytest.mark.skipif(not _has_triton_kda(), reason="attn_gym_lite.ops.kda.kda_triton not there yet")
+
+
+@pytest.mark.parametrize(("T", "N", "C"), [(64, 6, 16), (1024, 16, 64), (200, 5, 64)])
+def test_exactness_layouts_hold_every_hard_case(T, N, C):
+    layouts = la.exactness_layouts(T, N, count=5, seed=3, chunk_size=C)
+    assert len(layouts) == 5
+    assert sum(layouts[0]) == T  # the first one fills the capacity
+    for lengths in layouts:
+        assert len(lengths) == N and all(n >= 0 for n in lengths)
+        assert sum(lengths) <= T
+        assert 1 in lengths
+        last_active = max(i for i, n in enumerate(lengths) if n)
+        assert 0 in lengths[:last_active], "an empty sequence among the active ones"
+        assert any(n % C for n in lengths if n), "a partial last chunk"
+    assert any(sum(lengths) < T for lengths in layouts), "some rows inactive"
+    assert layouts == la.exactness_layouts(T, N, count=5, seed=3, chunk_size=C)
+
+
+def test_exactness_layouts_refuse_tiny_capacities():
+    with pytest.raises(ValueError, match="N >= 4"):
+        la.exactness_layouts(64, 3)
+
+
+def test_error_stats_against_direct_computation():
+    reference = torch.tensor([[1.0, -4.0], [0.5, 2.0]], dtype=torch.float64)
+    ours = reference + torch.tensor([[0.0, 0.25], [-0.5, 0.0]], dtype=torch.float64)
+    stats = la.error_stats(ours.float(), reference)
+    assert stats["nonfinite"] == 0
+    assert stats["max_abs_diff"] == pytest.approx(float((ours - reference).abs().max()))
+    assert stats["max_abs_ref"] == float(reference.abs().max())
+    assert stats["rel_err"] == pytest.approx(stats["max_abs_diff"] / stats["max_abs_ref"])
+    ours[0, 0] = float("nan")
+    broken = la.error_stats(ours, reference)
+    assert broken["nonfinite"] == 1 and broken["max_abs_diff"] is None and broken["rel_err"] is None
+
+
+def test_kda_inputs_are_reproducible_and_nan_past_L():
+    a = la.kda_inputs(16, 2, 8, 4, dtype=torch.float32, device="cpu", seed=1, active_tokens=10)
+    b = la.kda_inputs(16, 2, 8, 4, dtype=torch.float32, device="cpu", seed=1, active_tokens=10)
+    for name, x in a.items():
+        assert torch.equal(x[:10], b[name][:10])
+        assert torch.isnan(x[10:]).all()
+    assert torch.allclose(a["q"][:10].norm(dim=-1), torch.ones(10, 2))
+    assert (a["g"][:10] <= 0).all() and ((a["beta"][:10] > 0) & (a["beta"][:10] < 1)).all()
+    assert a["g"].dtype == torch.float32
+
+
+def test_exactness_harness_passes_a_correct_implementation_on_cpu():
+    result = la.exactness(64, 6, 2, 16, 8, dtypes=("float32",), layouts=3, modes=("eager",), device="cpu",
+                          implementation="recurrent")
+    assert result["errors"] == {}
+    assert len(result["entries"]) == 3
+    for entry in result["entries"]:
+        assert entry["ok"], entry
+        assert entry["inactive_output_max_abs"] == 0.0
+        assert set(entry["errors"]) == {"o", *la.GRADIENTS}
+        assert entry["L"] == sum(result["config"]["layouts"][entry["layout"]])
+
+
+def test_exactness_harness_catches_a_wrong_implementation(monkeypatch):
+    real = la.kda_function
+
+    def no_state_reset(implementation, num_sequences=None):
+        if implementation != "chunked":
+            return real(implementation, num_sequences)
+        # A bug a ragged kernel could have: the state never reset (every boundary ignored).
+        def merged(q, k, v, g, beta, cu):
+            return kda_chunked(q, k, v, g, beta, torch.stack([cu[0], cu[-1]]))[0]
+
+        return merged
+
+    monkeypatch.setattr(la, "kda_function", no_state_reset)
+    result = la.exactness(64, 6, 2, 16, 8, dtypes=("float32",), layouts=2, modes=("eager",), device="cpu",
+                          implementation="chunked")
+    assert not all(entry["ok"] for entry in result["entries"])
+
+
+def test_exactness_records_an_error_instead_of_raising():
+    result = la.exactness(64, 6, 1, 8, 8, dtypes=("float32",), layouts=1, modes=("eager",), device="cpu",
+                          implementation="no-such-kernel")
+    assert "float32/eager" in result["errors"] and "no-such-kernel" in result["errors"]["float32/eager"]
+
+
+@needs_kernel
+def test_exactness_of_the_triton_kernel_in_the_interpreter():
+    result = la.exactness(48, 5, 1, 16, 16, dtypes=("float32",), layouts=2, modes=("eager",), device="cpu")
+    assert result["errors"] == {}
+    assert all(entry["ok"] for entry in result["entries"]), result["entries"]
+
+
+def test_row_builders_and_summary():
+    point = la.overcapture_point(512, 32, 30.0, 20.0)
+    assert point["ratio"] == pytest.approx(1.5) and point["L"] == 512
+    rows = [la.amdahl_point(4096, 32, 1230.0, 3430.0), la.amdahl_point(2048, 32, 770.0, 2910.0)]
+    assert rows[0]["core_share"] == pytest.approx(1230 / 3430)
+    assert rows[1]["rest_us"] == pytest.approx(2140.0)
+    summary = la.amdahl_summary(rows)
+    assert summary["T_full"] == 4096 and summary["T_half"] == 2048
+    assert summary["core_drop"] == pytest.approx(1 - 770 / 1230)
+    assert summary["module_drop"] == pytest.approx(1 - 2910 / 3430)
+    assert la.amdahl_summary(rows[:1]) == {}
+
+
+def test_kda_function_refuses_unknown_and_incomplete_choices():
+    with pytest.raises(ValueError, match="implementation must be one of"):
+        la.kda_function("flash")
+    if importlib.util.find_spec("fla") is not None:
+        with pytest.raises(ValueError, match="num_sequences"):
+            la.kda_function("fla_graph")
+
+
+def test_suite_guards_every_part():
+    with pytest.raises(ValueError, match="unknown"):
+        la.linear_attention_suite(parts=("speed",))
+    if torch.cuda.is_available():
+        pytest.skip("the guard is exercised by the absence of CUDA")
+    result = la.linear_attention_suite(parts=("exact_shape",), isolate=False)
+    assert "exact_shape" in result["errors"] or result["exact_shape"]["errors"]
+    assert result["config"]["parts"] == ["exact_shape"]
+
+
+@pytest.mark.gpu
+def test_exactness_on_the_gpu_eager_and_replayed():
+    result = la.exactness(256, 8, 2, 64, 64, layouts=3)
+    assert result["errors"] == {}
+    assert {(e["dtype"], e["mode"]) for e in result["entries"]} == {
+        (d, m) for d in ("float32", "bfloat16") for m in ("eager", "graph")}
+    assert all(entry["ok"] for entry in result["entries"]), result["entries"]
+
+
+@pytest.mark.gpu
+def test_overcapture_graphs_agree_with_exact_graphs():
+    result = la.overcapture(1024, 16, 4, (256, 1024), heads=2, key_dim=64, value_dim=64, iters=3)
+    assert "ours" in result["series"], result["errors"]
+    for point in result["series"]["ours"]:
+        assert point["captured_us"] > 0 and point["exact_us"] > 0
+        assert all(diff is not None and diff < 1e-2 for diff in point["output_diff"].values()), point
+
+
+@pytest.mark.gpu
+def test_amdahl_measures_core_and_module():
+    result = la.amdahl(256, 2, 64, 4, (512, 256), iters=3)
+    assert result["errors"] == {}
+    assert [p["T"] for p in result["points"]] == [512, 256]
+    assert all(0 < p["core_us"] < p["module_us"] for p in result["points"])
+    assert set(result["summary"]) == {"T_full", "T_half", "core_drop", "module_drop"}
