@@ -1,0 +1,200 @@
+"""``kda_triton`` (the chunked Triton KDA kernels) against the float64 recurrence ``kda_recurrent``.
+
+On CPU the kernels run in Triton's interpreter in float32 (tests/conftest.py sets TRITON_INTERPRET=1
+without CUDA) on small ragged layouts: empty sequences first, in the middle and last, length-1
+sequences, lengths that are not multiples of C, inactive rows past L filled with NaN, unused tail
+slots of cu_seqlens. Outputs, final states and the gradients of all five inputs are compared with
+the float64 reference. The ``gpu`` tests (skipped here) check bfloat16 at K = V = 128, C = 64 and
+a replay of one captured CUDA graph over two layouts of the same capacity.
+
+Tolerance (float32 kernel vs float64 reference): every quantity is a sum of at most C * K (or
+C * V) products of O(1) terms, formed in a few stages (WY factors, the state, the output), so
+float32 rounding (eps = 1.2e-7) accumulates to ~1e-5 at these sizes; 2e-4 leaves a margin of
+~10x, while a wrong mask, a missed decay or a state that leaks between sequences moves results by
+O(0.1 - 1).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from attn_gym_lite.ops.kda import kda_chunked, kda_recurrent, kda_triton
+
+F64 = torch.float64
+TOLERANCE = 2e-4
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def cu(*bounds: int, device: str = "cpu") -> torch.Tensor:
+    return torch.tensor(bounds, dtype=torch.int32, device=device)
+
+
+def random_inputs(T: int, H: int, K: int, V: int, L: int, seed: int, *, min_log_decay: float = -1.0,
+                  fill: float = float("nan"), device: str = "cpu"):
+    """float64 q, k (L2-normalised, as Kimi Linear feeds the core), v, g in [min_log_decay, 0],
+    beta in (0, 1); rows L .. T - 1 hold ``fill``, which the kernels must never read."""
+    gen = torch.Generator().manual_seed(seed)
+    q = torch.randn(T, H, K, generator=gen, dtype=F64)
+    k = torch.nn.functional.normalize(torch.randn(T, H, K, generator=gen, dtype=F64), dim=-1)
+    v = torch.randn(T, H, V, generator=gen, dtype=F64)
+    g = min_log_decay * torch.rand(T, H, K, generator=gen, dtype=F64)
+    beta = 0.05 + 0.9 * torch.rand(T, H, generator=gen, dtype=F64)
+    inputs = []
+    for x in (q, k, v, g, beta):
+        x[L:] = fill
+        inputs.append(x.to(device))
+    return inputs
+
+
+def gradients(fn, inputs, cu_seqlens, weights, **kwargs):
+    """(o, final_state, d/d(q, k, v, g, beta) of <o, w_o> + <S, w_S>), inputs as leaves."""
+    leaves = [x.detach().requires_grad_() for x in inputs]
+    o, state = fn(*leaves, cu_seqlens, output_final_state=True, **kwargs)
+    loss = (o.to(F64) * weights[0]).sum() + (state.to(F64) * weights[1]).sum()
+    if not loss.requires_grad:  # L = 0: nothing depends on the inputs
+        return o, state, [torch.zeros_like(x) for x in leaves]
+    grads = torch.autograd.grad(loss, leaves, allow_unused=True)
+    return o, state, [torch.zeros_like(x) if d is None else d for x, d in zip(leaves, grads)]
+
+
+# (cu_seqlens, T, C, K, V): every layout feature the brief lists, at interpreter-sized shapes.
+LAYOUTS = [
+    ((0, 0, 5, 6, 6, 23), 26, 16, 16, 16),  # empty first and in the middle, length 1, 17 = C + 1, L < T
+    ((0, 16, 17, 17, 50), 50, 16, 16, 32),  # exactly C, length 1, empty, 33 = 2C + 1, L = T
+    ((0, 40, 41, 41, 41), 44, 32, 32, 16),  # C = 32 (off-diagonal sub-blocks), unused tail slots
+    ((0, 1, 2, 3), 5, 16, 16, 16),  # only length-1 sequences
+    ((0, 0, 0), 3, 16, 16, 16),  # nothing active: L = 0
+]
+
+
+@pytest.mark.parametrize(("bounds", "T", "C", "K", "V"), LAYOUTS)
+def test_forward_matches_recurrence(bounds, T, C, K, V):
+    H = 2
+    cu_seqlens = cu(*bounds)
+    L, N = bounds[-1], len(bounds) - 1
+    inputs = random_inputs(T, H, K, V, L, seed=sum(bounds) + T)
+    o_ref, s_ref = kda_recurrent(*inputs, cu_seqlens, output_final_state=True)
+    o, s = kda_triton(*(x.float() for x in inputs), cu_seqlens, chunk_size=C, output_final_state=True)
+    assert o.dtype == torch.float32 and o.shape == (T, H, V)
+    assert s.dtype == torch.float32 and s.shape == (N, H, K, V)
+    assert torch.equal(o[L:], torch.zeros_like(o[L:]))  # inactive rows zero, no NaN leaked
+    torch.testing.assert_close(o.to(F64), o_ref, rtol=TOLERANCE, atol=TOLERANCE)
+    torch.testing.assert_close(s.to(F64), s_ref, rtol=TOLERANCE, atol=TOLERANCE)
+
+
+def test_strong_decay_stays_finite():
+    """g down to -40 per step over 32-token chunks: the cumulative decay inside a chunk reaches
+    exp(-1280), far below float32's range; every exponent the kernels form is <= 0, so nothing
+    overflows and the result still matches the recurrence."""
+    cu_seqlens = cu(0, 45)
+    inputs = random_inputs(45, 2, 16, 16, 45, seed=3, min_log_decay=-40.0)
+    o_ref, s_ref = kda_recurrent(*inputs, cu_seqlens, output_final_state=True)
+    o, s = kda_triton(*(x.float() for x in inputs), cu_seqlens, chunk_size=32, output_final_state=True)
+    assert torch.isfinite(o).all() and torch.isfinite(s).all()
+    torch.testing.assert_close(o.to(F64), o_ref, rtol=TOLERANCE, atol=TOLERANCE)
+    torch.testing.assert_close(s.to(F64), s_ref, rtol=TOLERANCE, atol=TOLERANCE)
+
+
+def test_final_state_optional_and_default_scale():
+    inputs = [x.float() for x in random_inputs(20, 2, 16, 16, 20, seed=5)]
+    o, s = kda_triton(*inputs, cu(0, 20), chunk_size=16)
+    assert s is None
+    o_one, _ = kda_triton(*inputs, cu(0, 20), chunk_size=16, scale=1.0)
+    torch.testing.assert_close(o, o_one / 4.0, rtol=1e-6, atol=1e-6)  # K ** -0.5 = 1/4
+
+
+# -----------------------------------------------------------------------------
+# Bad input: the error names the argument.
+
+
+def good_arguments():
+    q, k, v, g, beta = (x.float() for x in random_inputs(5, 2, 16, 16, 5, seed=0))
+    return {"q": q, "k": k, "v": v, "g": g, "beta": beta, "cu_seqlens": cu(0, 2, 5)}
+
+
+BAD_ARGUMENTS = [
+    ("q", [[1.0]], TypeError, "q must be a torch.Tensor"),
+    ("q", torch.zeros(5, 32), ValueError, "q must have shape"),
+    ("q", torch.zeros(5, 2, 16, dtype=F64), TypeError, "q must have dtype"),
+    ("q", torch.zeros(5, 2, 24), ValueError, r"q must have shape \[T, H, K\] with H >= 1 and K in"),
+    ("k", torch.zeros(5, 2, 32), ValueError, "k must have q's shape"),
+    ("k", torch.zeros(5, 2, 16, dtype=torch.bfloat16), TypeError, "k must have q's dtype"),
+    ("k", torch.zeros(5, 2, 16, device="meta"), ValueError, "k must be on device"),
+    ("v", torch.zeros(5, 2, 12), ValueError, "v must have shape"),
+    ("v", torch.zeros(4, 2, 16), ValueError, "v must have shape"),
+    ("g", torch.zeros(5, 2, 32), ValueError, "g must have q's shape"),
+    ("beta", torch.zeros(5, 2, 1), ValueError, "beta must have shape"),
+    ("cu_seqlens", torch.tensor([0, 2, 5]), TypeError, "cu_seqlens must have dtype torch.int32"),
+    ("cu_seqlens", cu(0), ValueError, "cu_seqlens must have at least 2 entries"),
+    ("scale", "1", TypeError, "scale must be"),
+    ("chunk_size", 8, ValueError, "chunk_size must be one of"),
+    ("chunk_size", 16.0, TypeError, "chunk_size must be an int"),
+    ("output_final_state", 1, TypeError, "output_final_state must be a bool"),
+    ("validate", "yes", TypeError, "validate must be a bool"),
+]
+
+
+@pytest.mark.parametrize(("name", "value", "error", "match"), BAD_ARGUMENTS)
+def test_bad_arguments_name_the_argument(name, value, error, match):
+    arguments = good_arguments()
+    arguments[name] = value
+    with pytest.raises(error, match=match):
+        kda_triton(**arguments)
+
+
+@pytest.mark.parametrize(("bounds", "match"), [((0, 2, 6), r"cu_seqlens\[-1\]"), ((0, 3, 2), "non-decreasing"),
+                                               ((1, 2, 5), r"cu_seqlens\[0\] must be 0")])
+def test_validate_checks_cu_seqlens_values(bounds, match):
+    with pytest.raises(ValueError, match=match):
+        kda_triton(**{**good_arguments(), "cu_seqlens": cu(*bounds)}, validate=True)
+
+
+
+# -----------------------------------------------------------------------------
+# GPU (skipped without CUDA): bfloat16 at the production shape, and a captured graph.
+
+
+def relative_error(x: torch.Tensor, ref: torch.Tensor) -> float:
+    return float((x.to(F64) - ref).norm() / ref.norm().clamp_min(1e-30))
+
+
+@pytest.mark.gpu
+def test_gpu_bfloat16_matches_chunked_reference():
+    """bfloat16 inputs, K = V = 128, C = 64, a ragged layout with an empty and a length-1 sequence.
+    The reference runs in float64 on the same (bfloat16-rounded) inputs, so the error is the
+    kernels' own: tf32 products (10-bit mantissa) and a bfloat16 output, ~1e-3 relative."""
+    bounds, T, H, K, V = (0, 300, 300, 301, 1000, 1129), 1200, 4, 128, 128
+    cu_seqlens = cu(*bounds, device="cuda")
+    inputs = random_inputs(T, H, K, V, bounds[-1], seed=17, device="cuda")
+    low = [x.to(torch.bfloat16) for x in inputs]
+    o_ref, s_ref = kda_chunked(*(x.to(F64) for x in low), cu_seqlens, output_final_state=True)
+    o, s = kda_triton(*low, cu_seqlens, chunk_size=64, output_final_state=True)
+    assert o.dtype == torch.bfloat16 and torch.equal(o[bounds[-1]:], torch.zeros_like(o[bounds[-1]:]))
+    assert relative_error(o, o_ref) < 1e-2 and relative_error(s, s_ref) < 1e-2
+
+
+@pytest.mark.gpu
+def test_gpu_graph_replays_two_layouts():
+    """One capture at capacity (T, N), replayed for two layouts: each replay equals an eager call."""
+    T, N, H, K, V = 512, 4, 2, 128, 128
+    layouts = [(0, 100, 100, 101, 400), (0, 0, 250, 330, 331)]
+    inputs = [x.to(torch.bfloat16) for x in random_inputs(T, H, K, V, T, seed=23, fill=0.0, device="cuda")]
+    static_cu = cu(*layouts[0], device="cuda")
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):  # compile the kernels before capture
+        kda_triton(*inputs, static_cu, output_final_state=True)
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        static_o, static_s = kda_triton(*inputs, static_cu, output_final_state=True)
+    for bounds in layouts:
+        assert len(bounds) == N + 1 and bounds[-1] <= T
+        static_cu.copy_(cu(*bounds, device="cuda"))
+        graph.replay()
+        o, s = kda_triton(*inputs, cu(*bounds, device="cuda"), output_final_state=True)
+        torch.testing.assert_close(static_o, o, rtol=0, atol=0)
+        torch.testing.assert_close(static_s, s, rtol=0, atol=0)
+        o_ref, _ = kda_chunked(*(x.to(F64) for x in inputs), cu(*bounds, device="cuda"))
+        assert relative_error(static_o, o_ref) < 1e-2
