@@ -164,8 +164,10 @@ class KDAAttention(nn.Module):
         device, dtype: of the parameters. ``A_log`` and ``dt_bias`` are kept in at least float32
             (as fla keeps them), whatever ``dtype``.
 
-    Shapes: ``forward(x [T, hidden_size], cu_seqlens int32 [N + 1]) -> [T, hidden_size]`` in
-    ``x``'s dtype; rows ``L .. T - 1`` of the result are 0 and never depend on rows
+    Shapes: ``forward(x [T, hidden_size], cu_seqlens int32 [N + 1], max_seqlen=None) ->
+    [T, hidden_size]`` in ``x``'s dtype (``max_seqlen`` is ignored: no KDA core needs a bound on the
+    longest sequence, the seed's point about ``chunk_kda``; it is accepted so that the layer is
+    called like the package's attention modules); rows ``L .. T - 1`` of the result are 0 and never depend on rows
     ``L .. T - 1`` of ``x`` (which may hold anything, NaN included).
 
     Raises:
@@ -254,7 +256,10 @@ class KDAAttention(nn.Module):
         x, active = self._masked_input(x, cu_seqlens)
         return self._core_inputs(x, active, cu_seqlens)
 
-    def forward(self, x: Tensor, cu_seqlens: Tensor) -> Tensor:
+    def forward(self, x: Tensor, cu_seqlens: Tensor, max_seqlen: int | None = None) -> Tensor:
+        # max_seqlen is accepted and ignored: the call then matches the package's attention
+        # modules (module(x, cu_seqlens, max_seqlen)); the KDA core sizes nothing by it.
+        del max_seqlen
         x, active = self._masked_input(x, cu_seqlens)
         T = x.shape[0]
         o = self._core(*self._core_inputs(x, active, cu_seqlens), cu_seqlens)

@@ -1,0 +1,198 @@
+"""KDAAttention: against a naive per-sequence float64 layer built on kda_recurrent, inactive rows that
+never leak (NaN in them, undefined memory as NaN), the masks that make it so, gradients equal across
+the three cores, and argument errors."""
+
+import pytest
+import torch
+
+from attn_gym_lite.models.kda import KDA_MASK_SITES, KDAAttention
+from attn_gym_lite.ops.kda import kda_recurrent
+from attn_gym_lite.ops.masking import uninitialized_memory_as_nan
+from attn_gym_lite.ragged import cu_seqlens_from_lengths, pad_cu_seqlens
+from attn_gym_lite.testing.exactness import compare_gradients, exact_gradients, gradients_at_capacity
+
+
+def _has_triton_kda() -> bool:
+    try:
+        from attn_gym_lite.ops.kda import kda_triton  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+IMPLS = ["chunked", "recurrent"] + (["triton"] if _has_triton_kda() else [])
+HIDDEN, HEADS, K, C = 32, 2, 16, 16  # small (the kernel's smallest tiles): the interpreter runs it on a CPU
+
+
+def _layer(impl: str, dtype=torch.float64, seed: int = 0, **options) -> KDAAttention:
+    torch.manual_seed(seed)
+    layer = KDAAttention(HIDDEN, HEADS, K, impl=impl, chunk_size=C, dtype=dtype, **options)
+    with torch.no_grad():  # non-trivial values for the parameters that start at 0 or 1
+        layer.dt_bias.normal_()
+        layer.o_norm_weight.uniform_(0.5, 1.5)
+        layer.g_proj[1].bias.normal_()
+    return layer
+
+
+def _naive_layer(layer: KDAAttention, x: torch.Tensor, lengths: list[int]) -> torch.Tensor:
+    """The layer written out one sequence at a time in float64, from its parameters: a causal
+    convolution by explicit taps, the norms by their formulas, the core by kda_recurrent."""
+    p = {name: w.detach().double() for name, w in layer.named_parameters()}
+    H, Kd, V = layer.num_heads, layer.head_dim, layer.head_v_dim
+    width = p["conv.weight"].shape[1]
+    out, start = [], 0
+    for n in lengths:
+        xs = x[start:start + n].double()
+        start += n
+        if n == 0:
+            continue
+        qkv = xs @ p["qkv_proj.weight"].T
+        conv = torch.zeros_like(qkv)
+        for t in range(n):
+            for lag in range(width):  # tap `lag` rows back, inside this sequence only
+                if t - lag >= 0:
+                    conv[t] += p["conv.weight"][:, width - 1 - lag] * qkv[t - lag]
+        conv = conv * torch.sigmoid(conv)
+        q, k, v = conv.split([H * Kd, H * Kd, H * V], dim=-1)
+        q = q.view(n, H, Kd)
+        k = k.view(n, H, Kd)
+        q = q / (q.pow(2).sum(-1, keepdim=True) + 1e-6).sqrt()
+        k = k / (k.pow(2).sum(-1, keepdim=True) + 1e-6).sqrt()
+        f = (xs @ p["f_proj.0.weight"].T @ p["f_proj.1.weight"].T).view(n, H, Kd)
+        g = -p["A_log"].exp()[:, None] * torch.log1p(torch.exp(f + p["dt_bias"].view(H, Kd)))
+        beta = torch.sigmoid(xs @ p["b_proj.weight"].T)
+        o, _ = kda_recurrent(q, k, v.reshape(n, H, V), g, beta, torch.tensor([0, n], dtype=torch.int32))
+        gate = (xs @ p["g_proj.0.weight"].T @ p["g_proj.1.weight"].T + p["g_proj.1.bias"]).view(n, H, V)
+        rms = (o.pow(2).mean(-1, keepdim=True) + layer.norm_eps).sqrt()
+        o = o / rms * p["o_norm_weight"] * torch.sigmoid(gate)
+        out.append(o.reshape(n, H * V) @ p["o_proj.weight"].T)
+    return torch.cat(out)
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_layer_matches_the_naive_per_sequence_layer(impl):
+    lengths = [20, 0, 1, 9, 33]
+    T = sum(lengths) + 4
+    layer = _layer(impl, dtype=torch.float64 if impl != "triton" else torch.float32)
+    x = torch.randn(T, HIDDEN, dtype=torch.float64)
+    cu = cu_seqlens_from_lengths(lengths)
+    y = layer(x.to(layer.qkv_proj.weight.dtype), cu)
+    expected = _naive_layer(layer, x, lengths)
+    L = sum(lengths)
+    tol = 1e-10 if impl != "triton" else 1e-4
+    torch.testing.assert_close(y[:L].double(), expected, rtol=tol, atol=tol)
+    assert torch.equal(y[L:], torch.zeros_like(y[L:]))
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_inactive_rows_never_leak(impl):
+    """NaN and huge values in the inactive input and target rows, undefined memory read as NaN:
+    every gradient at capacity equals the one on the L real rows alone, and rows past L are 0."""
+    dtype = torch.float64 if impl != "triton" else torch.float32
+    layer = _layer(impl, dtype=dtype)
+    lengths = [17, 1, 0, 7]
+    L, T = sum(lengths), sum(lengths) + 5
+    cu = pad_cu_seqlens(cu_seqlens_from_lengths(lengths), 6)
+    x = torch.randn(T, HIDDEN, dtype=dtype)
+    target = torch.randn(T, HIDDEN, dtype=dtype)
+    x[L:L + 2], x[L + 2:] = float("nan"), 1e30
+    target[L:] = float("nan")
+    with uninitialized_memory_as_nan():
+        y = layer(x, cu)
+        report = compare_gradients(gradients_at_capacity(layer, x, target, cu, T),
+                                   exact_gradients(layer, x, target, cu))
+    assert torch.equal(y[L:], torch.zeros_like(y[L:]))
+    assert report["loss_at_capacity"] == pytest.approx(report["loss_exact"], rel=1e-6)
+    for name, g in report["gradients"].items():
+        assert g["nonfinite"] == 0, name
+        assert g["max_abs_diff"] <= 1e-6 * max(g["max_abs_exact"], 1.0), (name, g)
+
+
+def test_without_masks_the_inactive_rows_poison_the_weight_gradients():
+    """The test above can fail: leave the masks out and NaN in the inactive rows reaches gradients."""
+    layer = _layer("chunked", masks=())
+    lengths = [6, 1, 7]
+    L, T = sum(lengths), sum(lengths) + 3
+    cu = cu_seqlens_from_lengths(lengths)
+    x = torch.randn(T, HIDDEN, dtype=torch.float64)
+    x[L:] = float("nan")
+    target = torch.randn(T, HIDDEN, dtype=torch.float64)
+    with uninitialized_memory_as_nan():
+        report = compare_gradients(gradients_at_capacity(layer, x, target, cu, T),
+                                   exact_gradients(layer, x, target, cu))
+    poisoned = {name for name, g in report["gradients"].items() if g["nonfinite"]}
+    assert {"qkv_proj.weight", "f_proj.0.weight", "b_proj.weight"} <= poisoned
+
+
+def test_gradients_agree_between_the_cores():
+    lengths = [7, 0, 1, 35]
+    T = sum(lengths) + 3
+    cu = cu_seqlens_from_lengths(lengths)
+    x = torch.randn(T, HIDDEN, dtype=torch.float64)
+    target = torch.randn(T, HIDDEN, dtype=torch.float64)
+    results = {}
+    for impl in IMPLS:
+        dtype = torch.float64 if impl != "triton" else torch.float32
+        layer = _layer(impl, dtype=dtype)
+        _, grads = gradients_at_capacity(layer, x.to(dtype), target.to(dtype), cu, T)
+        assert all(torch.isfinite(g).all() for g in grads.values()), impl
+        results[impl] = grads
+    for impl in IMPLS[1:]:
+        tol = 1e-9 if impl != "triton" else 1e-4
+        for name, g in results["chunked"].items():
+            torch.testing.assert_close(results[impl][name].double(), g, rtol=tol, atol=tol, msg=f"{impl}: {name}")
+
+
+def test_layer_shapes_dtypes_and_parameters():
+    layer = KDAAttention(32, 2, 8, head_v_dim=4, gate_rank=3, impl="chunked", dtype=torch.bfloat16)
+    assert layer.A_log.dtype == torch.float32 and layer.dt_bias.shape == (16,)
+    assert layer.qkv_proj.weight.shape == (2 * 16 + 8, 32)
+    assert layer.f_proj[0].weight.shape == (3, 32) and layer.g_proj[1].weight.shape == (8, 3)
+    x = torch.randn(10, 32, dtype=torch.bfloat16)
+    y = layer(x, torch.tensor([0, 4, 8], dtype=torch.int32))
+    assert y.shape == (10, 32) and y.dtype == torch.bfloat16
+    q, k, v, g, beta = layer.core_inputs(x, torch.tensor([0, 4, 8], dtype=torch.int32))
+    assert q.shape == k.shape == g.shape == (10, 2, 8) and v.shape == (10, 2, 4) and beta.shape == (10, 2)
+    assert (g[:8] <= 0).all() and g.dtype == torch.float32
+    torch.testing.assert_close(q[:8].float().norm(dim=-1), torch.ones(8, 2), rtol=1e-2, atol=1e-2)
+
+
+def test_layer_argument_errors():
+    with pytest.raises(ValueError, match="impl"):
+        KDAAttention(16, 2, 8, impl="flash")
+    with pytest.raises(TypeError, match="string"):
+        KDAAttention(16, 2, 8, masks="input")
+    with pytest.raises(ValueError, match="unknown"):
+        KDAAttention(16, 2, 8, masks=("input", "output"))
+    with pytest.raises(ValueError, match="num_heads"):
+        KDAAttention(16, 0, 8)
+    layer = KDAAttention(16, 2, 8, impl="chunked")
+    cu = torch.tensor([0, 3], dtype=torch.int32)
+    with pytest.raises(ValueError, match=r"x must have shape \[T, 16\]"):
+        layer(torch.randn(3, 8), cu)
+    with pytest.raises(TypeError, match="x must have dtype"):
+        layer(torch.randn(3, 16, dtype=torch.float64), cu)
+    with pytest.raises(TypeError, match="cu_seqlens must have dtype torch.int32"):
+        layer(torch.randn(3, 16), cu.long())
+    assert set(KDA_MASK_SITES) == layer.masks
+
+
+@pytest.mark.gpu
+def test_captured_layer_replays_changing_layouts_like_eager():
+    from attn_gym_lite.graph.capture import capture_graph
+
+    torch.manual_seed(0)
+    layer = KDAAttention(256, 2, 64, device="cuda", dtype=torch.bfloat16)
+    T, N = 512, 8
+    x = torch.randn(T, 256, device="cuda", dtype=torch.bfloat16)
+    cu = pad_cu_seqlens(cu_seqlens_from_lengths([T], device="cuda"), N)
+    graph, y = capture_graph(lambda: layer(x, cu))
+    for lengths in ([100, 0, 1, 300], [512], [64, 64, 3]):
+        L = sum(lengths)
+        cu.copy_(pad_cu_seqlens(cu_seqlens_from_lengths(lengths, device="cuda"), N))
+        x[L:] = float("nan")
+        graph.replay()
+        eager = layer(x[:L].clone(), cu_seqlens_from_lengths(lengths, device="cuda"))
+        torch.testing.assert_close(y[:L].float(), eager.float(), rtol=2e-2, atol=2e-2)
+        assert torch.equal(y[L:], torch.zeros_like(y[L:]))
+        x.normal_()
