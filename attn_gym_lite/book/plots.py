@@ -601,3 +601,118 @@ def plot_end_to_end_throughput(record: dict, live: dict | None = None):
     fig.tight_layout()
     return fig
 
+
+
+# ---------------------------------------------------------------------------------------------
+# Linear attention (KDA): overcapture at fixed capacity, the module-level Amdahl study
+# ---------------------------------------------------------------------------------------------
+
+#: Series of the ``linear-attention`` suite: the package's Triton KDA and fla's graph-safe chunk_kda.
+KDA_COLOURS = {"ours": "tab:blue", "fla_graph": "tab:orange"}
+KDA_LABELS = {"ours": "ours (kda_triton)", "fla_graph": "fla chunk_kda(use_graph=True)"}
+
+
+def plot_kda_overcapture(recorded: dict, live: dict | None = None, goal: float | None = 1.05):
+    """The KDA overcapture sweep of the ``linear-attention`` suite: left, forward + backward µs per
+    replay of the graph captured at capacity (solid) and of the exact-shape graph (dashed) against
+    ``L``; right, their ratio (captured / exact). A live run, if given, is drawn dotted.
+
+    Args:
+        recorded: the suite's result, or its ``"overcapture"`` part
+            (``{"config": {"T", "N", "M", ...}, "series": {impl: [rows]}, "errors": {...}}``, rows
+            from :func:`attn_gym_lite.bench.linear_attention.overcapture_point`).
+        live: the same, measured on this machine.
+        goal: a ratio drawn as a dotted line (the issue's goal for ours, 1.05x), or ``None``.
+
+    Returns: the matplotlib ``Figure``. A series that failed (its error in ``errors``) is named in
+    the title instead of drawn.
+    """
+    record = recorded.get("overcapture", recorded)
+    live_record = (live or {}).get("overcapture", live) if live else None
+    fig, (times, ratios) = plt.subplots(1, 2, figsize=(11, 4.2))
+    sources = [("recorded", record, 1.0, ("-", "--"))]
+    if live_record:
+        sources.append(("live", live_record, 0.6, (":", ":")))
+    for source, rec, alpha, (solid, dashed) in sources:
+        for name, rows in rec.get("series", {}).items():
+            colour = KDA_COLOURS.get(name)
+            label = KDA_LABELS.get(name, name) + ("" if source == "recorded" else " (live)")
+            L = [row["L"] for row in rows]
+            times.plot(L, [row["captured_us"] for row in rows], solid, marker="o", ms=3, color=colour,
+                       alpha=alpha, label=label)
+            times.plot(L, [row["exact_us"] for row in rows], dashed, color=colour, alpha=alpha)
+            ratios.plot(L, [row["ratio"] for row in rows], solid, marker="o", ms=3, color=colour, alpha=alpha,
+                        label=label)
+    ratios.axhline(1.0, color="0.5", linewidth=0.8)
+    if goal is not None:
+        ratios.axhline(goal, color="0.3", linestyle=":", linewidth=1.0, label=f"goal {goal:.2f}x")
+    c = record["config"]
+    failed = sorted(record.get("errors", {}))
+    times.set(xscale="log", yscale="log", xlabel="active tokens L", ylabel="µs per fwd+bwd replay",
+              title=f"T={c['T']}, N={c['N']}, M={c['M']}, H={c['H']}, K=V={c['K']}"
+                    + (f" (failed: {', '.join(failed)})" if failed else ""))
+    ratios.set(xscale="log", xlabel="active tokens L", ylabel="captured / exact",
+               title="cost of capturing once at capacity")
+    for ax in (times, ratios):
+        ax.grid(True, which="both", alpha=0.3)
+    times.legend(fontsize=8, title="solid: captured, dashed: exact", title_fontsize=8)
+    ratios.legend(fontsize=8)
+    fig.tight_layout()
+    return fig
+
+
+def plot_kda_amdahl(recorded: dict, live: dict | None = None):
+    """The module-level Amdahl study of the ``linear-attention`` suite: left, forward + backward µs
+    of the KDA core and of the rest of the layer (stacked: their sum is the whole layer) per token
+    count ``T``; right, each time relative to its value at the largest ``T``, beside the
+    proportional line ``T / T_max``: the gap between the layer's curve and that line is the part of
+    its time that does not shrink with the tokens.
+
+    Args:
+        recorded: the suite's result, or its ``"amdahl"`` part (``{"config", "points": [rows],
+            "summary", "errors"}``, rows from
+            :func:`attn_gym_lite.bench.linear_attention.amdahl_point`).
+        live: the same, measured on this machine (drawn as dotted lines on the right).
+
+    Returns: the matplotlib ``Figure``.
+
+    Raises:
+        ValueError: the record holds no points (every size failed: see its ``errors``).
+    """
+    record = recorded.get("amdahl", recorded)
+    points = sorted(record["points"], key=lambda p: p["T"])
+    if not points:
+        raise ValueError(f"plot_kda_amdahl: the record holds no points; errors: {record.get('errors')}")
+    fig, (bars, scaling) = plt.subplots(1, 2, figsize=(11, 4.2))
+    labels = [str(p["T"]) for p in points]
+    core = np.array([p["core_us"] for p in points]) / 1e3
+    rest = np.array([p["rest_us"] for p in points]) / 1e3
+    bars.bar(labels, core, color=KDA_COLOURS["ours"], label="KDA core")
+    bars.bar(labels, rest, bottom=core, color="0.7", label="rest of the layer")
+    for i, p in enumerate(points):
+        bars.text(i, (core[i] + rest[i]) * 1.01, f"core {p['core_share']:.0%}", ha="center", va="bottom",
+                  fontsize=8)
+    c = record["config"]
+    bars.set(xlabel="tokens T (exact shape)", ylabel="ms per fwd+bwd replay",
+             title=f"KDAAttention, hidden {c['hidden_size']}, {c['num_heads']} heads of {c['head_dim']}")
+    bars.legend(fontsize=8)
+
+    sources = [("recorded", points, "-")]
+    if live:
+        live_points = sorted(live.get("amdahl", live)["points"], key=lambda p: p["T"])
+        if live_points:
+            sources.append(("live", live_points, ":"))
+    for source, rows, style in sources:
+        T = np.array([p["T"] for p in rows], dtype=float)
+        for key, colour, name in (("module_us", "0.3", "whole layer"), ("core_us", KDA_COLOURS["ours"], "core")):
+            values = np.array([p[key] for p in rows])
+            scaling.plot(T, values / values[-1], style, marker="o", ms=3, color=colour,
+                         label=name + ("" if source == "recorded" else " (live)"))
+    T = np.array([p["T"] for p in points], dtype=float)
+    scaling.plot(T, T / T[-1], "--", color="0.6", label="proportional to T")
+    scaling.set(xscale="log", yscale="log", xlabel="tokens T", ylabel=f"time / time at T={points[-1]['T']}",
+                title="what shrinks with the tokens")
+    scaling.grid(True, which="both", alpha=0.3)
+    scaling.legend(fontsize=8)
+    fig.tight_layout()
+    return fig
