@@ -6,6 +6,8 @@
   versus the bucket that fits ``L``, as ``L`` falls from ``T`` to ``T / 16``;
 * lifetime: an output kept across a replay of another bucket, and the debug guard;
 * optimizer boundary: eager fused Adam on the graph's gradients versus a captured Adam step;
+* optimizer boundary memory: the allocator's history over one step whose gradients are copied
+  into the buffers a captured optimizer reads (they exist twice) versus attached to eager Adam;
 * training: a :class:`PackedLM` trained on real text (:class:`PackedLoader`, in-order packing of the
   shuffled standard library) from one graph and from buckets
   chosen by :func:`plan_buckets` on the loader's own ``L`` distribution, same batches, same
@@ -14,6 +16,7 @@
 
 from __future__ import annotations
 
+import gc
 import time
 from itertools import islice
 
@@ -26,6 +29,7 @@ from ..graph.buckets import GraphBuckets, private_pool_bytes
 from ..graph.capture import capture_graph
 from ..isolation import IsolatedRunError, run_isolated
 from ..models import PackedLM
+from ..profiling.memory import allocation_sites, allocation_timeline, find_blocks, record_memory_history
 from .timing import cuda_event_us, host_call_us, median, wall_clock_us
 
 MIB = 2**20
@@ -253,6 +257,108 @@ def optimizer_boundary(token_capacity: int = 4096, dim: int = 1024, num_heads: i
                       **measure(small_dim, small_heads)}}
 
 
+BOUNDARY_MODES = ("copy into captured optimizer's gradients", "attach to eager Adam")
+
+
+def _tensor_bytes(tensors) -> int:
+    return sum(t.numel() * t.element_size() for t in tensors)
+
+
+def _boundary_memory(mode: str, static: dict, vocab_size: int, token_capacity: int, dim: int, num_heads: int,
+                     max_entries: int) -> dict:
+    """One mode of :func:`optimizer_boundary_memory`; everything it allocated is garbage on return."""
+    copy = mode == BOUNDARY_MODES[0]
+    torch.manual_seed(0)
+    model = PackedLM(vocab_size, dim, num_heads, device="cuda", dtype=torch.bfloat16)
+    params = tuple(model.parameters())
+    static_grads: list[torch.Tensor] = []
+    optimizer_graph = None
+    if copy:
+        # The addresses a captured optimizer reads: allocated once, before any step.
+        static_grads = [torch.zeros_like(p) for p in params]
+        for p, g in zip(params, static_grads):
+            p.grad = g
+        optimizer = torch.optim.Adam(params, lr=1e-4, fused=True, capturable=True)
+        optimizer_graph, _ = capture_graph(optimizer.step)
+    else:
+        optimizer = torch.optim.Adam(params, lr=1e-4, fused=True)
+
+    def step(history: record_memory_history | None = None) -> tuple[int | None, list[int], int]:
+        loss = model.loss(static["input_ids"], static["labels"], static["loss_mask"], static["cu_seqlens"],
+                          token_capacity)
+        grads = torch.autograd.grad(loss, params)  # fresh allocations, as in an eager backward
+        if copy:
+            torch._foreach_copy_(static_grads, grads)  # into the addresses the optimizer graph reads
+        moment = history.mark() if history is not None else None  # every gradient complete (and copied)
+        pointers, grad_bytes = [g.data_ptr() for g in grads], _tensor_bytes(grads)
+        if copy:
+            del grads
+            optimizer_graph.replay()
+        else:
+            for p, g in zip(params, grads):
+                p.grad = g
+            del grads
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+        del loss
+        return moment, pointers, grad_bytes
+
+    step()  # warm-up: Adam's state, library workspaces
+    torch.cuda.synchronize()
+    state = [t for s in optimizer.state.values() for t in s.values() if isinstance(t, torch.Tensor) and t.is_cuda]
+    before = {"allocated_bytes": torch.cuda.memory_allocated(), "parameter_bytes": _tensor_bytes(params),
+              "optimizer_state_bytes": _tensor_bytes(state), "captured_gradient_bytes": _tensor_bytes(static_grads)}
+    del state
+    with record_memory_history(max_entries) as history:
+        moment, pointers, grad_bytes = step(history)
+    blocks = find_blocks(history.entries, pointers, moment, strict=False)
+    # 600 points (the peak always among them) draw the step and keep the recording small.
+    timeline = allocation_timeline(history.entries, {"fresh gradients": blocks}, max_points=600)
+    return {
+        "before": before,
+        "gradient_bytes": grad_bytes,
+        "gradient_tensors": len(pointers),
+        "marked_entry": moment,
+        "entries": len(history.entries),
+        "timeline": timeline,
+        "sites": allocation_sites(history.entries),
+        "peak_allocated_bytes": before["allocated_bytes"] + max(0, timeline["peak"]["allocated_bytes"]),
+    }
+
+
+def optimizer_boundary_memory(token_capacity: int = 4096, dim: int = 1024, num_heads: int = 8,
+                              max_entries: int = 200_000) -> dict:
+    """The allocator's history over one training step at the optimizer boundary, per mode of
+    :data:`BOUNDARY_MODES`: forward + backward run eagerly (``torch.autograd.grad``, so the
+    gradients are fresh allocations), then
+
+    * copy: the gradients are copied into the fixed buffers that a captured Adam step
+      (``capturable=True``, a second graph) reads, and that graph replays: until the fresh
+      gradients are freed, every gradient exists twice;
+    * attach: the gradients are attached as ``.grad`` and an eager fused Adam steps on them.
+
+    Per mode: the bytes allocated before the step and what they hold (parameters, Adam state,
+    the captured optimizer's gradient buffers), the gradients' bytes, the entry index at which
+    every fresh gradient is complete (``marked_entry``; in copy mode after the copy), the
+    timeline of allocated bytes with the fresh gradients tagged (:func:`allocation_timeline`,
+    found by address with :func:`find_blocks`), the top allocation sites and the peak. Run it
+    in a fresh process (:func:`buckets_suite` does).
+    """
+    tokenizer = load_tokenizer()
+    batch = next(iter(PackedLoader(token_capacity, 32, tokenizer=tokenizer, policy=InOrder(), max_piece_tokens=1024)))
+    static = {k: getattr(batch, k).cuda() for k in ("input_ids", "labels", "loss_mask", "cu_seqlens")}
+    results = {}
+    for mode in BOUNDARY_MODES:
+        results[mode] = _boundary_memory(mode, static, tokenizer.vocab_size, token_capacity, dim, num_heads,
+                                         max_entries)
+        gc.collect()  # the previous mode's model and graph, before the next one's "before" is read
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()
+    return {"config": {"T": token_capacity, "dim": dim, "num_heads": num_heads, "max_entries": max_entries,
+                       "tokenizer": tokenizer.name},
+            **results}
+
+
 def memory_part() -> list[dict]:
     """The memory part: the seed's size (``T = 1024``) and a larger one, dim 4096."""
     return memory(1024, 4096) + memory(8192, 4096)
@@ -263,6 +369,7 @@ PARTS = {
     "compute": compute,
     "lifetime": lifetime,
     "optimizer_boundary": optimizer_boundary,
+    "optimizer_boundary_memory": optimizer_boundary_memory,
     "training": training,
 }
 

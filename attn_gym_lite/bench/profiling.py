@@ -9,7 +9,11 @@ replayed, and what labelling the replayed kernels costs.
   versus the same quantities on a wall clock with no profiler running, and a replay's GPU time
   in the trace versus CUDA events;
 * the cost of labels on this torch: how long a profiled capture takes versus a plain one, and
-  whether the replayed graph has any node the plain one does not (it should not).
+  whether the replayed graph has any node the plain one does not (it should not);
+* host phases: one step of the captured trainer written out phase by phase under
+  ``record_function`` labels (next batch, copy to static buffers, graph replay, optimizer step)
+  and profiled ``with_stack=True``: each phase's host and GPU span, and the Python frames of the
+  longest phase (:func:`~attn_gym_lite.profiling.compact.host_phases`).
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ from ..graph.training import FixedCapacityTrainer
 from ..isolation import run_isolated
 from ..models import PackedLM
 from ..profiling import annotate_trace, device_events, profile, record_annotations, save_trace, trace_summary
+from ..profiling.compact import compact_timeline, host_phases
 from ..regions import native_annotations_available
 from .timing import cuda_event_us, host_call_us, median
 
@@ -79,6 +84,45 @@ def _batches(token_capacity: int, sequence_capacity: int, steps: int):
     loader = PackedLoader(token_capacity, sequence_capacity, tokenizer=tokenizer, policy=InOrder(), max_piece_tokens=1024)
     batches = list(islice(loader, 4 + steps))
     return tokenizer, batches[:3], batches[3:]  # warm-up; profiled: 1 warm-up step for the profiler + steps
+
+
+PHASES = ("next batch", "copy to static buffers", "graph replay", "optimizer step")
+
+
+def _phased_step(trainer: FixedCapacityTrainer, batches) -> None:
+    """:meth:`FixedCapacityTrainer.step` for one graph, written out with one ``record_function``
+    range per phase, the next batch taken from the loader inside the step."""
+    with torch.profiler.record_function(PHASES[0]):
+        batch = next(batches)
+    with torch.profiler.record_function(PHASES[1]):
+        trainer.static.copy_(batch)
+    with torch.profiler.record_function(PHASES[2]):
+        trainer.graph.replay()
+    with torch.profiler.record_function(PHASES[3]):
+        # The graph's gradient outputs (fixed addresses), attached as trainer.step does.
+        for parameter, grad in zip(trainer.parameters, trainer._grads):
+            parameter.grad = grad
+        trainer.optimizer.step()
+        trainer.optimizer.zero_grad(set_to_none=True)
+
+
+def host_phase_trace(trainer: FixedCapacityTrainer, token_capacity: int, sequence_capacity: int) -> dict:
+    """One step of the captured ``trainer``, batch loading included, profiled with Python stacks:
+    per-phase spans and the longest phase's frames (:func:`host_phases`), and the step's
+    timeline (:func:`compact_timeline`, host ops one deep)."""
+    loader = PackedLoader(token_capacity, sequence_capacity, tokenizer=load_tokenizer(), policy=InOrder(),
+                          max_piece_tokens=1024)
+    batches = iter(loader)
+    for _ in range(2):  # the loader's first batch reads the corpus; the step's lazy state
+        _phased_step(trainer, batches)
+    torch.cuda.synchronize()
+    with profile(None, warmup=1, with_stack=True) as recording:
+        for _ in range(2):  # the warm-up step (discarded), then the recorded one
+            _phased_step(trainer, batches)
+            torch.cuda.synchronize()
+            recording.step()
+    timeline = compact_timeline(recording.trace, max_depth=1, max_events=1500, name_chars=60)
+    return {**host_phases(recording.trace, PHASES), "timeline": timeline}
 
 
 def wall_clocks(token_capacity: int, sequence_capacity: int, dim: int, num_heads: int, steps: int) -> dict:
@@ -174,4 +218,9 @@ def profiling_suite(out: Path | None = None, token_capacity: int = 4096, sequenc
         **walls,
         "wall_clocks": "measured in a fresh process before any profiler ran",
     }
+    # Last, as it adds Python stacks to this process's profiler: one step phase by phase.
+    try:
+        record["host_phases"] = host_phase_trace(graph_trainer, token_capacity, sequence_capacity)
+    except Exception as error:  # recorded in the JSON; the measurements above stand
+        record["host_phases_error"] = f"{type(error).__name__}: {error}"[-4000:]
     return record

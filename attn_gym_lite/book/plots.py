@@ -243,6 +243,174 @@ def _row_order(tid: Any) -> tuple:
     return (base - REGION_TRACK_OFFSET if is_regions else base, 0 if is_regions else 1, lane)
 
 
+# One colour per kind of row in the compact timelines, the same in every figure.
+_TIMELINE_COLOURS = {"host": "tab:blue", "launch": "tab:orange", "runtime": "0.6", "device": "tab:green"}
+MIB = 2**20
+
+
+def _timeline_colour(track: str, name: str) -> str:
+    if track.startswith("GPU"):
+        return _TIMELINE_COLOURS["device"]
+    if track.startswith("CUDA"):
+        return _TIMELINE_COLOURS["launch"] if "Launch" in name else _TIMELINE_COLOURS["runtime"]
+    return _TIMELINE_COLOURS["host"]
+
+
+def plot_compact_timeline(timeline: dict, ax=None, *, title: str | None = None, max_depth: int | None = None):
+    """Draw a :func:`~attn_gym_lite.profiling.compact.compact_timeline`: one row per track (host
+    threads on top, then runtime calls, then GPU streams), nested host slices as thinner bars
+    inside their row; host ops blue, launches orange, other runtime calls grey, device events green.
+
+    Args:
+        timeline: the compact timeline dict (``tracks``, ``events``).
+        ax: a matplotlib ``Axes``; default a new figure.
+        title: axes title.
+        max_depth: draw host slices at most this deep (default: all that were kept).
+
+    Returns: the matplotlib ``Axes``.
+
+    Raises:
+        ValueError: a timeline without events.
+    """
+    tracks, events = timeline["tracks"], timeline["events"]
+    if not events:
+        raise ValueError("plot_compact_timeline: the timeline has no events")
+    deepest = 1 + max(e[2] for e in events)
+    if ax is None:
+        _, ax = plt.subplots(figsize=(11, 0.6 + 0.5 * len(tracks)))
+    for name, track, depth, start, duration in events:
+        if max_depth is not None and depth > max_depth:
+            continue
+        row = len(tracks) - 1 - track  # the first track on top
+        height = 0.8 * (1 - depth / (deepest + 1))
+        ax.broken_barh([(start, max(duration, 1e-3))], (row - height / 2, height),
+                       facecolors=_timeline_colour(tracks[track], name), edgecolors="white", linewidth=0.2)
+    ax.set_yticks(range(len(tracks)), tracks[::-1])
+    ax.set_xlabel("µs from the first event")
+    if title:
+        ax.set_title(title)
+    return ax
+
+
+def plot_hello_world_timelines(recorded: dict):
+    """The seed's first two pictures: one eager forward + backward above, one graph replay of the
+    same step below, on one time axis (``recorded["timelines"]`` of the ``hello-world`` suite).
+    Each title gives the launches, device events and how busy the GPU was over the step.
+
+    Returns: the matplotlib ``Figure``.
+
+    Raises:
+        KeyError: the record has no ``"timelines"`` (the suite recorded ``"timelines_error"``).
+    """
+    timelines = recorded["timelines"]
+    modes = [m for m in ("eager", "replay") if m in timelines]
+    heights = [len(timelines[m]["tracks"]) + 1 for m in modes]
+    fig, axes = plt.subplots(len(modes), 1, figsize=(11, 0.5 * sum(heights) + 1.2), sharex=True,
+                             gridspec_kw={"height_ratios": heights}, squeeze=False)
+    for ax, mode in zip(axes[:, 0], modes):
+        timeline = timelines[mode]
+        counts = timeline["counts"]
+        busy = counts["device_busy_us"] / timeline["span_us"] if timeline["span_us"] else 0.0
+        plot_compact_timeline(timeline, ax, title=(
+            f"{mode}: {counts['launches']} launches, {counts['device_events']} GPU events, "
+            f"GPU busy {busy:.0%} of {timeline['span_us']:.0f} µs"))
+    axes[0, 0].legend(handles=[Patch(color=c, label=k) for k, c in _TIMELINE_COLOURS.items()],
+                      loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize="small", frameon=False)
+    for ax in axes[:-1, 0]:
+        ax.set_xlabel("")
+    fig.tight_layout()
+    return fig
+
+
+def plot_host_phases(phases: dict):
+    """One training step phase by phase (:func:`~attn_gym_lite.profiling.compact.host_phases`).
+
+    Top: each phase's host span (solid) and the GPU span of the work it launched (hatched, on the
+    same row). Bottom: a flame chart of the longest phase, Python frames and ops by depth, named
+    where the box is wide enough.
+
+    Returns: the matplotlib ``Figure``.
+    """
+    order = phases["order"]
+    fig, (phase_ax, flame_ax) = plt.subplots(2, 1, figsize=(11, 2 + 0.4 * len(order) + 3),
+                                             gridspec_kw={"height_ratios": [len(order) + 1, 6]})
+    colours = plt.get_cmap("tab10")
+    for row, name in enumerate(order):
+        span = phases["phases"][name]
+        y = len(order) - 1 - row
+        phase_ax.broken_barh([(span["start_us"], max(span["dur_us"], 1e-3))], (y - 0.35, 0.35),
+                             facecolors=colours(row), label="host" if row == 0 else None)
+        if span["gpu_start_us"] is not None:
+            phase_ax.broken_barh([(span["gpu_start_us"], max(span["gpu_end_us"] - span["gpu_start_us"], 1e-3))],
+                                 (y, 0.35), facecolors="none", edgecolors=colours(row), hatch="///",
+                                 label="GPU" if row == 0 else None)
+    phase_ax.set_yticks(range(len(order)), order[::-1])
+    phase_ax.set(xlabel="µs from the step's start", title="host span (solid) and GPU span (hatched) per phase")
+    longest = phases["longest"]
+    flame = phases["flame"]
+    duration = phases["phases"][longest]["dur_us"]
+    for name, depth, start, length in flame:
+        flame_ax.broken_barh([(start, length)], (-depth - 0.9, 0.9), facecolors=colours(order.index(longest)),
+                             edgecolors="white", linewidth=0.3, alpha=0.55)
+        if length > 0.12 * duration:  # only where the name has room
+            flame_ax.text(start + length / 2, -depth - 0.45, name.rsplit("/", 1)[-1][:40], ha="center",
+                          va="center", fontsize=6, clip_on=True)
+    flame_ax.set_xlim(0, duration)
+    flame_ax.set_ylim(-(1 + max((f[1] for f in flame), default=0)) - 0.2, 0.2)
+    flame_ax.set_yticks([])
+    stacks = "Python frames and ops" if phases["stacks"] else "ops (no Python stacks recorded)"
+    flame_ax.set(xlabel=f"µs from the start of {longest!r}", title=f"longest phase, {longest!r}: {stacks}")
+    fig.tight_layout()
+    return fig
+
+
+# Bands of the optimizer-boundary memory figure, bottom to top.
+_MEMORY_BANDS = {"parameters": "tab:blue", "Adam state": "tab:purple",
+                 "captured gradient buffers": "tab:orange", "fresh gradients": "tab:red",
+                 "activations and other": "0.75"}
+
+
+def boundary_memory_bands(mode_record: dict) -> dict[str, np.ndarray]:
+    """The bands of :func:`plot_boundary_memory` for one mode, in bytes per timeline point:
+    what was allocated before the step (parameters, Adam state, the captured optimizer's gradient
+    buffers) stays flat; the fresh gradients are the tagged allocations; everything else allocated
+    (before the step or during it: activations, workspaces, the inputs) is the rest of the total."""
+    before, timeline = mode_record["before"], mode_record["timeline"]
+    total = before["allocated_bytes"] + np.asarray(timeline["allocated_bytes"], dtype=np.float64)
+    flat = {"parameters": before["parameter_bytes"], "Adam state": before["optimizer_state_bytes"],
+            "captured gradient buffers": before["captured_gradient_bytes"]}
+    bands = {name: np.full_like(total, value) for name, value in flat.items()}
+    bands["fresh gradients"] = np.asarray(timeline["tags"]["fresh gradients"], dtype=np.float64)
+    bands["activations and other"] = np.clip(total - sum(bands.values()), 0, None)
+    return bands
+
+
+def plot_boundary_memory(recorded: dict):
+    """Allocated memory over one training step at the optimizer boundary, one panel per mode
+    (``recorded["optimizer_boundary_memory"]`` of the ``buckets`` suite, or that dict itself):
+    stacked bands (:func:`boundary_memory_bands`) in MiB against the allocator's events, a line
+    where every fresh gradient is complete. Where gradients are copied into a captured optimizer's
+    buffers, the red and orange bands stand together: the gradients exist twice.
+
+    Returns: the matplotlib ``Figure``.
+    """
+    record = recorded.get("optimizer_boundary_memory", recorded)
+    modes = [m for m in record if isinstance(record[m], dict) and "timeline" in record[m]]
+    fig, axes = plt.subplots(1, len(modes), figsize=(6 * len(modes), 3.8), sharey=True, squeeze=False)
+    for ax, mode in zip(axes[0], modes):
+        mode_record = record[mode]
+        bands = boundary_memory_bands(mode_record)
+        x = np.asarray(mode_record["timeline"]["entry"])
+        ax.stackplot(x, *[bands[name] / MIB for name in _MEMORY_BANDS], labels=list(_MEMORY_BANDS),
+                     colors=list(_MEMORY_BANDS.values()), step="post")
+        ax.axvline(mode_record["marked_entry"], color="black", linestyle=":", linewidth=1)
+        ax.set(xlabel="allocator event", title=f"{mode}\npeak {mode_record['peak_allocated_bytes'] / MIB:,.0f} MiB")
+    axes[0, 0].set_ylabel("allocated MiB")
+    axes[0, -1].legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize="small", frameon=False)
+    fig.tight_layout()
+    return fig
+
+
 # ---------------------------------------------------------------------------------------------
 # Schedulers
 # ---------------------------------------------------------------------------------------------

@@ -1,0 +1,280 @@
+"""What the caching allocator did during a step, small enough to store in a recording.
+
+:class:`record_memory_history` wraps ``torch.cuda.memory._record_memory_history`` /
+``torch.cuda.memory._snapshot``: it records every allocation and free of the block (with the
+Python stack of each allocation), can mark a moment inside it (:meth:`~record_memory_history.mark`),
+and on exit stops recording and keeps this block's entries of the allocator's trace.
+
+The reductions read those entries (dicts with ``action``, ``addr``, ``size``, optionally
+``time_us`` and ``frames``, as ``torch.cuda.memory._snapshot()["device_traces"][device]`` holds
+them) and work on any list in that form, from a GPU or not:
+
+* :func:`find_blocks` picks out the allocations that hold given tensors at a marked moment (the
+  gradients of a step, say), by address;
+* :func:`allocation_timeline` turns the entries into allocated bytes over time, with the bytes
+  of those tagged allocations alongside: a picture of memory over a step;
+* :func:`allocation_sites` sums the allocated bytes per line of the package that asked for them.
+
+An allocation counts from its ``alloc`` entry to its ``free_completed`` entry (the allocator's
+own accounting: a block freed on a stream is not reusable until the stream's work is done).
+
+Source: PyTorch, "Understanding CUDA Memory Usage" (``torch.cuda.memory._record_memory_history``,
+``_snapshot``, ``torch/cuda/_memory_viz.py``); the seed article, "Crossing graph boundaries"
+(gradients that exist twice at the optimizer boundary).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import torch
+
+from ..checks import check_bool, check_choice, check_int
+
+SIZE_ACTIONS = {"alloc": 1, "free_completed": -1}
+SEGMENT_ACTIONS = {"segment_alloc": 1, "segment_map": 1, "segment_free": -1, "segment_unmap": -1}
+ALLOCATION_SITE_PACKAGE = "attn_gym_lite"
+
+
+class record_memory_history:  # noqa: N801 -- a context manager, named like the torch call it wraps
+    """Record the CUDA caching allocator's history for the block (CUDA only).
+
+    Usage::
+
+        with record_memory_history(max_entries=100_000) as history:
+            grads = forward_backward()
+            moment = history.mark()          # an index into history.entries
+            ...
+        history.entries                      # this block's trace entries, oldest first
+
+    Args:
+        max_entries: the allocator keeps at most this many entries (a ring buffer): a block that
+            makes more raises on exit instead of returning a trace whose start was overwritten.
+        stacks: ``"python"`` (Python frames only, cheap) or ``"all"`` (C++ frames too, slow to
+            symbolize).
+        device: CUDA device index (default: the current device).
+
+    Attributes:
+        entries: after exit, the entries recorded inside the block (``list[dict]``).
+        marks: the indices :meth:`mark` returned.
+
+    Raises:
+        RuntimeError: no CUDA device (at entry); the block overflowed ``max_entries`` (at exit).
+        ValueError: ``max_entries`` < 1 or an unknown ``stacks``.
+    """
+
+    def __init__(self, max_entries: int = 100_000, *, stacks: str = "python", device: int | None = None) -> None:
+        self.max_entries = check_int("max_entries", max_entries, minimum=1)
+        self.stacks = check_choice("stacks", stacks, ("python", "all"))
+        self.device = device
+        self.entries: list[dict] = []
+        self.marks: list[int] = []
+        self._start = 0
+
+    def _trace(self) -> list[dict]:
+        return torch.cuda.memory._snapshot()["device_traces"][self.device]
+
+    def __enter__(self) -> record_memory_history:
+        if not torch.cuda.is_available():
+            raise RuntimeError("record_memory_history: the allocator history needs a CUDA device")
+        if self.device is None:
+            self.device = torch.cuda.current_device()
+        torch.cuda.synchronize()
+        torch.cuda.memory._record_memory_history(
+            "all", context="all", stacks=self.stacks, max_entries=self.max_entries)
+        # An earlier recording in this process may have left entries: start after them.
+        self._start = len(self._trace())
+        return self
+
+    def mark(self) -> int:
+        """Index (into :attr:`entries`) of the next entry: everything before it happened before now."""
+        index = len(self._trace()) - self._start
+        self.marks.append(index)
+        return index
+
+    def __exit__(self, *exc: object) -> None:
+        try:
+            if exc[0] is None:
+                torch.cuda.synchronize()  # frees queued on the stream complete before the snapshot
+                trace = self._trace()
+                if len(trace) >= self.max_entries:
+                    raise RuntimeError(
+                        f"record_memory_history: the block made {len(trace)} or more allocator entries, "
+                        f"max_entries = {self.max_entries}; the oldest were overwritten: raise max_entries")
+                self.entries = trace[self._start:]
+        finally:
+            torch.cuda.memory._record_memory_history(None)
+
+
+def _check_entries(entries: object, where: str) -> list[dict]:
+    if not isinstance(entries, Sequence) or not all(isinstance(e, dict) and "action" in e for e in entries):
+        raise TypeError(f"{where}: entries must be a list of allocator trace entries (dicts with an 'action'), "
+                        f"got {type(entries).__name__}")
+    return list(entries)
+
+
+def find_blocks(entries: Sequence[dict], pointers: Iterable[int], alive_at: int, *, strict: bool = True) -> set[int]:
+    """Indices of the ``alloc`` entries whose blocks hold ``pointers`` at moment ``alive_at``.
+
+    For each pointer, the latest ``alloc`` before index ``alive_at`` whose ``[addr, addr + size)``
+    holds it and that was not freed (``free_requested`` or ``free_completed``) before
+    ``alive_at``. A tensor's ``data_ptr()`` may lie inside a block (a view), not only at its start.
+
+    Args:
+        entries: allocator trace entries, oldest first.
+        pointers: device addresses (``tensor.data_ptr()``) of tensors alive at ``alive_at``.
+        alive_at: an index into ``entries`` (:meth:`record_memory_history.mark`).
+        strict: raise for a pointer in no such block; with ``False`` it is skipped.
+
+    Returns: the set of entry indices (one per distinct block).
+
+    Raises:
+        TypeError: ``entries`` is not a list of trace entries.
+        ValueError: ``alive_at`` outside ``[0, len(entries)]``; a pointer lies in no block alive at
+            ``alive_at`` (its tensor was allocated before the recording started).
+    """
+    entries = _check_entries(entries, "find_blocks")
+    check_int("alive_at", alive_at, minimum=0, maximum=len(entries))
+    check_bool("strict", strict)
+    live: dict[int, int] = {}  # addr -> index of its alloc entry
+    for index, entry in enumerate(entries[:alive_at]):
+        if entry["action"] == "alloc":
+            live[entry["addr"]] = index
+        elif entry["action"] in ("free_requested", "free_completed"):
+            live.pop(entry.get("addr"), None)
+    found = set()
+    for pointer in pointers:
+        holders = [i for addr, i in live.items() if addr <= pointer < addr + entries[i]["size"]]
+        if not holders and not strict:
+            continue
+        if not holders:
+            raise ValueError(f"find_blocks: pointer {pointer:#x} lies in no block allocated in the recording and "
+                             f"alive at entry {alive_at}; was its tensor allocated before the recording started?")
+        found.add(max(holders))
+    return found
+
+
+def allocation_timeline(entries: Sequence[dict], tags: dict[str, Iterable[int]] | None = None, *,
+                        max_points: int = 4000) -> dict[str, Any]:
+    """Allocated (and reserved) bytes after each allocation and free, relative to the start.
+
+    Args:
+        entries: allocator trace entries, oldest first (``alloc`` / ``free_completed`` change the
+            allocated bytes, ``segment_*`` the reserved bytes; other actions are ignored).
+        tags: name -> indices of ``alloc`` entries (:func:`find_blocks`); each tag gets the bytes
+            of its allocations alive at each point.
+        max_points: longer timelines are thinned to about this many points, always keeping the
+            first, the last and the peak.
+
+    Returns:
+        ``{"time": "µs" or "entry", "t": [...], "entry": [...], "allocated_bytes": [...],
+        "reserved_bytes": [...], "tags": {name: [...]}, "peak": {"t", "entry", "allocated_bytes",
+        "tags": {name: bytes}},
+        "tag_bytes": {name: total size of its allocations}, "allocs": int, "frees": int}``.
+        ``t`` is the entries' ``time_us`` minus the first one's where every entry has one,
+        else the entry index; ``entry`` is always the index of the entry after which the point
+        was taken (compare it with :meth:`record_memory_history.mark`). Bytes are relative to the start of ``entries`` (memory allocated
+        before it is not in them) and can go negative where a block allocated before is freed.
+
+    Raises:
+        TypeError: ``entries`` is not a list of trace entries.
+        ValueError: no ``alloc`` or ``free_completed`` entry; a tag index that is not an ``alloc``
+            entry; ``max_points`` < 3.
+    """
+    entries = _check_entries(entries, "allocation_timeline")
+    check_int("max_points", max_points, minimum=3)
+    tags = {name: set(indices) for name, indices in (tags or {}).items()}
+    for name, indices in tags.items():
+        bad = [i for i in indices if not (0 <= i < len(entries) and entries[i]["action"] == "alloc")]
+        if bad:
+            raise ValueError(f"allocation_timeline: tag {name!r} must list indices of alloc entries, got {sorted(bad)}")
+    timed = all(isinstance(e.get("time_us"), (int, float)) for e in entries)
+    origin = entries[0].get("time_us", 0) if timed and entries else 0
+    allocated = reserved = 0
+    owner: dict[int, str] = {}  # addr of a live tagged block -> its tag
+    tagged = dict.fromkeys(tags, 0)
+    points = []
+    allocs = frees = 0
+    for index, entry in enumerate(entries):
+        action = entry["action"]
+        if action in SEGMENT_ACTIONS:
+            reserved += SEGMENT_ACTIONS[action] * entry["size"]
+            continue
+        if action not in SIZE_ACTIONS:
+            continue
+        allocated += SIZE_ACTIONS[action] * entry["size"]
+        if action == "alloc":
+            allocs += 1
+            for name, indices in tags.items():
+                if index in indices:
+                    owner[entry["addr"]] = name
+                    tagged[name] += entry["size"]
+        else:
+            frees += 1
+            name = owner.pop(entry["addr"], None)
+            if name is not None:
+                tagged[name] -= entry["size"]
+        t = entry["time_us"] - origin if timed else index
+        points.append((t, allocated, reserved, tuple(tagged[name] for name in tags), index))
+    if not points:
+        raise ValueError("allocation_timeline: the entries have no alloc or free_completed entry")
+    peak = max(range(len(points)), key=lambda i: points[i][1])
+    if len(points) > max_points:
+        stride = -(-len(points) // (max_points - 2))
+        keep = sorted({0, len(points) - 1, peak, *range(0, len(points), stride)})
+        peak_point = points[peak]
+        points = [points[i] for i in keep]
+    else:
+        peak_point = points[peak]
+    names = list(tags)
+    return {
+        "time": "µs" if timed else "entry",
+        "t": [round(p[0], 3) for p in points],
+        "entry": [p[4] for p in points],
+        "allocated_bytes": [p[1] for p in points],
+        "reserved_bytes": [p[2] for p in points],
+        "tags": {name: [p[3][k] for p in points] for k, name in enumerate(names)},
+        "peak": {"t": round(peak_point[0], 3), "entry": peak_point[4], "allocated_bytes": peak_point[1],
+                 "tags": {name: peak_point[3][k] for k, name in enumerate(names)}},
+        "tag_bytes": {name: sum(entries[i]["size"] for i in indices) for name, indices in tags.items()},
+        "allocs": allocs,
+        "frees": frees,
+    }
+
+
+def _site(entry: dict, package: str) -> str:
+    frames = entry.get("frames") or []
+    for frame in frames:  # innermost first
+        filename = str(frame.get("filename", ""))
+        if package in filename:
+            path = filename[filename.rindex(package):]
+            return f"{path}:{frame.get('line')} {frame.get('name')}"
+    if frames:
+        frame = frames[0]
+        return f"{frame.get('filename')}:{frame.get('line')} {frame.get('name')}"
+    return "(no Python frame)"
+
+
+def allocation_sites(entries: Sequence[dict], *, top: int = 10, package: str = ALLOCATION_SITE_PACKAGE) -> list[list]:
+    """Bytes allocated per source line, most first: ``[[site, bytes, allocations], ...]``.
+
+    The site of an allocation is the innermost frame of its stack in ``package``
+    (``"attn_gym_lite/models/lm.py:88 loss"``), else its innermost frame, else
+    ``"(no Python frame)"`` (history recorded without stacks, or a free-standing C++ thread such
+    as autograd's backward worker, whose allocations may carry no Python frame).
+
+    Raises:
+        TypeError: ``entries`` is not a list of trace entries.
+        ValueError: ``top`` < 1.
+    """
+    entries = _check_entries(entries, "allocation_sites")
+    check_int("top", top, minimum=1)
+    totals: dict[str, list[int]] = {}
+    for entry in entries:
+        if entry["action"] == "alloc":
+            total = totals.setdefault(_site(entry, package), [0, 0])
+            total[0] += entry["size"]
+            total[1] += 1
+    ranked = sorted(totals.items(), key=lambda item: -item[1][0])[:top]
+    return [[site, size, count] for site, (size, count) in ranked]
