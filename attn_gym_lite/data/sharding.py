@@ -2,8 +2,10 @@
 
 A data layer piece (no torch.distributed here): :func:`shard_corpus` gives rank ``r`` of ``W`` the
 documents ``r, r + W, ...`` as a re-readable corpus, and :class:`ShardedPackedLoader` is a
-:class:`~attn_gym_lite.data.PackedLoader` over that shard whose saved state names its shard. The
-distributed training step that uses them is :mod:`attn_gym_lite.graph.distributed`.
+:class:`~attn_gym_lite.data.PackedLoader` over that shard whose saved state names its shard;
+:func:`global_batch` packs the ranks' batches of one step into the single batch one process would
+train on instead (the reference a data-parallel step must reproduce). The distributed training
+step that uses them is :mod:`attn_gym_lite.graph.distributed`.
 """
 
 from __future__ import annotations
@@ -11,11 +13,14 @@ from __future__ import annotations
 import itertools
 from collections.abc import Callable, Iterable, Sequence
 
+import torch
+
 from ..checks import check_int
+from .batch import PackedBatch
 from .corpora import python_stdlib_corpus
 from .loader import PackedLoader
 
-__all__ = ["ShardedPackedLoader", "shard_corpus"]
+__all__ = ["ShardedPackedLoader", "global_batch", "shard_corpus"]
 
 
 def shard_corpus(corpus: Callable[[], Iterable[object]] | Sequence[object], rank: int,
@@ -104,3 +109,50 @@ class ShardedPackedLoader(PackedLoader):
         if state.get("shard") != expected:
             raise ValueError(f"state must be saved by the shard {expected}, got shard {state.get('shard')!r}")
         super().load_state_dict({key: value for key, value in state.items() if key != "shard"})
+
+
+def global_batch(batches: Sequence[PackedBatch]) -> PackedBatch:
+    """The ranks' batches of one step as one packed batch: what a single process would train on.
+
+    The active rows of ``batches[0]``, then those of ``batches[1]``, ... back to back (each rank's
+    padding rows dropped), padded to the sum of their capacities. Sequences, labels and loss masks
+    are kept as they were, so for a model whose rows interact only within a sequence (packed
+    attention, positions restarting at every document) the logits of every active row are those
+    the rank computed, and the mean loss over the global batch's loss-masked rows is the global
+    token mean a data-parallel step must reproduce.
+
+    Args:
+        batches: one :class:`~attn_gym_lite.data.PackedBatch` per rank (at least one), on the CPU.
+
+    Returns:
+        A ``PackedBatch`` with ``T = sum T_r``, ``N = sum N_r``, ``L = sum L_r``,
+        ``M = sum M_r`` and ``S_max = max S_max_r``.
+
+    Raises:
+        TypeError: ``batches`` is not a non-string sequence of ``PackedBatch`` es.
+        ValueError: ``batches`` is empty.
+    """
+    if isinstance(batches, (str, bytes)) or not isinstance(batches, Sequence):
+        raise TypeError(f"batches must be a sequence of PackedBatch, got {type(batches).__name__}")
+    if not batches:
+        raise ValueError("batches must hold at least one PackedBatch, got an empty sequence")
+    for index, batch in enumerate(batches):
+        if not isinstance(batch, PackedBatch):
+            raise TypeError(f"batches[{index}] must be a PackedBatch, got {type(batch).__name__}")
+    capacity = sum(b.token_capacity for b in batches)
+    slots = sum(b.sequence_capacity for b in batches)
+    fields = {name: torch.cat([getattr(b, name)[: b.active_tokens] for b in batches])
+              for name in ("input_ids", "labels", "loss_mask")}
+    active = fields["input_ids"].shape[0]
+    padding = capacity - active
+    fields = {name: torch.cat([value, value.new_zeros(padding)]) for name, value in fields.items()}
+    # Each rank's first M_r + 1 boundaries (the active sequences), shifted by the rows before it.
+    bounds, offset = [torch.zeros(1, dtype=torch.int32)], 0
+    for b in batches:
+        bounds.append(b.cu_seqlens[1 : b.active_sequences + 1] + offset)
+        offset += b.active_tokens
+    cu_seqlens = torch.cat(bounds)
+    cu_seqlens = torch.cat([cu_seqlens, cu_seqlens.new_full((slots + 1 - cu_seqlens.shape[0],), active)])
+    return PackedBatch(**fields, cu_seqlens=cu_seqlens, active_tokens=active,
+                       active_sequences=sum(b.active_sequences for b in batches),
+                       max_seqlen=max(b.max_seqlen for b in batches))

@@ -27,25 +27,29 @@ Also here:
 
 * each rank reads its own shard of the corpus through :mod:`attn_gym_lite.data.sharding`
   (:class:`~attn_gym_lite.data.sharding.ShardedPackedLoader`, resumable per rank);
-* :class:`DataParallelTrainer`: forward, backward with DDP's all-reduce, eager fused Adam, run
-  eagerly (tested on CPU with ``gloo``) or captured as one CUDA graph per rank following PyTorch's
-  recipe for DDP under whole-network capture. **The captured path has not been run yet**: it is
-  written for the project's 2-GPU host, where it still has to be tested and measured.
+* :class:`DataParallelTrainer`: forward, backward with DDP's all-reduce and a fused Adam step, run
+  eagerly (tested on CPU with ``gloo``) or captured, optimizer step included, as one CUDA graph
+  per rank following PyTorch's recipe for DDP under whole-network capture (tested by the
+  ``gpu``-marked tests and measured by the ``scale-out`` suite on a host with two GPUs).
 
 The package's :class:`~attn_gym_lite.graph.FixedCapacityTrainer` cannot simply be wrapped in DDP:
 it takes gradients with ``torch.autograd.grad``, and DDP all-reduces only gradients accumulated into
 ``.grad`` by ``backward()`` (the DDP API notes say it does not work with ``torch.autograd.grad``).
 
 On the GPU host, start every process with ``NCCL_NVLS_ENABLE=0``, ``TORCH_SYMM_MEM_DISABLE_MULTICAST=1``
-and ``NVSHMEM_DISABLE_NVLS=1`` in its environment (NVLink multicast stays off there).
+and ``NVSHMEM_DISABLE_NVLS=1`` in its environment (NVLink multicast stays off there), and, for the
+captured step, ``TORCH_NCCL_ASYNC_ERROR_HANDLING=0`` (:data:`CAPTURE_ENVIRONMENT`).
 
 Sources: PyTorch's DDP notes and ``DistributedDataParallel`` API reference (gradient averaging,
 ``gradient_as_bucket_view``, ``static_graph``); PyTorch's CUDA semantics notes, "CUDA Graphs" →
 "Usage with DistributedDataParallel" → "NCCL >= 2.9.6" (the three setup steps for whole-network
-capture); NCCL's user guide, "Using NCCL with CUDA Graphs".
+capture); NCCL's user guide, "Using NCCL with CUDA Graphs"; Megatron-LM pull request 6021 (DDP's
+gradient accumulators must be created on the stream that captures, or full-iteration capture fails).
 """
 
 from __future__ import annotations
+
+import os
 
 import torch
 import torch.distributed as dist
@@ -60,6 +64,7 @@ from .capture import StaticInputs, capture_graph
 Tensor = torch.Tensor
 
 __all__ = [
+    "CAPTURE_ENVIRONMENT",
     "DDP_CAPTURE_WARMUP",
     "DataParallelTrainer",
     "global_token_mean_loss",
@@ -69,6 +74,21 @@ __all__ = [
 #: Eager DDP iterations PyTorch's CUDA-graph notes require before capturing a DDP backward
 #: ("Your warmup must run at least 11 DDP-enabled eager iterations before capture").
 DDP_CAPTURE_WARMUP = 11
+
+# DDP's reducer records timing events in iterations 1-10 and every this many (its default
+# runtime-logging sample rate, Reducer::should_collect_runtime_stats).
+_DDP_STATS_SAMPLE_RATE = 100
+
+#: The environment every process of a captured data-parallel run starts with. The first is step 1
+#: of PyTorch's recipe (DDP's asynchronous NCCL error handling off; older torch read it as
+#: ``NCCL_ASYNC_ERROR_HANDLING``); the other three keep NVLink multicast (NVLS) off, as the
+#: project's GPU host requires. It must be in the environment before ``init_process_group``.
+CAPTURE_ENVIRONMENT = {
+    "TORCH_NCCL_ASYNC_ERROR_HANDLING": "0",
+    "NCCL_NVLS_ENABLE": "0",
+    "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
+    "NVSHMEM_DISABLE_NVLS": "1",
+}
 
 _TOKEN_FIELDS = ("input_ids", "labels", "loss_mask")
 _INTEGER_DTYPES = (torch.int32, torch.int64)
@@ -187,24 +207,34 @@ class DataParallelTrainer:
     One process per device. Each step: this rank's batch -> forward -> :func:`token_loss_sum` ->
     :func:`global_token_mean_loss` (all-reduce of the token count) -> ``backward()``, during which
     :class:`~torch.nn.parallel.DistributedDataParallel` all-reduces and averages the gradients in
-    buckets -> eager fused Adam. Every rank ends the step with the gradient of the mean loss over
-    all ranks' tokens, and identical parameters.
+    buckets -> fused Adam. Every rank ends the step with the gradient of the mean loss over all
+    ranks' tokens in ``.grad``, and identical parameters.
 
     * ``use_graph=False``: eager, on all ``T`` rows (CPU with ``gloo``, or CUDA with ``nccl``).
-    * ``use_graph=True`` (CUDA, NCCL >= 2.9.6): forward, backward and the all-reduces captured in
-      one CUDA graph per rank; only the copy into the static buffers, the replay and Adam run each
-      step. Written after PyTorch's CUDA-graph notes, "Usage with DistributedDataParallel" ->
-      "NCCL >= 2.9.6": (1) disable DDP's async error handling before ``init_process_group`` (the
-      notes set ``NCCL_ASYNC_ERROR_HANDLING=0``; newer torch reads
-      ``TORCH_NCCL_ASYNC_ERROR_HANDLING``): the caller's job, since the group exists before this
-      class; (2) DDP is constructed on a side stream, the stream the warm-up and the capture run
-      on; (3) at least :data:`DDP_CAPTURE_WARMUP` = 11 eager DDP iterations before capture
-      (``warmup``; they run forward and backward on ``first_batch`` without an optimizer step, so
-      the parameters do not move). ``gradient_as_bucket_view=True`` makes every ``.grad`` a view
-      into DDP's bucket, at an address fixed once DDP has rebuilt its buckets (after the first
-      iteration, inside the warm-up); the graph zeroes those gradients in place at the start of
-      each replay. **Untested so far**: it needs the 2-GPU host; keep the eager path as the
-      reference to compare against there.
+    * ``use_graph=True`` (CUDA, ``nccl``, NCCL >= 2.9.6): the whole step, forward, backward, the
+      all-reduces and the Adam step, captured as one CUDA graph per rank; each step only copies the
+      batch into the static buffers and replays. PyTorch's CUDA-graph notes, "Usage with
+      DistributedDataParallel" -> "NCCL >= 2.9.6", in three steps:
+
+      1. DDP's asynchronous error handling is off before ``init_process_group``
+         (``TORCH_NCCL_ASYNC_ERROR_HANDLING=0``, in :data:`CAPTURE_ENVIRONMENT`): the caller's job,
+         since the process group exists before this class; the constructor refuses to capture
+         without it.
+      2. DDP is constructed on the side stream that then warms up and captures. DDP keeps the
+         parameters' gradient accumulators from construction on, and autograd runs them on the
+         stream they were made on: made on another stream, the capture would depend on it.
+      3. At least :data:`DDP_CAPTURE_WARMUP` (11) eager DDP iterations before capture (``warmup``).
+         DDP does one-time work in its first iterations that a capture must not contain: it
+         rebuilds its gradient buckets in the second (new gradient addresses) and records timing
+         events for its runtime statistics in iterations 1-10 and every 100th (so the capture,
+         iteration ``warmup + 1``, must not be a multiple of 100).
+
+      ``gradient_as_bucket_view=True`` makes every ``.grad`` a view into DDP's bucket, at an address
+      fixed once the buckets are rebuilt: the graph zeroes those gradients in place at the start of
+      each replay and Adam reads them where the all-reduce left them. Adam is ``capturable`` (its
+      step count lives on the device). The warm-up iterations run on ``first_batch`` and move the
+      parameters; afterwards the parameters and Adam's state are put back to what they were, so
+      the first :meth:`step` starts from the model as it was passed in, as the eager path does.
 
     Every rank must construct the trainer and call :meth:`step` the same number of times (both
     run collectives); the batches may have different ``L`` and numbers of loss-masked tokens, and
@@ -213,19 +243,19 @@ class DataParallelTrainer:
     Args:
         model: a packed language model (``forward(input_ids, cu_seqlens, max_seqlen) -> logits
             [T, V]``, e.g. :class:`~attn_gym_lite.models.PackedTransformer`), with its parameters
-            on this rank's device (CPU for ``gloo``; ``cuda:<local rank>`` for ``nccl``). DDP
-            broadcasts rank 0's parameters and buffers to the other ranks at construction.
+            on this rank's device (CPU for ``gloo``; ``cuda:<local rank>``, the current device, for
+            ``nccl``). DDP broadcasts rank 0's parameters and buffers to the other ranks at
+            construction.
         first_batch: a batch at the capacity every later batch of this rank will have; the graph
             is warmed up and captured on it.
-        use_graph: capture the step (CUDA only).
+        use_graph: capture the step (CUDA and ``nccl`` only).
         lr: Adam learning rate.
         process_group: the group to train over; ``None`` for the default group.
         bucket_cap_mb: DDP's gradient bucket size (MiB); ``None`` for DDP's default (25 MiB).
-            Fewer, larger buckets mean fewer all-reduce launches in the graph; smaller ones let
-            communication overlap more of the backward. To be measured on the GPU host.
+            Fewer, larger buckets mean fewer all-reduce launches; smaller ones let communication
+            start earlier in the backward and overlap more of it.
         static_graph: passed to DDP. The step trains the same parameters every iteration, so it is
-            valid; the CUDA-graph notes do not require it. Which capture works best is to be
-            measured on the GPU host.
+            valid; the CUDA-graph notes do not require it.
         max_seqlen: as for :class:`~attn_gym_lite.graph.FixedCapacityTrainer`: the bound baked into
             the graph where the model's attention needs one; default ``T``.
         warmup: eager iterations before capture (>= 11), only with ``use_graph``.
@@ -233,15 +263,18 @@ class DataParallelTrainer:
     Attributes:
         ddp: the ``DistributedDataParallel`` module; ``ddp(input_ids, labels, loss_mask, cu_seqlens,
             max_seqlen)`` returns this rank's ``(total, count)`` (:func:`token_loss_sum`).
-        optimizer: the fused Adam over ``model``'s parameters.
+        optimizer: the fused Adam over ``model``'s parameters (``capturable`` with a graph).
         graph: the captured step, or ``None`` (eager).
+        world_size: ``W``, the size of the process group.
 
     Raises:
         TypeError: ``model`` is not an ``nn.Module``; ``first_batch`` not a ``PackedBatch``; a
             flag not a bool; ``process_group`` not a ``ProcessGroup``.
-        ValueError: ``use_graph`` on a non-CUDA device; ``warmup < 11`` with ``use_graph``;
-            ``max_seqlen`` outside ``[1, T]``; ``lr`` or ``bucket_cap_mb`` negative.
-        RuntimeError: ``torch.distributed`` is not initialized.
+        ValueError: ``use_graph`` on a non-CUDA device or with another backend than ``nccl``;
+            ``warmup < 11`` (or ``warmup + 1`` a multiple of 100) with ``use_graph``; ``max_seqlen`` outside ``[1, T]``; ``lr`` or
+            ``bucket_cap_mb`` negative.
+        RuntimeError: ``torch.distributed`` is not initialized; ``use_graph`` while
+            ``TORCH_NCCL_ASYNC_ERROR_HANDLING`` is not ``"0"``; or the capture itself failed.
     """
 
     def __init__(self, model: nn.Module, first_batch: PackedBatch, *, use_graph: bool = False, lr: float = 1e-3,
@@ -259,10 +292,12 @@ class DataParallelTrainer:
             check_real("bucket_cap_mb", bucket_cap_mb, minimum=0)
         self.world_size = _world_size(process_group)
         device = next(model.parameters()).device
-        if use_graph and device.type != "cuda":
-            raise ValueError(f"use_graph=True needs CUDA parameters, got parameters on {device}")
         if use_graph:
+            _check_capture_setup(device, process_group)
             check_int("warmup", warmup, minimum=DDP_CAPTURE_WARMUP)
+            if (warmup + 1) % _DDP_STATS_SAMPLE_RATE == 0:
+                raise ValueError(f"warmup must not make the capture DDP's iteration {warmup + 1}: DDP records timing "
+                                 f"events every {_DDP_STATS_SAMPLE_RATE}th iteration, got warmup={warmup}")
         capacity = first_batch.token_capacity
         self.max_seqlen = check_int("max_seqlen", capacity if max_seqlen is None else max_seqlen,
                                     minimum=1, maximum=capacity)
@@ -274,22 +309,34 @@ class DataParallelTrainer:
             options["bucket_cap_mb"] = bucket_cap_mb
         if device.type == "cuda":
             options["device_ids"] = [device]
-        self.stream = torch.cuda.Stream(device) if use_graph else None
-        if self.stream is not None:
-            # Step 2 of the notes: construct DDP on the side stream that warms up and captures.
-            self.stream.wait_stream(torch.cuda.current_stream(device))
-            with torch.cuda.stream(self.stream):
-                self.ddp = nn.parallel.DistributedDataParallel(_TokenLossSum(model), **options)
-            torch.cuda.current_stream(device).wait_stream(self.stream)
-        else:
-            self.ddp = nn.parallel.DistributedDataParallel(_TokenLossSum(model), **options)
         self.parameters = tuple(model.parameters())
-        self.optimizer = torch.optim.Adam(self.parameters, lr=lr, fused=True)
         self.graph = self.static = None
-        if use_graph:
-            self.static = StaticInputs(first_batch, device)
-            self.graph, self._loss = capture_graph(
-                lambda: self._forward_backward(self.static, self.max_seqlen), warmup=warmup, stream=self.stream)
+        if not use_graph:
+            self.ddp = nn.parallel.DistributedDataParallel(_TokenLossSum(model), **options)
+            self.optimizer = torch.optim.Adam(self.parameters, lr=lr, fused=True)
+            return
+
+        # Step 2 of the recipe: DDP is built on the stream that warms up and captures.
+        self.stream = torch.cuda.Stream(device)
+        self.stream.wait_stream(torch.cuda.current_stream(device))
+        with torch.cuda.stream(self.stream):
+            self.ddp = nn.parallel.DistributedDataParallel(_TokenLossSum(model), **options)
+        torch.cuda.current_stream(device).wait_stream(self.stream)
+        # capturable: the step count is a device tensor, so the update reads nothing from the host.
+        self.optimizer = torch.optim.Adam(self.parameters, lr=lr, fused=True, capturable=True)
+        self.static = StaticInputs(first_batch, device)
+        initial = [parameter.detach().clone() for parameter in self.parameters]
+        # Step 3: `warmup` eager DDP iterations on the side stream, then the capture, on that stream.
+        self.graph, self._loss = capture_graph(self._captured_step, warmup=warmup, stream=self.stream)
+        # The warm-up trained `warmup` steps on first_batch: undo them, in place (the graph reads
+        # these tensors at these addresses). Adam's state (step, moments) starts from zeros.
+        with torch.no_grad():
+            for parameter, value in zip(self.parameters, initial):
+                parameter.copy_(value)
+            for state in self.optimizer.state.values():
+                for value in state.values():
+                    if isinstance(value, Tensor):
+                        value.zero_()
 
     def _forward_backward(self, inputs, max_seqlen: int) -> Tensor:
         # Zero in place: under capture the gradients (DDP bucket views) keep their addresses.
@@ -305,12 +352,39 @@ class DataParallelTrainer:
         dist.all_reduce(reported, op=dist.ReduceOp.SUM, group=self.group)
         return reported
 
+    def _captured_step(self) -> Tensor:
+        reported = self._forward_backward(self.static, self.max_seqlen)
+        with mark_kernels("optimizer"):
+            self.optimizer.step()
+        return reported
+
     def forward_backward(self, batch: PackedBatch) -> Tensor:
-        """Forward and backward on this rank's batch, without the optimizer step.
+        """Forward and backward on this rank's batch, without the optimizer step (eager only).
 
         Afterwards every parameter's ``.grad`` holds the gradient of the global token mean loss
         (identical on every rank). Returns that loss (nats per token, over all ranks' loss-masked
         tokens) as a 0-dim device tensor (a fresh copy); no host synchronisation.
+
+        Raises:
+            TypeError: ``batch`` is not a ``PackedBatch``.
+            RuntimeError: the trainer captured a graph, whose replay always includes the optimizer
+                step (use :meth:`step`; ``.grad`` afterwards holds the gradient it applied).
+        """
+        if not isinstance(batch, PackedBatch):
+            raise TypeError(f"batch must be a PackedBatch, got {type(batch).__name__}")
+        if self.graph is not None:
+            raise RuntimeError("forward_backward runs eagerly only: the captured graph includes the optimizer step; "
+                               "call step(), after which .grad holds the gradient that step applied")
+        inputs = {name: getattr(batch, name).to(self.device, non_blocking=True) for name in (*_TOKEN_FIELDS, "cu_seqlens")}
+        return self._forward_backward(inputs, max(batch.max_seqlen, 1)).clone()
+
+    def step(self, batch: PackedBatch) -> Tensor:
+        """Train on this rank's batch: forward, backward, all-reduce, Adam; returns the global mean loss.
+
+        The loss is in nats per token over all ranks' loss-masked tokens, a 0-dim device tensor
+        (a fresh copy); no host synchronisation. Afterwards every parameter's ``.grad`` holds the
+        gradient the step applied (identical on every rank). With a graph: the batch is copied
+        into the static buffers (asynchronously from pinned memory) and the step replayed.
 
         Raises:
             TypeError: ``batch`` is not a ``PackedBatch``.
@@ -319,24 +393,30 @@ class DataParallelTrainer:
         """
         if not isinstance(batch, PackedBatch):
             raise TypeError(f"batch must be a PackedBatch, got {type(batch).__name__}")
-        if self.graph is not None:
-            if self.needs_max_seqlen and batch.max_seqlen > self.max_seqlen:
-                raise ValueError(
-                    f"batch.max_seqlen must be <= the max_seqlen = {self.max_seqlen} the graph was captured with, "
-                    f"got {batch.max_seqlen}"
-                )
-            self.static.copy_(batch)
-            self.graph.replay()
-            return self._loss.clone()
-        inputs = {name: getattr(batch, name).to(self.device, non_blocking=True) for name in (*_TOKEN_FIELDS, "cu_seqlens")}
-        return self._forward_backward(inputs, max(batch.max_seqlen, 1)).clone()
+        if self.graph is None:
+            loss = self.forward_backward(batch)
+            self.optimizer.step()
+            return loss
+        if self.needs_max_seqlen and batch.max_seqlen > self.max_seqlen:
+            raise ValueError(
+                f"batch.max_seqlen must be <= the max_seqlen = {self.max_seqlen} the graph was captured with, "
+                f"got {batch.max_seqlen}"
+            )
+        self.static.copy_(batch)
+        self.graph.replay()
+        return self._loss.clone()
 
-    def step(self, batch: PackedBatch) -> Tensor:
-        """:meth:`forward_backward`, then one eager fused Adam step; returns the global mean loss.
 
-        Raises:
-            As :meth:`forward_backward`.
-        """
-        loss = self.forward_backward(batch)
-        self.optimizer.step()
-        return loss
+def _check_capture_setup(device: torch.device, group: dist.ProcessGroup | None) -> None:
+    """Refuse a capture that PyTorch's recipe says cannot work, before anything is built."""
+    if device.type != "cuda":
+        raise ValueError(f"use_graph=True needs CUDA parameters, got parameters on {device}")
+    backend = str(dist.get_backend(group))
+    if backend != "nccl":
+        raise ValueError(f"use_graph=True needs the nccl backend (NCCL captures collectives), got backend {backend!r}")
+    setting = os.environ.get("TORCH_NCCL_ASYNC_ERROR_HANDLING", os.environ.get("NCCL_ASYNC_ERROR_HANDLING"))
+    if setting != "0":
+        raise RuntimeError(
+            "use_graph=True needs DDP's asynchronous error handling off: set TORCH_NCCL_ASYNC_ERROR_HANDLING=0 in the "
+            f"environment before init_process_group (PyTorch's CUDA-graph notes, DDP step 1), got {setting!r}"
+        )

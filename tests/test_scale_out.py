@@ -1,0 +1,200 @@
+"""The ``scale-out`` suite (attn_gym_lite.bench.scale_out): its torchrun launch and JSON hand-back
+on the CPU with ``gloo`` (eager, a tiny model), the pieces it computes with (the global batch,
+the communication overlap of a trace, relative differences, scaling), and on a GPU host the
+captured DDP step itself (one GPU: a world of one over NCCL; two GPUs: gradients against one
+process, overlap, and the graph training like eager DDP).
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from attn_gym_lite.bench.scale_out import (
+    CONFIG,
+    CPU_CONFIG,
+    GRADIENT_TOLERANCE,
+    communication_overlap,
+    launch,
+    rank_batches,
+    relative_differences,
+    scale_out_suite,
+    scaling,
+)
+from attn_gym_lite.data import batch_from_pieces, load_tokenizer
+from attn_gym_lite.data.sharding import global_batch
+
+needs_gloo = pytest.mark.skipif(not (dist.is_available() and dist.is_gloo_available()),
+                                reason="torch.distributed with the gloo backend is not available")
+
+#: Smaller than CPU_CONFIG's defaults where it costs nothing: the test is about plumbing.
+TINY = {**CPU_CONFIG, "T": 96, "steps": 4, "timed_warmup": 1, "sft_documents": 3, "sft_corpus_documents": 24}
+
+
+@needs_gloo
+def test_the_suite_launches_torchrun_on_cpu_and_hands_back_every_run():
+    start = time.monotonic()
+    result = scale_out_suite(world_sizes=(1, 2), config=TINY, modes=("eager",), fsdp2=False, timeout_s=60)
+    elapsed = time.monotonic() - start
+    assert result["errors"] == {}, result["errors"]
+    assert result["gpu_count"] == 0
+    assert result["environment"]["TORCH_NCCL_ASYNC_ERROR_HANDLING"] == "0"
+    assert result["environment"]["NCCL_NVLS_ENABLE"] == "0"
+    for key, world_size in (("W=1", 1), ("W=2", 2)):
+        info = result["launches"][key]
+        assert info["returncode"] == 0 and not info["timed_out"]
+        assert info["ranks"] == {"world_size": world_size, "backend": "gloo", "device": "cpu", "nccl": None}
+    runs = {(r["workload"], r["world_size"], r["mode"]): r for r in result["runs"]}
+    assert set(runs) == {(w, n, "eager") for w in ("pretraining", "sft") for n in (1, 2)}
+
+    tokenizer = load_tokenizer()
+    config = {**TINY, "vocab_size": tokenizer.vocab_size}
+    for (workload, world_size, _), run in runs.items():
+        # The global tokens of each step, rebuilt here from every rank's batches.
+        per_rank = [rank_batches(workload, r, world_size, TINY["steps"], config, tokenizer) for r in range(world_size)]
+        tokens = [sum(batches[i].active_tokens for batches in per_rank) for i in range(TINY["steps"])]
+        assert result["workloads"][f"W={world_size}"][workload]["global_active_tokens"] == tokens
+        warm = TINY["timed_warmup"]
+        assert run["timed_steps"] == len(run["step_ms"]) == TINY["steps"] - warm
+        expected = statistics.median(t / (ms / 1e3) for t, ms in zip(tokens[warm:], run["step_ms"]))
+        assert run["tokens_per_s"] == pytest.approx(expected, rel=1e-12)
+        assert len(run["losses"]) == TINY["steps"] and all(0 < loss < 20 for loss in run["losses"])
+
+    # Two ranks against one process on the global batch: the right loss passes, the wrong one does not.
+    check = result["gradient_check"]
+    assert check["dtype"] == "float32" and check["tolerance_normwise"] == GRADIENT_TOLERANCE["float32"]
+    assert check["comparisons"]["eager"]["within_tolerance"]
+    assert check["comparisons"]["eager"]["max_normwise"] < 1e-5
+    assert not check["comparisons"]["mean of rank means"]["within_tolerance"]
+    assert check["comparisons"]["mean of rank means"]["max_normwise"] > 1e-2
+    assert {row["workload"] for row in result["scaling"]} == {"pretraining", "sft"}
+    assert elapsed < 45
+
+
+@needs_gloo
+def test_a_launch_past_its_timeout_is_stopped_and_reported(tmp_path):
+    spec = {"config": TINY, "workloads": [], "modes": [], "parts": ["train"], "batches": str(tmp_path),
+            "global_tokens": {}, "collective_timeout_s": 30}
+    start = time.monotonic()
+    data, info = launch(1, spec, tmp_path, "slow", timeout_s=0.2)
+    assert info["timed_out"] and info["returncode"] != 0
+    assert "log_tail" in info
+    assert time.monotonic() - start < 25
+    assert data is None  # killed before rank 0 wrote anything
+
+
+def test_the_global_batch_is_the_concatenation_of_the_ranks_sequences():
+    pieces = ([[5, 9, 2, 7, 1], [3, 3, 8]], [[4, 1, 6, 2, 9, 0, 5], [7, 7], [2, 8, 1, 3]], [[6, 6, 6]])
+    batches = [batch_from_pieces(p, 16, 4) for p in pieces]
+    expected = batch_from_pieces([s for p in pieces for s in p], 48, 12)
+    got = global_batch(batches)
+    for name in ("input_ids", "labels", "loss_mask", "cu_seqlens"):
+        assert torch.equal(getattr(got, name), getattr(expected, name)), name
+    assert (got.active_tokens, got.active_sequences, got.max_seqlen) == (24, 6, 7)
+    with pytest.raises(ValueError, match="at least one PackedBatch"):
+        global_batch([])
+    with pytest.raises(TypeError, match=r"batches\[1\] must be a PackedBatch, got dict"):
+        global_batch([batches[0], {}])
+
+
+def _kernel(name, ts, dur, tid):
+    return {"ph": "X", "cat": "kernel", "name": name, "ts": ts, "dur": dur, "tid": tid, "pid": 0}
+
+
+def test_communication_overlap_against_a_grid_count():
+    events = [
+        _kernel("gemm", 0, 10, 7), _kernel("gemm", 8, 10, 8),          # compute 0-18 (overlapping)
+        _kernel("ncclDevKernel_AllReduce", 5, 10, 9),                 # 5-15: all of it beside compute
+        _kernel("elementwise", 30, 5, 7),                              # compute 30-35
+        _kernel("ncclDevKernel_AllReduce", 25, 7, 9),                 # 25-32: 2 of 7 beside compute
+        _kernel("ncclKernel_AllReduce_tail", 40, 4, 9),               # 40-44: alone
+        {"ph": "X", "cat": "cpu_op", "name": "nccl:all_reduce", "ts": 0, "dur": 50, "tid": 1, "pid": 0},
+    ]
+    summary = communication_overlap({"traceEvents": events}, steps=2)
+    # Independent count on a 1 µs grid (all boundaries are integers).
+    nccl = {t for e in events if e["cat"] == "kernel" and "nccl" in e["name"].lower() for t in range(e["ts"], e["ts"] + e["dur"])}
+    compute = {t for e in events if e["cat"] == "kernel" and "nccl" not in e["name"].lower()
+               for t in range(e["ts"], e["ts"] + e["dur"])}
+    assert summary["nccl_us_per_step"] == len(nccl) / 2 == 10.5
+    assert summary["compute_us_per_step"] == len(compute) / 2
+    assert summary["overlap_us_per_step"] == len(nccl & compute) / 2 == 6.0
+    assert summary["overlap_fraction"] == pytest.approx(12 / 21)
+    assert summary["nccl_kernels_per_step"] == 1.5 and summary["kernels_per_step"] == 3.0
+    assert [k["overlap_us"] for k in summary["nccl_kernels"]] == [10.0, 2.0, 0.0]
+    assert summary["streams"] == {"nccl": ["9"], "compute": ["7", "8"]}
+    with pytest.raises(ValueError, match="no kernel events"):
+        communication_overlap({"traceEvents": events[-1:]})
+    with pytest.raises(ValueError, match="steps must be an int >= 1"):
+        communication_overlap({"traceEvents": events}, steps=0)
+
+
+def test_relative_differences_and_scaling():
+    reference = {"a": torch.tensor([3.0, 4.0]), "b": torch.tensor([1.0, -1.0, 0.0])}
+    grads = {"a": torch.tensor([3.0, 4.5]), "b": torch.tensor([1.0, -1.0, 0.0])}
+    diff = relative_differences(grads, reference)
+    assert diff["max_normwise"] == pytest.approx(0.5 / 5.0) and diff["worst_parameter"] == "a"
+    assert diff["max_elementwise_scaled"] == pytest.approx(0.5 / 4.0)
+    assert diff["normwise"]["b"] == 0.0
+    with pytest.raises(ValueError, match="must name the same parameters"):
+        relative_differences({"a": grads["a"]}, reference)
+
+    runs = [{"workload": "sft", "world_size": w, "mode": m, "tokens_per_s": rate}
+            for w, m, rate in ((1, "eager", 100.0), (2, "eager", 150.0), (1, "graph", 300.0), (2, "graph", 570.0))]
+    rows = {(r["mode"], r["world_size"]): r for r in scaling(runs)}
+    assert rows["graph", 2]["efficiency"] == pytest.approx(570 / 600) and rows["graph", 2]["speedup_over_one_gpu"] == 1.9
+    assert rows["eager", 2]["efficiency"] == pytest.approx(0.75)
+    assert rows["graph over eager", 2]["speedup"] == pytest.approx(3.8)
+    assert rows["graph over eager", 1]["speedup"] == pytest.approx(3.0)
+
+
+# ---------------------------------------------------------------------------------------------
+# GPU host: the captured step, for real.
+
+#: Small enough for a test, big enough that the kernels run as in the suite.
+GPU_SMALL = {**CONFIG, "T": 1024, "dim": 128, "num_heads": 2, "num_layers": 2, "steps": 14, "timed_warmup": 4,
+             "sft_documents": 8, "sft_corpus_documents": 60, "profile_steps": 1,
+             "exact_check": {"dim": 32, "num_heads": 2, "num_layers": 1}, "fsdp2_steps": 6}
+
+
+def _close_losses(runs, world_size, workload):
+    eager = next(r for r in runs if (r["world_size"], r["workload"], r["mode"]) == (world_size, workload, "eager"))
+    graph = next(r for r in runs if (r["world_size"], r["workload"], r["mode"]) == (world_size, workload, "graph"))
+    # Same initial weights and batches: the captured step trains like the eager one, up to bfloat16 rounding.
+    assert max(abs(a - b) for a, b in zip(eager["losses"], graph["losses"])) < 0.05
+    assert abs(eager["losses"][0] - graph["losses"][0]) < 1e-2
+
+
+@pytest.mark.gpu
+def test_captured_ddp_in_a_world_of_one_trains_like_eager_ddp():
+    result = scale_out_suite(world_sizes=(1,), config=GPU_SMALL, fsdp2=False, timeout_s=300)
+    assert result["errors"] == {}, result["errors"]
+    assert result["launches"]["W=1"]["ranks"]["backend"] == "nccl"
+    for workload in ("pretraining", "sft"):
+        _close_losses(result["runs"], 1, workload)
+    trace = result["traces"]["W=1 / graph"]["rank 0"]
+    assert "error" not in trace and trace["kernels_per_step"] > 0
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 GPUs (one per rank)")
+def test_captured_ddp_on_two_gpus_gets_the_global_gradient_and_overlaps_its_all_reduce():
+    result = scale_out_suite(world_sizes=(2,), config=GPU_SMALL, fsdp2=True, timeout_s=300, fsdp2_timeout_s=120)
+    errors = {k: v for k, v in result["errors"].items() if not k.startswith(("fsdp2", "launch fsdp2", "result fsdp2"))}
+    assert errors == {}, errors
+    assert result["gpu_count"] >= 2
+    check = result["gradient_check"]["comparisons"]
+    assert check["eager"]["within_tolerance"] and check["graph"]["within_tolerance"], check
+    assert not check["mean of rank means"]["within_tolerance"]
+    assert result["exact_check"]["within_tolerance"], result["exact_check"]
+    for workload in ("pretraining", "sft"):
+        _close_losses(result["runs"], 2, workload)
+    for mode in ("eager", "graph"):
+        for rank in ("rank 0", "rank 1"):
+            trace = result["traces"][f"W=2 / {mode}"][rank]
+            assert "error" not in trace, trace
+            assert trace["nccl_kernels_per_step"] >= 2  # the token count, the gradient buckets, the loss
+    assert result["fsdp2"]["capture"] in ("ok", "failed")  # either is a finding; it must be recorded
