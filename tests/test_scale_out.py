@@ -10,6 +10,7 @@ from __future__ import annotations
 import statistics
 import time
 
+import matplotlib.pyplot as plt
 import pytest
 import torch
 import torch.distributed as dist
@@ -25,6 +26,7 @@ from attn_gym_lite.bench.scale_out import (
     scale_out_suite,
     scaling,
 )
+from attn_gym_lite.book.plots import plot_scale_out
 from attn_gym_lite.data import batch_from_pieces, load_tokenizer
 from attn_gym_lite.data.sharding import global_batch
 
@@ -73,6 +75,13 @@ def test_the_suite_launches_torchrun_on_cpu_and_hands_back_every_run():
     assert check["comparisons"]["mean of rank means"]["max_normwise"] > 1e-2
     assert {row["workload"] for row in result["scaling"]} == {"pretraining", "sft"}
     assert elapsed < 45
+
+    # The chapter's figure draws one bar per run at its measured height (no traces on a CPU: one panel).
+    figure = plot_scale_out(result)
+    assert len(figure.axes) == 1
+    heights = sorted(patch.get_height() for patch in figure.axes[0].patches)
+    assert heights == pytest.approx(sorted(r["tokens_per_s"] / 1e6 for r in result["runs"]))
+    plt.close(figure)
 
 
 @needs_gloo

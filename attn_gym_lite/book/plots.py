@@ -884,3 +884,76 @@ def plot_kda_amdahl(recorded: dict, live: dict | None = None):
     scaling.legend(fontsize=8)
     fig.tight_layout()
     return fig
+
+
+# ---------------------------------------------------------------------------------------------
+# Scaling out
+# ---------------------------------------------------------------------------------------------
+
+SCALE_OUT_COLOURS = {"eager": "tab:gray", "graph": "tab:blue"}
+
+
+def plot_scale_out(record: dict):
+    """The ``scale-out`` suite as a figure: throughput per workload, and where the all-reduce ran.
+
+    Left: tokens per second over all ranks (millions) for each workload, one bar per (mode,
+    ``W``): eager DDP grey, captured DDP blue, the single-GPU bar lighter; bars at ``W > 1`` carry
+    their scaling efficiency (tokens/s over ``W`` times the single-GPU figure). Right, when the
+    record holds profiled steps (``"traces"``): each rank's NCCL time per step, split into the part
+    that ran beside other kernels (overlapped with the backward) and the part that ran alone.
+
+    Args:
+        record: the suite's result (recorded, or a live run: the CPU mode has no traces, and the
+            figure then has one panel).
+
+    Returns: the matplotlib ``Figure``.
+
+    Raises:
+        ValueError: the record holds no runs (every launch failed: see its ``errors``).
+    """
+    runs = record.get("runs") or []
+    if not runs:
+        raise ValueError(f"plot_scale_out: the record holds no runs; errors: {record.get('errors')}")
+    workloads = sorted({r["workload"] for r in runs}, key=lambda w: (w != "pretraining", w))
+    sizes = sorted({r["world_size"] for r in runs})
+    modes = [m for m in ("eager", "graph") if any(r["mode"] == m for r in runs)]
+    rate = {(r["workload"], r["world_size"], r["mode"]): r["tokens_per_s"] for r in runs}
+    traces = {key: ranks for key, ranks in (record.get("traces") or {}).items()
+              if all("error" not in summary for summary in ranks.values())}
+    fig, axes = plt.subplots(1, 2 if traces else 1, figsize=(12 if traces else 7, 4.2), squeeze=False)
+    bars = axes[0][0]
+    slots = [(mode, size) for mode in modes for size in sizes]
+    width = 0.8 / len(slots)
+    for i, workload in enumerate(workloads):
+        for j, (mode, size) in enumerate(slots):
+            if (workload, size, mode) not in rate:
+                continue
+            value = rate[workload, size, mode] / 1e6
+            x = i - 0.4 + width * (j + 0.5)
+            bars.bar(x, value, width, color=SCALE_OUT_COLOURS[mode], alpha=0.45 if size == 1 else 1.0,
+                     label=f"{mode} DDP, {size} GPU{'s' if size > 1 else ''}" if i == 0 else None)
+            note = f"W={size}"
+            if size > 1 and (workload, 1, mode) in rate:
+                note += f"\n{rate[workload, size, mode] / (size * rate[workload, 1, mode]):.0%}"
+            bars.text(x, value, note, ha="center", va="bottom", fontsize=7)
+    bars.set(xticks=range(len(workloads)), xticklabels=workloads, ylabel="M active tokens / s (all ranks)",
+             title="throughput (and scaling efficiency)")
+    bars.margins(y=0.18)
+    bars.legend(fontsize=8, loc="lower right")
+    if traces:
+        overlap = axes[0][1]
+        labels, row = [], 0
+        for key, ranks in traces.items():
+            for rank, summary in ranks.items():
+                hidden = summary["overlap_us_per_step"] / 1e3
+                exposed = max(summary["nccl_us_per_step"] / 1e3 - hidden, 0.0)
+                colour = SCALE_OUT_COLOURS.get(key.rsplit("/ ", 1)[-1], "tab:blue")
+                overlap.barh(row, hidden, color=colour, label="beside other kernels" if row == 0 else None)
+                overlap.barh(row, exposed, left=hidden, color="tab:red", alpha=0.7, label="alone" if row == 0 else None)
+                labels.append(f"{key}, {rank}")
+                row += 1
+        overlap.set(yticks=range(len(labels)), yticklabels=labels, xlabel="NCCL kernel time per step (ms)",
+                    title="the all-reduce: overlapped or exposed", ylim=(row - 0.5, -0.5))
+        overlap.legend(fontsize=8)
+    fig.tight_layout()
+    return fig
