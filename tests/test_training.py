@@ -27,6 +27,8 @@ def test_step_is_loss_then_adam_on_the_exact_gradients():
         optimizer.zero_grad()
         expected.backward()
         optimizer.step()
+    with pytest.raises(RuntimeError, match="graph_gradients exist only with use_graph=True"):
+        _ = trainer.graph_gradients
     for p, r in zip(model.parameters(), reference.parameters()):
         torch.testing.assert_close(p, r)
 
@@ -51,6 +53,14 @@ def test_graph_training_matches_eager_training():
         trainer = FixedCapacityTrainer(model, batches[0], use_graph=use_graph)
         losses[use_graph] = torch.stack([trainer.step(b) for b in batches])
     torch.testing.assert_close(losses[True], losses[False], atol=1e-2, rtol=1e-2)
+    # The captured gradient outputs hold, after a replay, the gradients of that batch's loss.
+    batch = batches[0]
+    trainer.static.copy_(batch)
+    trainer.graph.replay()
+    loss = trainer.model.loss(batch.input_ids.cuda(), batch.labels.cuda(), batch.loss_mask.cuda(),
+                              batch.cu_seqlens.cuda(), trainer.max_seqlen)
+    for mine, expected in zip(trainer.graph_gradients, torch.autograd.grad(loss, trainer.parameters)):
+        torch.testing.assert_close(mine.float(), expected.float(), atol=2e-2, rtol=2e-2)
 
 
 def test_a_model_without_loss_is_refused():

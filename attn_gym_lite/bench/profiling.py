@@ -100,7 +100,7 @@ def _phased_step(trainer: FixedCapacityTrainer, batches) -> None:
         trainer.graph.replay()
     with torch.profiler.record_function(PHASES[3]):
         # The graph's gradient outputs (fixed addresses), attached as trainer.step does.
-        for parameter, grad in zip(trainer.parameters, trainer._grads):
+        for parameter, grad in zip(trainer.parameters, trainer.graph_gradients):
             parameter.grad = grad
         trainer.optimizer.step()
         trainer.optimizer.zero_grad(set_to_none=True)

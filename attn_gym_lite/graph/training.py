@@ -119,6 +119,18 @@ class FixedCapacityTrainer:
                 token_outputs=[False] * (1 + len(self.parameters)),
             )
 
+    @property
+    def graph_gradients(self) -> tuple[Tensor, ...]:
+        """The one captured graph's gradient outputs, one per parameter, at fixed addresses: every
+        replay rewrites them and :meth:`step` attaches them as ``.grad``.
+
+        Raises:
+            RuntimeError: the trainer has no single captured graph (eager, or graph buckets).
+        """
+        if self.graph is None:
+            raise RuntimeError("graph_gradients exist only with use_graph=True and no capacities (one captured graph)")
+        return self._grads
+
     def _forward_backward(self, inputs, max_seqlen: int) -> tuple[Tensor, tuple[Tensor, ...]]:
         loss = self.model.loss(inputs["input_ids"], inputs["labels"], inputs["loss_mask"], inputs["cu_seqlens"],
                                max_seqlen)
