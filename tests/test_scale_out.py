@@ -207,3 +207,74 @@ def test_captured_ddp_on_two_gpus_gets_the_global_gradient_and_overlaps_its_all_
             assert "error" not in trace, trace
             assert trace["nccl_kernels_per_step"] >= 2  # the token count, the gradient buckets, the loss
     assert result["fsdp2"]["capture"] in ("ok", "failed")  # either is a finding; it must be recorded
+
+
+@pytest.fixture
+def nccl_world_of_one(tmp_path, monkeypatch):
+    if dist.is_initialized():
+        pytest.skip("a process group is already initialized in this process")
+    monkeypatch.setenv("TORCH_NCCL_ASYNC_ERROR_HANDLING", "0")  # step 1 of the recipe, before init
+    torch.cuda.set_device(0)
+    dist.init_process_group("nccl", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1,
+                            device_id=torch.device("cuda", 0))
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()
+
+
+def _random_batches(count, T=256, vocab=97, seed=0):
+    generator = torch.Generator().manual_seed(seed)
+    batches = []
+    for _ in range(count):
+        lengths = torch.randint(8, 64, (5,), generator=generator).tolist()
+        pieces = [torch.randint(0, vocab, (n,), generator=generator).tolist() for n in lengths]
+        batches.append(batch_from_pieces(pieces, T, 8).pin_memory())
+    return batches
+
+
+@pytest.mark.gpu
+def test_the_captured_trainer_steps_like_the_eager_one_in_a_world_of_one(nccl_world_of_one):
+    from attn_gym_lite.graph.distributed import DataParallelTrainer
+    from attn_gym_lite.models import PackedTransformer
+
+    batches = _random_batches(4)
+    trainers = {}
+    for mode in ("eager", "graph"):
+        torch.manual_seed(0)
+        model = PackedTransformer(97, 64, 2, 2, device="cuda", dtype=torch.bfloat16)
+        trainers[mode] = DataParallelTrainer(model, batches[0], use_graph=mode == "graph", lr=1e-3)
+    initial = [p.detach().clone() for p in trainers["eager"].parameters]
+    # The warm-up moved the captured trainer's parameters; it put them back.
+    for p, q in zip(trainers["graph"].parameters, initial):
+        assert torch.equal(p, q)
+    for index, batch in enumerate(batches):
+        losses = {mode: float(trainer.step(batch)) for mode, trainer in trainers.items()}
+        assert abs(losses["eager"] - losses["graph"]) < 2e-2 * abs(losses["eager"]), (index, losses)
+        if index == 0:  # .grad holds the gradient the step applied, in both modes
+            diff = relative_differences({str(i): p.grad for i, p in enumerate(trainers["graph"].parameters)},
+                                        {str(i): p.grad for i, p in enumerate(trainers["eager"].parameters)})
+            assert diff["max_normwise"] < GRADIENT_TOLERANCE["bfloat16"], diff
+    moved = max(float((p.float() - q.float()).abs().max()) for p, q in zip(trainers["graph"].parameters, initial))
+    assert moved > 0  # the replays trained: Adam is inside the graph
+    for p, q in zip(trainers["graph"].parameters, trainers["eager"].parameters):
+        torch.testing.assert_close(p.float(), q.float(), rtol=0.0, atol=2e-2)
+    with pytest.raises(RuntimeError, match="forward_backward runs eagerly only"):
+        trainers["graph"].forward_backward(batches[0])
+
+
+@pytest.mark.gpu
+def test_capture_refuses_without_the_recipes_environment(nccl_world_of_one, monkeypatch):
+    from attn_gym_lite.graph.distributed import DataParallelTrainer
+    from attn_gym_lite.models import PackedTransformer
+
+    model = PackedTransformer(97, 64, 2, 1, device="cuda", dtype=torch.bfloat16)
+    batch = _random_batches(1)[0]
+    monkeypatch.setenv("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1")
+    with pytest.raises(RuntimeError, match="TORCH_NCCL_ASYNC_ERROR_HANDLING=0"):
+        DataParallelTrainer(model, batch, use_graph=True)
+    monkeypatch.setenv("TORCH_NCCL_ASYNC_ERROR_HANDLING", "0")
+    with pytest.raises(ValueError, match="warmup must be an int >= 11"):
+        DataParallelTrainer(model, batch, use_graph=True, warmup=5)
+    with pytest.raises(ValueError, match="warmup must not make the capture DDP's iteration 100"):
+        DataParallelTrainer(model, batch, use_graph=True, warmup=99)
