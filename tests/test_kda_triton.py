@@ -69,31 +69,59 @@ LAYOUTS = [
 
 
 @pytest.mark.parametrize(("bounds", "T", "C", "K", "V"), LAYOUTS)
-def test_forward_matches_recurrence(bounds, T, C, K, V):
+def test_matches_recurrence_forward_and_gradients(bounds, T, C, K, V):
     H = 2
     cu_seqlens = cu(*bounds)
     L, N = bounds[-1], len(bounds) - 1
-    inputs = random_inputs(T, H, K, V, L, seed=sum(bounds) + T)
-    o_ref, s_ref = kda_recurrent(*inputs, cu_seqlens, output_final_state=True)
-    o, s = kda_triton(*(x.float() for x in inputs), cu_seqlens, chunk_size=C, output_final_state=True)
+    seed = sum(bounds) + T
+    inputs = random_inputs(T, H, K, V, L, seed=seed)
+    gen = torch.Generator().manual_seed(seed + 1)
+    weights = (torch.randn(T, H, V, generator=gen, dtype=F64), torch.randn(N, H, K, V, generator=gen, dtype=F64))
+    o_ref, s_ref, d_ref = gradients(kda_recurrent, inputs, cu_seqlens, weights)
+    o, s, d = gradients(kda_triton, [x.float() for x in inputs], cu_seqlens, weights, chunk_size=C)
     assert o.dtype == torch.float32 and o.shape == (T, H, V)
     assert s.dtype == torch.float32 and s.shape == (N, H, K, V)
     assert torch.equal(o[L:], torch.zeros_like(o[L:]))  # inactive rows zero, no NaN leaked
     torch.testing.assert_close(o.to(F64), o_ref, rtol=TOLERANCE, atol=TOLERANCE)
     torch.testing.assert_close(s.to(F64), s_ref, rtol=TOLERANCE, atol=TOLERANCE)
+    for name, dx, dx_ref in zip(("q", "k", "v", "g", "beta"), d, d_ref):
+        assert dx.dtype == torch.float32, name
+        assert torch.equal(dx[L:], torch.zeros_like(dx[L:])), name  # NaN rows get zero gradients
+        torch.testing.assert_close(dx.to(F64), dx_ref, rtol=TOLERANCE, atol=TOLERANCE,
+                                   msg=lambda m, name=name: f"d{name}: {m}")
+
+
+def test_gradient_of_the_output_alone():
+    """No final state requested: the backward gets no state gradient (None) and must treat it as 0."""
+    cu_seqlens = cu(0, 20, 37)
+    inputs = [x.requires_grad_() for x in random_inputs(40, 2, 16, 16, 37, seed=9)]
+    weight = torch.randn(40, 2, 16, generator=torch.Generator().manual_seed(10), dtype=F64)
+    expected = torch.autograd.grad((kda_recurrent(*inputs, cu_seqlens)[0] * weight).sum(), inputs)
+    leaves = [x.detach().float().requires_grad_() for x in inputs]
+    o, s = kda_triton(*leaves, cu_seqlens, chunk_size=16)
+    assert s is None
+    for name, dx, dx_ref in zip(("q", "k", "v", "g", "beta"), torch.autograd.grad((o * weight).sum(), leaves),
+                                expected):
+        torch.testing.assert_close(dx.to(F64), dx_ref, rtol=TOLERANCE, atol=TOLERANCE,
+                                   msg=lambda m, name=name: f"d{name}: {m}")
 
 
 def test_strong_decay_stays_finite():
     """g down to -40 per step over 32-token chunks: the cumulative decay inside a chunk reaches
-    exp(-1280), far below float32's range; every exponent the kernels form is <= 0, so nothing
-    overflows and the result still matches the recurrence."""
+    exp(-1280), far below float32's range; every exponent the kernels form (forward and backward)
+    is <= 0, so nothing overflows and the result still matches the recurrence."""
     cu_seqlens = cu(0, 45)
     inputs = random_inputs(45, 2, 16, 16, 45, seed=3, min_log_decay=-40.0)
-    o_ref, s_ref = kda_recurrent(*inputs, cu_seqlens, output_final_state=True)
-    o, s = kda_triton(*(x.float() for x in inputs), cu_seqlens, chunk_size=32, output_final_state=True)
+    weights = (torch.ones(45, 2, 16, dtype=F64), torch.ones(1, 2, 16, 16, dtype=F64))
+    o_ref, s_ref, d_ref = gradients(kda_recurrent, inputs, cu_seqlens, weights)
+    o, s, d = gradients(kda_triton, [x.float() for x in inputs], cu_seqlens, weights, chunk_size=32)
     assert torch.isfinite(o).all() and torch.isfinite(s).all()
     torch.testing.assert_close(o.to(F64), o_ref, rtol=TOLERANCE, atol=TOLERANCE)
     torch.testing.assert_close(s.to(F64), s_ref, rtol=TOLERANCE, atol=TOLERANCE)
+    for name, dx, dx_ref in zip(("q", "k", "v", "g", "beta"), d, d_ref):
+        assert torch.isfinite(dx).all(), name
+        torch.testing.assert_close(dx.to(F64), dx_ref, rtol=TOLERANCE, atol=TOLERANCE,
+                                   msg=lambda m, name=name: f"d{name}: {m}")
 
 
 def test_final_state_optional_and_default_scale():
@@ -159,42 +187,65 @@ def relative_error(x: torch.Tensor, ref: torch.Tensor) -> float:
     return float((x.to(F64) - ref).norm() / ref.norm().clamp_min(1e-30))
 
 
+def leaves_and_weights(inputs, N, seed):
+    T, H, K = inputs[0].shape
+    V = inputs[2].shape[2]
+    gen = torch.Generator().manual_seed(seed)
+    weights = (torch.randn(T, H, V, generator=gen, dtype=F64).to(inputs[0].device),
+               torch.randn(N, H, K, V, generator=gen, dtype=F64).to(inputs[0].device))
+    return [x.detach().requires_grad_() for x in inputs], weights
+
+
 @pytest.mark.gpu
 def test_gpu_bfloat16_matches_chunked_reference():
-    """bfloat16 inputs, K = V = 128, C = 64, a ragged layout with an empty and a length-1 sequence.
-    The reference runs in float64 on the same (bfloat16-rounded) inputs, so the error is the
-    kernels' own: tf32 products (10-bit mantissa) and a bfloat16 output, ~1e-3 relative."""
+    """bfloat16 inputs, K = V = 128, C = 64, a ragged layout with an empty and a length-1 sequence,
+    forward and all five gradients. The reference runs in float64 on the same (bfloat16-rounded)
+    inputs, so the error is the kernels' own: tf32 products (10-bit mantissa) in float32
+    arithmetic, then a bfloat16 output and bfloat16 gradients (8-bit mantissa, 4e-3 relative)."""
     bounds, T, H, K, V = (0, 300, 300, 301, 1000, 1129), 1200, 4, 128, 128
+    N, L = len(bounds) - 1, bounds[-1]
     cu_seqlens = cu(*bounds, device="cuda")
-    inputs = random_inputs(T, H, K, V, bounds[-1], seed=17, device="cuda")
-    low = [x.to(torch.bfloat16) for x in inputs]
-    o_ref, s_ref = kda_chunked(*(x.to(F64) for x in low), cu_seqlens, output_final_state=True)
-    o, s = kda_triton(*low, cu_seqlens, chunk_size=64, output_final_state=True)
-    assert o.dtype == torch.bfloat16 and torch.equal(o[bounds[-1]:], torch.zeros_like(o[bounds[-1]:]))
+    inputs = [x.to(torch.bfloat16) for x in random_inputs(T, H, K, V, L, seed=17, device="cuda")]
+    _, weights = leaves_and_weights(inputs, N, seed=18)
+    o_ref, s_ref, d_ref = gradients(kda_chunked, [x.to(F64) for x in inputs], cu_seqlens, weights, chunk_size=64)
+    o, s, d = gradients(kda_triton, inputs, cu_seqlens, weights, chunk_size=64)
+    assert o.dtype == torch.bfloat16 and torch.equal(o[L:], torch.zeros_like(o[L:]))
     assert relative_error(o, o_ref) < 1e-2 and relative_error(s, s_ref) < 1e-2
+    for name, dx, dx_ref in zip(("q", "k", "v", "g", "beta"), d, d_ref):
+        assert dx.dtype == torch.bfloat16 and torch.equal(dx[L:], torch.zeros_like(dx[L:])), name
+        assert relative_error(dx, dx_ref) < 2e-2, (name, relative_error(dx, dx_ref))
 
 
 @pytest.mark.gpu
 def test_gpu_graph_replays_two_layouts():
-    """One capture at capacity (T, N), replayed for two layouts: each replay equals an eager call."""
+    """One capture of forward and backward at capacity (T, N), replayed for two layouts of that
+    capacity: each replay equals an eager call on the new layout bit for bit (the kernels use no
+    atomics), and the float64 reference up to bfloat16 rounding."""
     T, N, H, K, V = 512, 4, 2, 128, 128
     layouts = [(0, 100, 100, 101, 400), (0, 0, 250, 330, 331)]
     inputs = [x.to(torch.bfloat16) for x in random_inputs(T, H, K, V, T, seed=23, fill=0.0, device="cuda")]
+    leaves, weights = leaves_and_weights(inputs, N, seed=24)
     static_cu = cu(*layouts[0], device="cuda")
+
+    def step(cu_seqlens):
+        o, s = kda_triton(*leaves, cu_seqlens, output_final_state=True)
+        loss = (o.to(F64) * weights[0]).sum() + (s.to(F64) * weights[1]).sum()
+        return (o, s, *torch.autograd.grad(loss, leaves))
+
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):  # compile the kernels before capture
-        kda_triton(*inputs, static_cu, output_final_state=True)
+        step(static_cu)
     torch.cuda.current_stream().wait_stream(stream)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        static_o, static_s = kda_triton(*inputs, static_cu, output_final_state=True)
+        static_out = step(static_cu)
     for bounds in layouts:
         assert len(bounds) == N + 1 and bounds[-1] <= T
         static_cu.copy_(cu(*bounds, device="cuda"))
         graph.replay()
-        o, s = kda_triton(*inputs, cu(*bounds, device="cuda"), output_final_state=True)
-        torch.testing.assert_close(static_o, o, rtol=0, atol=0)
-        torch.testing.assert_close(static_s, s, rtol=0, atol=0)
+        eager = step(cu(*bounds, device="cuda"))
+        for name, replayed, expected in zip(("o", "final_state", "dq", "dk", "dv", "dg", "dbeta"), static_out, eager):
+            torch.testing.assert_close(replayed, expected, rtol=0, atol=0, msg=lambda m, name=name: f"{name}: {m}")
         o_ref, _ = kda_chunked(*(x.to(F64) for x in inputs), cu(*bounds, device="cuda"))
-        assert relative_error(static_o, o_ref) < 1e-2
+        assert relative_error(static_out[0], o_ref) < 1e-2

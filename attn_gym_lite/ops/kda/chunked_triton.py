@@ -70,6 +70,12 @@ _WIDTHS = (16, 32, 64, 128)  # K and V: tl.dot needs >= 16, registers cap the st
 _CHUNKS = (16, 32, 64)
 _SUB = 16  # sub-block of the intra-chunk kernel
 _INT32_MAX = 2**31 - 1
+# Launch options of the sequential kernels and of the per-chunk backward (ignored by the
+# interpreter). Triton pipelines their loops' loads through shared memory; with K = V = 128,
+# C = 64 and BV = 64, three stages (the default) ask for more than the 227 KiB an H200 block
+# may use (about 320 KiB for the state kernel, compiled for sm_90); these fit.
+_SEQUENTIAL = dict(num_warps=4, num_stages=1)
+_CHUNK_BACKWARD = dict(num_warps=8, num_stages=2)  # with value blocks of 32: ~115 KiB (sm_90, Triton 3.9)
 
 
 # -----------------------------------------------------------------------------
@@ -161,32 +167,31 @@ def kda_intra_kernel(q, k, g_cum, gram, qk, cu_seqlens, chunk_offsets, num_seqs,
             k_ref = k_i * to_ref
             out = (chunk_start + r[:, None]) * H * C + head * C
             # Earlier sub-blocks: one product each, through the reference point.
-            for j in tl.static_range(i):
-                c = j * BC + sub
-                ok_j = c < tl.where(block_ok, valid, 0)  # nothing if sub-block i is all padding
-                k_j = _load_rows(k, chunk_start + c, ok_j, head, H, K)
-                G_j = _load_rows(g_cum, chunk_start + c, ok_j, head, H, K)
+            for jb in tl.static_range(i):
+                cols_j = jb * BC + sub
+                ok_j = cols_j < tl.where(block_ok, valid, 0)  # nothing if sub-block i is all padding
+                k_j = _load_rows(k, chunk_start + cols_j, ok_j, head, H, K)
+                G_j = _load_rows(g_cum, chunk_start + cols_j, ok_j, head, H, K)
                 k_from_ref = k_j * tl.exp(tl.where(ok_j[:, None], ref[None, :] - G_j, 0.0))  # <= 1: before ref
-                a = tl.dot(k_ref, tl.trans(k_from_ref), input_precision=PRECISION)
-                p = tl.dot(q_ref, tl.trans(k_from_ref), input_precision=PRECISION) * scale
-                tl.store(gram + out + c[None, :], a, mask=ok_i[:, None])
-                tl.store(qk + out + c[None, :], p, mask=ok_i[:, None])
+                gram_block = tl.dot(k_ref, tl.trans(k_from_ref), input_precision=PRECISION)
+                qk_block = tl.dot(q_ref, tl.trans(k_from_ref), input_precision=PRECISION) * scale
+                tl.store(gram + out + cols_j[None, :], gram_block, mask=ok_i[:, None])
+                tl.store(qk + out + cols_j[None, :], qk_block, mask=ok_i[:, None])
             # The diagonal sub-block, one column at a time: mask the exponent to j <= r before exp.
-            a = tl.zeros([BC, BC], tl.float32)
-            p = tl.zeros([BC, BC], tl.float32)
+            gram_diag = tl.zeros([BC, BC], tl.float32)
+            qk_diag = tl.zeros([BC, BC], tl.float32)
             for jj in range(BC):
-                j = i * BC + jj
-                ok_j = j < valid
-                k_j = _load_row(k, chunk_start + j, ok_j, head, H, K)
-                G_j = _load_row(g_cum, chunk_start + j, ok_j, head, H, K)
-                seen = ok_i & (r >= j)
-                decayed = k_j[None, :] * tl.exp(tl.where(seen[:, None], G_i - G_j[None, :], 0.0))
-                column = sub[None, :] == jj
-                a = tl.where(column & (r > j)[:, None], tl.sum(k_i * decayed, 1)[:, None], a)
-                p = tl.where(column & seen[:, None], tl.sum(q_i * decayed, 1)[:, None], p)
-            c = i * BC + sub
-            tl.store(gram + out + c[None, :], a, mask=ok_i[:, None])
-            tl.store(qk + out + c[None, :], p * scale, mask=ok_i[:, None])
+                col = i * BC + jj
+                k_col = _load_row(k, chunk_start + col, col < valid, head, H, K)
+                G_col = _load_row(g_cum, chunk_start + col, col < valid, head, H, K)
+                seen = ok_i & (r >= col)
+                decayed = k_col[None, :] * tl.exp(tl.where(seen[:, None], G_i - G_col[None, :], 0.0))
+                in_column = sub[None, :] == jj
+                gram_diag = tl.where(in_column & (r > col)[:, None], tl.sum(k_i * decayed, 1)[:, None], gram_diag)
+                qk_diag = tl.where(in_column & seen[:, None], tl.sum(q_i * decayed, 1)[:, None], qk_diag)
+            cols_i = i * BC + sub
+            tl.store(gram + out + cols_i[None, :], gram_diag, mask=ok_i[:, None])
+            tl.store(qk + out + cols_i[None, :], qk_diag * scale, mask=ok_i[:, None])
         task = next_task(task, cu_seqlens, chunk_offsets, num_seqs, H, SCHEDULE)
 
 
@@ -283,6 +288,156 @@ def kda_state_kernel(q, k, g_cum, qk, w, u, o, states, final, cu_seqlens, chunk_
 
 
 # -----------------------------------------------------------------------------
+# Backward kernels.
+
+
+@triton.jit
+def kda_state_backward_kernel(q, k, g_cum, qk, w, d_o, d_final, d_u, d_states, cu_seqlens, chunk_offsets, H,
+                              scale, K: tl.constexpr, V: tl.constexpr, C: tl.constexpr, BV: tl.constexpr,
+                              PRECISION: tl.constexpr):
+    """The recurrence backwards. Program ``(n, head, v_block)`` walks sequence slot ``n``'s chunks
+    from last to first carrying ``dS``, the gradient of the state leaving the chunk (``d_final``
+    for the last one), and per chunk::
+
+        d_states[chunk] = dS                                   (float32 [G_cap, H, K, V])
+        dU = P^T dO + (K ⊙ exp(G_last - G)) dS                  (float32 [T, H, V], rows)
+        dS = Diag(exp(G_last)) dS + (scale Q ⊙ exp(G))^T dO - W^T dU
+
+    the last line being the gradient of the state entering the chunk. Grid ``(N, H, V // BV)``."""
+    n = tl.program_id(0)
+    head = tl.program_id(1)
+    v_block = tl.program_id(2)
+    seq_start = tl.load(cu_seqlens + n)
+    seq_len = tl.load(cu_seqlens + n + 1) - seq_start
+    first = tl.load(chunk_offsets + n)
+    cols = v_block * BV + tl.arange(0, BV)
+    dS = tl.load(_state_ptrs(d_final, n, head, H, K, V, BV, v_block))
+    num_chunks = tl.cdiv(seq_len, C)
+    for step in range(0, num_chunks):
+        chunk = num_chunks - 1 - step
+        rows, ok = _chunk_rows(seq_start, seq_len, chunk, C)
+        tl.store(_state_ptrs(d_states, first + chunk, head, H, K, V, BV, v_block), dS)
+        row_offs = (rows[:, None] * H + head) * V + cols[None, :]
+        dO = tl.load(d_o + row_offs, mask=ok[:, None], other=0.0).to(tl.float32)
+        P = _load_square(qk, rows, ok, head, H, C, False)
+        G = _load_rows(g_cum, rows, ok, head, H, K)
+        G_last = _chunk_tail(g_cum, seq_start, seq_len, chunk, head, H, K, C)
+        k_c = _load_rows(k, rows, ok, head, H, K)
+        k_to_end = k_c * tl.exp(tl.where(ok[:, None], G_last[None, :] - G, 0.0))
+        dU = tl.dot(tl.trans(P), dO, input_precision=PRECISION)
+        dU = tl.dot(k_to_end, dS, dU, input_precision=PRECISION)
+        tl.store(d_u + row_offs, dU, mask=ok[:, None])
+        q_c = _load_rows(q, rows, ok, head, H, K)
+        W = _load_rows(w, rows, ok, head, H, K)
+        dS = tl.exp(G_last)[:, None] * dS
+        dS = tl.dot(tl.trans(q_c * scale * tl.exp(G)), dO, dS, input_precision=PRECISION)
+        dS = tl.dot(tl.trans(-W), dU, dS, input_precision=PRECISION)
+
+
+@triton.jit(do_not_specialize=["num_seqs"])
+def kda_chunk_backward_kernel(q, k, v, g_cum, beta, gram, inverse, w, u, states, d_o, d_u, d_states,
+                              dq, dk, dv, dg, dbeta, cu_seqlens, chunk_offsets, num_seqs, H, scale,
+                              K: tl.constexpr, V: tl.constexpr, C: tl.constexpr, BV: tl.constexpr,
+                              SCHEDULE: tl.constexpr, PRECISION: tl.constexpr):
+    """Everything else of the backward, one chunk at a time, given ``dO``, ``dU`` and the state
+    gradients from :func:`kda_state_backward_kernel`; see :func:`_kda_backward` for the
+    equations. Writes the chunk's rows of ``dq, dk, dv, dg, dbeta``. Grid ``(G_cap, H)``, flat
+    schedule (program 0's index is the chunk's slot in ``states``)."""
+    task = first_task(cu_seqlens, cu_seqlens, chunk_offsets, num_seqs, H, C, SCHEDULE)
+    while task >= 0:
+        seq_start, seq_len, chunk, head = task_at(task, cu_seqlens, chunk_offsets, num_seqs, SCHEDULE)
+        slot = tl.program_id(0)
+        rows, ok = _chunk_rows(seq_start, seq_len, chunk, C)
+        valid = tl.minimum(seq_len - chunk * C, C)
+        pos = tl.arange(0, C)
+        b = tl.load(beta + rows * H + head, mask=ok, other=0.0).to(tl.float32)
+        q_c = _load_rows(q, rows, ok, head, H, K)
+        k_c = _load_rows(k, rows, ok, head, H, K)
+        G = _load_rows(g_cum, rows, ok, head, H, K)
+        G_last = _chunk_tail(g_cum, seq_start, seq_len, chunk, head, H, K, C)
+        W = _load_rows(w, rows, ok, head, H, K)
+        M = _load_square(inverse, rows, ok, head, H, C, False)
+        gram_c = _load_square(gram, rows, ok, head, H, C, True)
+        k_decayed = k_c * tl.exp(G)  # K ⊙ exp(G), exponent <= 0 (0 on padding rows, where k = 0)
+        B_k = b[:, None] * k_decayed
+
+        # Contractions over V, one value block at a time.
+        dP = tl.zeros([C, C], tl.float32)
+        dM = tl.zeros([C, C], tl.float32)
+        dQg = tl.zeros([C, K], tl.float32)
+        dW = tl.zeros([C, K], tl.float32)
+        dKd = tl.zeros([C, K], tl.float32)
+        dG_last = tl.zeros([K], tl.float32)
+        db = tl.zeros([C], tl.float32)
+        for v_block in range(0, V // BV):
+            cols = v_block * BV + tl.arange(0, BV)
+            row_offs = (rows[:, None] * H + head) * V + cols[None, :]
+            S0 = tl.load(_state_ptrs(states, slot, head, H, K, V, BV, v_block))
+            dS1 = tl.load(_state_ptrs(d_states, slot, head, H, K, V, BV, v_block))
+            U0 = tl.load(u + row_offs, mask=ok[:, None], other=0.0)
+            dU = tl.load(d_u + row_offs, mask=ok[:, None], other=0.0)
+            dO = tl.load(d_o + row_offs, mask=ok[:, None], other=0.0).to(tl.float32)
+            v_c = tl.load(v + row_offs, mask=ok[:, None], other=0.0).to(tl.float32)
+            U = U0 - tl.dot(W, S0, input_precision=PRECISION)
+            dP = tl.dot(dO, tl.trans(U), dP, input_precision=PRECISION)
+            dQg = tl.dot(dO, tl.trans(S0), dQg, input_precision=PRECISION)
+            dW = tl.dot(-dU, tl.trans(S0), dW, input_precision=PRECISION)
+            dKd = tl.dot(U, tl.trans(dS1), dKd, input_precision=PRECISION)
+            dG_last += tl.sum(S0 * dS1, 1)
+            B_v = b[:, None] * v_c
+            dM = tl.dot(dU, tl.trans(B_v), dM, input_precision=PRECISION)
+            dB_v = tl.dot(tl.trans(M), dU, input_precision=PRECISION)
+            tl.store(dv + row_offs, (b[:, None] * dB_v).to(dv.dtype.element_ty), mask=ok[:, None])
+            db += tl.sum(dB_v * v_c, 1)
+
+        # Through the UT transform: W = M B_k, U_0 = M B_v, M = (I + A)^{-1}, A = Diag(beta) Γ.
+        dB_k = tl.dot(tl.trans(M), dW, input_precision=PRECISION)
+        dM = tl.dot(dW, tl.trans(B_k), dM, input_precision=PRECISION)
+        dA = -tl.dot(tl.dot(tl.trans(M), dM, input_precision=PRECISION), tl.trans(M), input_precision=PRECISION)
+        strict = (pos[None, :] < pos[:, None]) & ok[:, None]
+        dA = tl.where(strict, dA, 0.0)
+        db += tl.sum(dA * gram_c, 1) + tl.sum(dB_k * k_decayed, 1)
+        d_gram = dA * b[:, None]  # coefficient of Γ_rj = Σ_d k_rd k_jd E_rjd
+        d_qk = tl.where((pos[None, :] <= pos[:, None]) & ok[:, None], dP, 0.0) * scale  # of Σ_d q_rd k_jd E_rjd
+
+        # The pairwise terms, one column j at a time (exponent masked to j <= r before exp):
+        # row side  Σ_j c_rj k_j ⊙ E_rj  ->  dq (from P), dk (from Γ);
+        # column side Σ_r (c^P_rj q_r + c^Γ_rj k_r) ⊙ E_rj  ->  dk of key j.
+        dq_pair = tl.zeros([C, K], tl.float32)
+        dk_row = tl.zeros([C, K], tl.float32)
+        dk_col = tl.zeros([C, K], tl.float32)
+        for j in range(0, valid):
+            k_j = _load_row(k, seq_start + chunk * C + j, j < valid, head, H, K)
+            G_j = _load_row(g_cum, seq_start + chunk * C + j, j < valid, head, H, K)
+            seen = ok & (pos >= j)
+            E = tl.exp(tl.where(seen[:, None], G - G_j[None, :], 0.0))
+            column = pos[None, :] == j
+            c_qk = tl.sum(tl.where(column, d_qk, 0.0), 1)
+            c_gram = tl.sum(tl.where(column, d_gram, 0.0), 1)
+            k_j_decayed = k_j[None, :] * E
+            dq_pair += c_qk[:, None] * k_j_decayed
+            dk_row += c_gram[:, None] * k_j_decayed
+            to_j = tl.sum((c_qk[:, None] * q_c + c_gram[:, None] * k_c) * E, 0)
+            dk_col = tl.where(pos[:, None] == j, to_j[None, :], dk_col)
+
+        decay = tl.exp(G)
+        k_to_end = k_c * tl.exp(tl.where(ok[:, None], G_last[None, :] - G, 0.0))
+        d_q = dq_pair + scale * decay * dQg
+        d_k = dk_row + dk_col + b[:, None] * decay * dB_k + tl.exp(tl.where(ok[:, None], G_last[None, :] - G, 0.0)) * dKd
+        # dL/dG_r, then dL/dg_r = Σ_{r' >= r} dL/dG_r' (G is the within-chunk cumsum of g).
+        dG = q_c * dq_pair + k_c * dk_row - k_c * dk_col + dQg * (scale * q_c * decay) + dB_k * B_k - dKd * k_to_end
+        dG_tail = tl.sum(dKd * k_to_end, 0) + tl.exp(G_last) * dG_last  # through G_last
+        dG = tl.where(pos[:, None] == valid - 1, dG + dG_tail[None, :], dG)
+        dG = tl.where(ok[:, None], dG, 0.0)
+        d_g = tl.sum(dG, 0)[None, :] - tl.cumsum(dG, 0) + dG
+        _store_rows(dq, d_q, rows, ok, head, H, K)
+        _store_rows(dk, d_k, rows, ok, head, H, K)
+        _store_rows(dg, d_g, rows, ok, head, H, K)
+        tl.store(dbeta + rows * H + head, db.to(dbeta.dtype.element_ty), mask=ok)
+        task = next_task(task, cu_seqlens, chunk_offsets, num_seqs, H, SCHEDULE)
+
+
+# -----------------------------------------------------------------------------
 # Host side: checks (metadata only), buffers, launches.
 
 
@@ -348,10 +503,11 @@ def _precision(dtype: torch.dtype) -> str:
     return "ieee" if dtype == torch.float32 else "tf32"
 
 
-def _value_block(V: int) -> int:
+def _value_block(V: int, largest: int = 64) -> int:
     # The interpreter runs programs one after another: one block is fastest there. On the GPU a
-    # [128, 64] float32 state block is 64 registers per thread at 4 warps.
-    return V if INTERPRETED else min(V, 64)
+    # [128, 64] float32 state block is 64 registers per thread at 4 warps; the per-chunk backward
+    # takes 32 columns at a time to fit its shared memory (see _CHUNK_BACKWARD).
+    return V if INTERPRETED else min(V, largest)
 
 
 def _chunk_offsets(cu_seqlens: Tensor, C: int) -> Tensor:
@@ -395,9 +551,57 @@ def _kda_forward(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, cu_se
                             PRECISION=precision)
     BV = _value_block(V)
     kda_state_kernel[(N, H, V // BV)](q, k, g_cum, qk, w, u, o, states, final, cu_seqlens, offsets, H, scale,
-                                      K=K, V=V, C=C, BV=BV, PRECISION=precision)
-    saved = dict(offsets=offsets, g_cum=g_cum, gram=gram, inverse=inverse, w=w, u=u, states=states)
+                                      K=K, V=V, C=C, BV=BV, PRECISION=precision, **_SEQUENTIAL)
+    saved = dict(offsets=offsets, g_cum=g_cum, gram=gram, qk=qk, inverse=inverse, w=w, u=u, states=states)
     return o, final, saved
+
+
+def _kda_backward(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, cu_seqlens: Tensor,
+                  saved: dict[str, Tensor], d_o: Tensor | None, d_final: Tensor | None, scale: float,
+                  C: int) -> tuple[Tensor, ...]:
+    r"""Gradients of ``(q, k, v, g, beta)`` from those of ``o`` and ``final_state``; two kernels.
+
+    Per chunk (one head; ``S_0``, ``S_1`` the states entering and leaving it, ``Q_g = scale Q ⊙
+    exp(G)``, ``K_e = K ⊙ exp(G_last - G)``, ``B_k = Diag(beta) (K ⊙ exp(G))``, ``B_v = Diag(beta)
+    V``, ``M = (I + Diag(beta) Γ)^{-1}``), from ``O = Q_g S_0 + P U``, ``U = M B_v - M B_k S_0``,
+    ``S_1 = Diag(exp(G_last)) S_0 + K_e^T U``::
+
+        sequential (reverse):  dU = P^T dO + K_e dS_1
+                               dS_0 = Q_g^T dO + Diag(exp(G_last)) dS_1 - W^T dU
+        per chunk:             dP = tril(dO U^T)     dQ_g = dO S_0^T     dW = -dU S_0^T
+                               dK_e = U dS_1^T       dB_v = M^T dU       dB_k = M^T dW
+                               dM = dU B_v^T + dW B_k^T                  dA = -stril(M^T dM M^T)
+
+    then the pairwise terms of ``P_rj = scale Σ_d q_rd k_jd E_rjd`` and ``Γ_rj`` (the same with
+    ``k_r``), whose ``G``-gradient is ``x_r ⊙ (row-side gradient) - k_j ⊙ (column-side
+    gradient)``, and the chain through ``G = cumsum(g)``: ``dg`` is the reverse cumulative sum of
+    ``dG`` over the chunk.
+    """
+    T, H, K = q.shape
+    V = v.shape[2]
+    N = cu_seqlens.numel() - 1
+    device = q.device
+    f32 = dict(dtype=torch.float32, device=device)
+    G_cap = chunk_capacity(T, N, C)
+    d_o = torch.zeros(T, H, V, dtype=q.dtype, device=device) if d_o is None else d_o.contiguous()
+    d_final = torch.zeros(N, H, K, V, **f32) if d_final is None else d_final.float().contiguous()
+    d_u = torch.empty(T, H, V, **f32)
+    d_states = torch.empty_like(saved["states"])
+    dq, dk, dv = (torch.zeros_like(x) for x in (q, k, v))
+    dg, dbeta = torch.zeros_like(g), torch.zeros_like(beta)
+    precision = _precision(q.dtype)
+    BV = _value_block(V)
+    offsets = saved["offsets"]
+    kda_state_backward_kernel[(N, H, V // BV)](q, k, saved["g_cum"], saved["qk"], saved["w"], d_o, d_final, d_u,
+                                               d_states, cu_seqlens, offsets, H, scale, K=K, V=V, C=C, BV=BV,
+                                               PRECISION=precision, **_SEQUENTIAL)
+    if G_cap > 0:
+        kda_chunk_backward_kernel[(G_cap, H)](
+            q, k, v, saved["g_cum"], beta, saved["gram"], saved["inverse"], saved["w"], saved["u"],
+            saved["states"], d_o, d_u, d_states, dq, dk, dv, dg, dbeta, cu_seqlens, offsets, N, H, scale,
+            K=K, V=V, C=C, BV=_value_block(V, 32), SCHEDULE="flat", PRECISION=precision, **_CHUNK_BACKWARD,
+        )
+    return dq, dk, dv, dg, dbeta
 
 
 class _KDATriton(torch.autograd.Function):
@@ -413,7 +617,10 @@ class _KDATriton(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, d_o: Tensor | None, d_final: Tensor | None):
-        raise NotImplementedError("kda_triton: the backward is not written yet")
+        q, k, v, g, beta, cu_seqlens, *rest = ctx.saved_tensors
+        saved = dict(zip(ctx.saved_names, rest))
+        grads = _kda_backward(q, k, v, g, beta, cu_seqlens, saved, d_o, d_final, ctx.scale, ctx.chunk)
+        return (*grads, None, None, None)
 
 
 def kda_triton(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, cu_seqlens: Tensor, *,
