@@ -33,33 +33,12 @@ def rel(x: torch.Tensor, y: torch.Tensor) -> float:
     return float((x.float() - y.float()).norm() / y.float().norm().clamp_min(1e-30))
 
 
-def profile(T: int, H: int, D: int) -> None:
-    """GPU time of each kda_triton kernel over 10 forward + backward calls (torch.profiler)."""
-    x = inputs(T, H, D, seed=0)
-    d_o = torch.randn(T, H, D, device="cuda", dtype=torch.bfloat16)
-    for lens in ([T], [T // 8] * 8):
-        cu = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int32, device="cuda")
-        for _ in range(3):
-            torch.autograd.grad(kda_triton(*x, cu)[0], x, d_o)
-        torch.cuda.synchronize()
-        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-            for _ in range(10):
-                torch.autograd.grad(kda_triton(*x, cu)[0], x, d_o)
-            torch.cuda.synchronize()
-        print(f"lengths {lens}:", flush=True)
-        print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=15), flush=True)
-
-
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--T", type=int, default=8192)
     parser.add_argument("--H", type=int, default=16)
     parser.add_argument("--D", type=int, default=128)
-    parser.add_argument("--profile", action="store_true", help="per-kernel GPU times of kda_triton, then exit")
     args = parser.parse_args()
-    if args.profile:
-        profile(args.T, args.H, args.D)
-        return
     from fla.ops.kda import chunk_kda
 
     T, H, D = args.T, args.H, args.D
