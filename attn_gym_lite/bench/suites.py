@@ -53,5 +53,6 @@ SUITES: dict[str, Suite] = {
         Suite("profiling", f"{_BENCH}.profiling", "profiling_suite", writes_files=True),
         Suite("end-to-end", f"{_BENCH}.end_to_end", "end_to_end_suite"),
         Suite("linear-attention", f"{_BENCH}.linear_attention", "linear_attention_suite"),
+        Suite("scale-out", f"{_BENCH}.scale_out", "scale_out_suite"),
     )
 }
