@@ -3,20 +3,29 @@
 Each function draws from a recorded result (``results/<gpu>/<suite>.json``) and, on a GPU, the
 reader's live run beside it, or from values the chapter computed on the CPU. Sections follow the
 chapters: ragged tensors and graph capture, profiling (timelines), schedulers, graph buckets, data
-packing.
+packing, the end-to-end comparison, linear attention, scaling out.
+
+The style lives in one place at the top (:data:`STYLE`, :data:`SERIES_COLOURS`,
+:data:`FULL_WIDTH`): every public function draws inside it, at the same width, in the same fonts,
+with a unit on every value axis and, where a recording holds a spread (repeats, per-step samples,
+percentiles), whiskers or a band beside the median. It is applied per call (``rc_context``), never
+globally: importing this module leaves the reader's matplotlib settings alone.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Any
+import contextlib
+import functools
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any, TypeVar
 
+import matplotlib as mpl
 import matplotlib.pyplot as plt
 import numpy as np
 import torch
 from matplotlib.colors import ListedColormap
 from matplotlib.patches import Patch
-from matplotlib.ticker import NullLocator
+from matplotlib.ticker import FuncFormatter, LogLocator, NullLocator, PercentFormatter
 
 from ..data.packing import PackingPolicy
 from ..data.study import nearest_rank
@@ -26,10 +35,129 @@ from ..profiling.trace import LANE_TID_BASE, Trace, check_trace
 from .seed import SEED_PUBLISHED
 
 # ---------------------------------------------------------------------------------------------
+# The one style: every public function below draws inside it (``@_styled``), so all figures of
+# the book share a width, fonts, grid and colours. Nothing here touches the global rcParams: a
+# reader who imports the package keeps their own matplotlib look for their own plots.
+# ---------------------------------------------------------------------------------------------
+
+#: Width of every figure the book draws, in inches: a Jupyter Book page column scales it to the
+#: same on-screen width, so the same font size reads the same in every chapter.
+FULL_WIDTH = 10.0
+#: Height of a one-row figure with nothing special to fit (a row of timelines sets its own).
+ROW_HEIGHT = 3.6
+
+#: The rcParams active while a plot function draws (:func:`style`).
+STYLE: dict[str, Any] = {
+    "font.size": 9,
+    "axes.titlesize": 10,
+    "axes.labelsize": 9,
+    "xtick.labelsize": 8,
+    "ytick.labelsize": 8,
+    "legend.fontsize": 8,
+    "legend.title_fontsize": 8,
+    "legend.frameon": False,
+    "figure.titlesize": 11,
+    "lines.linewidth": 1.4,
+    "lines.markersize": 4,
+    "axes.linewidth": 0.8,
+    "axes.grid": True,
+    "axes.axisbelow": True,  # grid lines behind bars and bands
+    "grid.alpha": 0.3,
+    "grid.linewidth": 0.6,
+    "axes.spines.top": False,
+    "axes.spines.right": False,
+    "errorbar.capsize": 2.5,
+    "figure.dpi": 100,
+    "figure.figsize": (FULL_WIDTH, ROW_HEIGHT),
+    # Constrained layout makes room for titles, outside legends and bar labels at draw time.
+    "figure.constrained_layout.use": True,
+}
+
+#: One colour per series that recurs across chapters: the eager step is red and a graph replay
+#: blue wherever they appear; ours (the package's Triton kernels, the book's path) shares the
+#: graph replay's blue; torch's ``varlen_attn`` is orange, ``torch.compile`` purple, fla olive,
+#: graph buckets green, a neutral reference (unmasked, proportional, padding) grey.
+SERIES_COLOURS: dict[str, str] = {
+    "eager": "tab:red",
+    "graph replay": "tab:blue",
+    "ours": "tab:blue",
+    "varlen_attn": "tab:orange",
+    "torch.compile": "tab:purple",
+    "fla": "tab:olive",
+    "buckets": "tab:green",
+    "reference": "0.5",
+    "padding": "0.88",
+}
+
+#: How a recorded series and the reader's live run of it differ: the same colour, the live one
+#: dotted and lighter (lines), or hatched (bars).
+RECORDED_STYLE: dict[str, Any] = {"linestyle": "-", "alpha": 1.0}
+LIVE_STYLE: dict[str, Any] = {"linestyle": ":", "alpha": 0.6}
+LIVE_HATCH = "//"
+
+_F = TypeVar("_F", bound=Callable[..., Any])
+
+
+@contextlib.contextmanager
+def style() -> Iterator[None]:
+    """The book's figure style (:data:`STYLE`) for the duration of a ``with`` block, restored after.
+
+    Use it around your own plots to match the book's; the package never sets it globally.
+    """
+    with mpl.rc_context(STYLE):
+        yield
+
+
+def _styled(function: _F) -> _F:
+    """Run a plot function inside :func:`style`: fonts, grid and layout apply while it creates
+    and draws its figure (text sizes are fixed when a text is made, so creation is what counts)."""
+
+    @functools.wraps(function)
+    def wrapper(*args, **kwargs):
+        with style():
+            return function(*args, **kwargs)
+
+    return wrapper  # type: ignore[return-value]
+
+
+def _figure(nrows: int = 1, ncols: int = 1, height: float = ROW_HEIGHT, **kw):
+    """``plt.subplots`` at the book's width (:data:`FULL_WIDTH`) and ``height`` inches, in the
+    book's style with constrained layout; ``kw`` goes to ``plt.subplots`` (``sharex``,
+    ``gridspec_kw``, ``squeeze``, ...). Returns ``(figure, axes)`` as ``plt.subplots`` does."""
+    with style():
+        return plt.subplots(nrows, ncols, figsize=(FULL_WIDTH, height), layout="constrained", **kw)
+
+
+def _log_ticks(ax, which: str = "xy") -> None:
+    """Plain numbers at 1, 2 and 5 times each power of ten on the log axes named in ``which``
+    (``"x"``, ``"y"``, ``"xy"``): ``2,000`` reads faster than ``2×10³``, and the minor labels that
+    matplotlib writes on short log ranges no longer run into each other."""
+    def plain(value: float, _position=None) -> str:
+        return f"{value:,.0f}" if value >= 1 else f"{value:g}"
+
+    for name in which:
+        axis = ax.xaxis if name == "x" else ax.yaxis
+        axis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
+        axis.set_major_formatter(FuncFormatter(plain))
+        axis.set_minor_locator(NullLocator())
+
+
+def _spread_bars(ax, x, low, high, colour="black", horizontal: bool = False) -> None:
+    """Error bars from ``low`` to ``high`` around bars or points at ``x`` (``horizontal``: the
+    spread runs along x, for ``barh``); drawn without markers so the bar or point stays the median."""
+    centre = (np.asarray(low, dtype=float) + np.asarray(high, dtype=float)) / 2
+    half = (np.asarray(high, dtype=float) - np.asarray(low, dtype=float)) / 2
+    if horizontal:
+        ax.errorbar(centre, x, xerr=half, fmt="none", ecolor=colour, elinewidth=1.0)
+    else:
+        ax.errorbar(x, centre, yerr=half, fmt="none", ecolor=colour, elinewidth=1.0)
+
+# ---------------------------------------------------------------------------------------------
 # Ragged tensors, graph capture, buckets
 # ---------------------------------------------------------------------------------------------
 
 
+@_styled
 def plot_packed_batch(cu_seqlens: torch.Tensor, token_capacity: int, ax=None):
     """Draw one packed batch as a strip of ``T`` rows: one colour per sequence, grey padding.
 
@@ -39,19 +167,21 @@ def plot_packed_batch(cu_seqlens: torch.Tensor, token_capacity: int, ax=None):
     Returns: the matplotlib ``Axes``.
     """
     bounds = cu_seqlens.cpu().tolist()
-    ax = ax or plt.subplots(figsize=(10, 1.4))[1]
+    ax = ax or _figure(height=1.5)[1]
+    ax.grid(False)  # a strip of rows: the sequence boundaries are the lines to see
     colours = plt.get_cmap("tab20").colors
     for i, (start, end) in enumerate(zip(bounds[:-1], bounds[1:])):
         if end > start:
             ax.barh(0, end - start, left=start, color=colours[i % len(colours)], edgecolor="white", linewidth=0.5)
     active = bounds[-1]
-    ax.barh(0, token_capacity - active, left=active, color="0.85", hatch="//", edgecolor="0.6")
+    ax.barh(0, token_capacity - active, left=active, color=SERIES_COLOURS["padding"], hatch="//", edgecolor="0.6")
     m = sum(e > s for s, e in zip(bounds[:-1], bounds[1:]))
-    ax.set(xlim=(0, token_capacity), yticks=[], xlabel="token row")
+    ax.set(xlim=(0, token_capacity), yticks=[], xlabel="buffer row (tokens)")
     ax.set_title(f"T={token_capacity}, L={active}, N={len(bounds) - 1}, M={m}, padding={token_capacity - active}")
     return ax
 
 
+@_styled
 def plot_hello_world(recorded: dict, live: dict | None = None):
     """Bars of µs per forward+backward, eager versus graph replay, per model size.
 
@@ -62,32 +192,36 @@ def plot_hello_world(recorded: dict, live: dict | None = None):
     """
     sources = [("recorded", recorded)] + ([("live", live)] if live else [])
     runs = recorded["runs"]
-    fig, axes = plt.subplots(1, len(runs), figsize=(5 * len(runs), 3.5))
-    for ax, index in zip(np.atleast_1d(axes), range(len(runs))):
+    fig, axes = _figure(1, len(runs), squeeze=False)
+    for ax, index in zip(axes[0], range(len(runs))):
         config = runs[index]["config"]
-        labels, values = [], []
+        labels, values, hatches = [], [], []
         for name, record in sources:
             run = record["runs"][index]
             labels += [f"eager\n{name}", f"replay\n{name}"]
             values += [run["eager_wall_us"], run["replay_wall_us"]]
-        bars = ax.bar(labels, values, color=["tab:red", "tab:blue"] * len(sources))
+            hatches += [LIVE_HATCH if name == "live" else ""] * 2
+        bars = ax.bar(labels, values, color=[SERIES_COLOURS["eager"], SERIES_COLOURS["graph replay"]] * len(sources),
+                      hatch=hatches, edgecolor="white")
         ax.bar_label(bars, fmt="%.0f")
+        ax.margins(y=0.12)  # room for the bar labels
+        ax.grid(False, axis="x")
         ax.set(title=f"dim {config['dim']}, {config['num_heads']} heads, T={config['T']}, N={config['N']}",
-               ylabel="µs per fwd+bwd (wall clock)")
-    fig.tight_layout()
+               ylabel="fwd+bwd, wall clock (µs)")
     return fig
 
 
+@_styled
 def plot_training_loop(recorded: dict, live: dict | None = None):
     """Loss per step (eager and graph, same batches; faint: per step, bold: running mean) and
     step time, recorded and live.
 
     Returns: the matplotlib ``Figure``.
     """
-    fig, (loss_ax, time_ax) = plt.subplots(1, 2, figsize=(11, 3.5), gridspec_kw={"width_ratios": [2, 1]})
-    labels, values = [], []
+    fig, (loss_ax, time_ax) = _figure(1, 2, gridspec_kw={"width_ratios": [2, 1]})
+    labels, values, ranges = [], [], []
     for name, record, style in [("recorded", recorded, "-")] + ([("live", live, ":")] if live else []):
-        for mode, colour in (("eager", "tab:red"), ("graph", "tab:blue")):
+        for mode, colour in (("eager", SERIES_COLOURS["eager"]), ("graph", SERIES_COLOURS["graph replay"])):
             if mode in record:
                 losses = np.asarray(record[mode]["losses"])
                 loss_ax.plot(losses, style, color=colour, alpha=0.25, linewidth=0.8)
@@ -99,15 +233,27 @@ def plot_training_loop(recorded: dict, live: dict | None = None):
                 if record[mode]["step_us"] is not None:
                     labels.append(f"{mode}\n{name}")
                     values.append(record[mode]["step_us"] / 1e3)
-    loss_ax.set(xlabel="step", ylabel="loss (nats/token)", title="same batches, same initial weights")
+                    # The suite runs each mode twice (``<mode>_repeat``): the range of the runs.
+                    runs = [record[key]["step_us"] / 1e3 for key in (mode, f"{mode}_repeat")
+                            if record.get(key, {}).get("step_us") is not None]
+                    ranges.append((min(runs), max(runs), len(runs)))
+    loss_ax.set(xlabel="training step", ylabel="loss (nats/token)", title="same batches, same initial weights")
     loss_ax.legend()
-    bars = time_ax.bar(labels, values, color=["tab:red" if "eager" in l else "tab:blue" for l in labels])
-    time_ax.bar_label(bars, fmt="%.2f")
-    time_ax.set(ylabel="ms per training step", title="step time (wall clock)")
-    fig.tight_layout()
+    bars = time_ax.bar(labels, values, color=[SERIES_COLOURS["eager" if "eager" in label else "graph replay"]
+                                              for label in labels],
+                       hatch=[LIVE_HATCH if "live" in label else "" for label in labels], edgecolor="white")
+    repeated = [i for i, (_, _, count) in enumerate(ranges) if count > 1]
+    if repeated:
+        _spread_bars(time_ax, repeated, [ranges[i][0] for i in repeated], [ranges[i][1] for i in repeated])
+    time_ax.bar_label(bars, fmt="%.2f", padding=4)
+    time_ax.margins(y=0.15)
+    time_ax.grid(False, axis="x")
+    time_ax.set(ylabel="training step, wall clock (ms)",
+                title="step time" + (" (bar: first run,\nwhisker: range of its repeats)" if repeated else ""))
     return fig
 
 
+@_styled
 def plot_bucket_compute(recorded: dict, live: list[dict] | None = None):
     """Forward + backward replay time versus active tokens ``L``: one graph at ``T`` (flat) versus
     the bucket that fits ``L``. ``recorded`` is the ``buckets`` result; ``live`` a ``compute()``
@@ -115,18 +261,22 @@ def plot_bucket_compute(recorded: dict, live: list[dict] | None = None):
 
     Returns: the matplotlib ``Figure``.
     """
-    fig, ax = plt.subplots(figsize=(7, 3.5))
-    for name, points, style in [("recorded", recorded["compute"], "-")] + ([("live", live, ":")] if live else []):
+    fig, ax = _figure()
+    sources = [("recorded", recorded["compute"], RECORDED_STYLE)] + ([("live", live, LIVE_STYLE)] if live else [])
+    for name, points, line_style in sources:
         ls = [p["L"] for p in points]
-        ax.plot(ls, [p["one_graph_us"] / 1e3 for p in points], style + "o", color="tab:red", label=f"one graph at T ({name})")
-        ax.plot(ls, [p["bucket_us"] / 1e3 for p in points], style + "o", color="tab:blue", label=f"smallest bucket >= L ({name})")
-    ax.set(xscale="log", yscale="log", xlabel="active tokens L", ylabel="ms per fwd+bwd replay",
+        ax.plot(ls, [p["one_graph_us"] / 1e3 for p in points], marker="o", color=SERIES_COLOURS["graph replay"],
+                label=f"one graph at T ({name})", **line_style)
+        ax.plot(ls, [p["bucket_us"] / 1e3 for p in points], marker="o", color=SERIES_COLOURS["buckets"],
+                label=f"smallest bucket >= L ({name})", **line_style)
+    ax.set(xscale="log", yscale="log", xlabel="active tokens L (tokens)", ylabel="fwd+bwd replay (ms)",
            title="the projection tax, and what buckets take back")
+    _log_ticks(ax)
     ax.legend()
-    fig.tight_layout()
     return fig
 
 
+@_styled
 def plot_padding_versus_buckets(plans: list, samples_mean: float):
     """Expected padded rows (as a fraction of all replayed rows) versus the number of buckets,
     for a list of :class:`attn_gym_lite.data.capacity.BucketPlan` with k = 1, 2, ...
@@ -137,20 +287,20 @@ def plot_padding_versus_buckets(plans: list, samples_mean: float):
 
     Returns: the matplotlib ``Figure`` (two axes).
     """
-    fig, (ax, ladder) = plt.subplots(1, 2, figsize=(8, 3.4), gridspec_kw={"width_ratios": [3, 2]})
+    fig, (ax, ladder) = _figure(1, 2, height=3.4, gridspec_kw={"width_ratios": [3, 2]})
     ks = list(range(1, len(plans) + 1))
     padding = [1 - p.expected_fill for p in plans]
-    ax.plot(ks, padding, "o-")
+    ax.plot(ks, padding, "o-", color=SERIES_COLOURS["buckets"])
     for k, value in zip(ks, padding):
-        ax.annotate(f"{value:.1%}", (k, value), textcoords="offset points", xytext=(0, 7), ha="center", fontsize=8)
-    ax.set(xlabel="buckets k", ylabel="padding / replayed rows", xticks=ks, xlim=(0.5, len(ks) + 0.5),
+        ax.annotate(f"{value:.1%}", (k, value), textcoords="offset points", xytext=(0, 7), ha="center")
+    ax.yaxis.set_major_formatter(PercentFormatter(1.0))
+    ax.set(xlabel="buckets k", ylabel="padded rows (% of replayed rows)", xticks=ks, xlim=(0.5, len(ks) + 0.5),
            ylim=(0, max(padding) * 1.25 or 1),
            title=f"plan_buckets on the loader's L\n(mean {samples_mean:.0f} tokens)")
     for k, plan in zip(ks, plans):
-        ladder.scatter([k] * len(plan.capacities), plan.capacities, marker="_", s=300, color="tab:blue")
-    ladder.set(xlabel="buckets k", ylabel="capacity (tokens)", xticks=ks, xlim=(0.5, len(ks) + 0.5),
+        ladder.scatter([k] * len(plan.capacities), plan.capacities, marker="_", s=300, color=SERIES_COLOURS["buckets"])
+    ladder.set(xlabel="buckets k", ylabel="capacity T (tokens)", xticks=ks, xlim=(0.5, len(ks) + 0.5),
                title="the capacities chosen")
-    fig.tight_layout()
     return fig
 
 
@@ -159,6 +309,7 @@ def plot_padding_versus_buckets(plans: list, samples_mean: float):
 # ---------------------------------------------------------------------------------------------
 
 
+@_styled
 def plot_timeline(
     trace: Trace,
     ax=None,
@@ -211,8 +362,13 @@ def plot_timeline(
     bases = sorted({r.removesuffix(" backward") or r for r in regions})
     colours = {r: palette((2 * bases.index(r.removesuffix(" backward") or r) + r.endswith(" backward")) % 20)
                for r in regions}
+    # The region legend sits right of the rows: two columns once it is long, and a figure tall
+    # enough for it (about 0.2 inch an entry at the book's legend size).
+    entries = len(regions) + 1 if regions else 0
+    legend_columns = 1 if entries <= 6 else 2
     if ax is None:
-        _, ax = plt.subplots(figsize=(11, 0.6 + 0.5 * len(rows)))
+        _, ax = _figure(height=max(1.0 + 0.5 * len(rows), 0.8 + 0.2 * -(-entries // legend_columns)))
+    ax.grid(False, axis="y")  # rows are streams, not values
     box_ids = {id(b) for b in boxes}
     for event in shown:
         region = event.get("args", {}).get("region")
@@ -222,7 +378,7 @@ def plot_timeline(
                        facecolors=colour, edgecolors="white" if id(event) in box_ids else "none", linewidth=0.3)
     ax.set_yticks(list(rows.values()))
     ax.set_yticklabels([names.get(tid, f"stream {tid}") for tid in rows])
-    ax.set_xlabel("time (µs from the first GPU event)")
+    ax.set_xlabel("time from the first GPU event (µs)")
     if start_us is not None or end_us is not None:
         low, high = ax.get_xlim()
         ax.set_xlim(low if start_us is None else start_us, high if end_us is None else end_us)
@@ -230,7 +386,7 @@ def plot_timeline(
         ax.set_title(title)
     if regions:
         ax.legend(handles=[Patch(color=colours[r], label=r) for r in regions] + [Patch(color=(0.6, 0.6, 0.6), label="(unlabelled)")],
-                  loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize="small", frameon=False)
+                  loc="upper left", bbox_to_anchor=(1.0, 1.0), ncols=legend_columns)
     return ax
 
 
@@ -256,6 +412,7 @@ def _timeline_colour(track: str, name: str) -> str:
     return _TIMELINE_COLOURS["host"]
 
 
+@_styled
 def plot_compact_timeline(timeline: dict, ax=None, *, title: str | None = None, max_depth: int | None = None):
     """Draw a :func:`~attn_gym_lite.profiling.compact.compact_timeline`: one row per track (host
     threads on top, then runtime calls, then GPU streams), nested host slices as thinner bars
@@ -277,7 +434,8 @@ def plot_compact_timeline(timeline: dict, ax=None, *, title: str | None = None, 
         raise ValueError("plot_compact_timeline: the timeline has no events")
     deepest = 1 + max(e[2] for e in events)
     if ax is None:
-        _, ax = plt.subplots(figsize=(11, 0.6 + 0.5 * len(tracks)))
+        _, ax = _figure(height=1.0 + 0.5 * len(tracks))
+    ax.grid(False, axis="y")  # rows are tracks, not values
     for name, track, depth, start, duration in events:
         if max_depth is not None and depth > max_depth:
             continue
@@ -286,12 +444,13 @@ def plot_compact_timeline(timeline: dict, ax=None, *, title: str | None = None, 
         ax.broken_barh([(start, max(duration, 1e-3))], (row - height / 2, height),
                        facecolors=_timeline_colour(tracks[track], name), edgecolors="white", linewidth=0.2)
     ax.set_yticks(range(len(tracks)), tracks[::-1])
-    ax.set_xlabel("µs from the first event")
+    ax.set_xlabel("time from the first event (µs)")
     if title:
         ax.set_title(title)
     return ax
 
 
+@_styled
 def plot_hello_world_timelines(recorded: dict):
     """The seed's first two pictures: one eager forward + backward above, one graph replay of the
     same step below, on one time axis (``recorded["timelines"]`` of the ``hello-world`` suite).
@@ -305,8 +464,8 @@ def plot_hello_world_timelines(recorded: dict):
     timelines = recorded["timelines"]
     modes = [m for m in ("eager", "replay") if m in timelines]
     heights = [len(timelines[m]["tracks"]) + 1 for m in modes]
-    fig, axes = plt.subplots(len(modes), 1, figsize=(11, 0.5 * sum(heights) + 1.2), sharex=True,
-                             gridspec_kw={"height_ratios": heights}, squeeze=False)
+    fig, axes = _figure(len(modes), 1, height=0.5 * sum(heights) + 1.4, sharex=True,
+                        gridspec_kw={"height_ratios": heights}, squeeze=False)
     for ax, mode in zip(axes[:, 0], modes):
         timeline = timelines[mode]
         counts = timeline["counts"]
@@ -315,13 +474,13 @@ def plot_hello_world_timelines(recorded: dict):
             f"{mode}: {counts['launches']} launches, {counts['device_events']} GPU events, "
             f"GPU busy {busy:.0%} of {timeline['span_us']:.0f} µs"))
     axes[0, 0].legend(handles=[Patch(color=c, label=k) for k, c in _TIMELINE_COLOURS.items()],
-                      loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize="small", frameon=False)
+                      loc="upper left", bbox_to_anchor=(1.0, 1.0))
     for ax in axes[:-1, 0]:
         ax.set_xlabel("")
-    fig.tight_layout()
     return fig
 
 
+@_styled
 def plot_host_phases(phases: dict):
     """One training step phase by phase (:func:`~attn_gym_lite.profiling.compact.host_phases`).
 
@@ -332,8 +491,10 @@ def plot_host_phases(phases: dict):
     Returns: the matplotlib ``Figure``.
     """
     order = phases["order"]
-    fig, (phase_ax, flame_ax) = plt.subplots(2, 1, figsize=(11, 2 + 0.4 * len(order) + 3),
-                                             gridspec_kw={"height_ratios": [len(order) + 1, 6]})
+    fig, (phase_ax, flame_ax) = _figure(2, 1, height=2 + 0.4 * len(order) + 3,
+                                        gridspec_kw={"height_ratios": [len(order) + 1, 6]})
+    phase_ax.grid(False, axis="y")
+    flame_ax.grid(False, axis="y")
     colours = plt.get_cmap("tab10")
     for row, name in enumerate(order):
         span = phases["phases"][name]
@@ -345,7 +506,7 @@ def plot_host_phases(phases: dict):
                                  (y, 0.35), facecolors="none", edgecolors=colours(row), hatch="///",
                                  label="GPU" if row == 0 else None)
     phase_ax.set_yticks(range(len(order)), order[::-1])
-    phase_ax.set(xlabel="µs from the step's start", title="host span (solid) and GPU span (hatched) per phase")
+    phase_ax.set(xlabel="time from the step's start (µs)", title="host span (solid) and GPU span (hatched) per phase")
     longest = phases["longest"]
     flame = phases["flame"]
     duration = phases["phases"][longest]["dur_us"]
@@ -359,8 +520,7 @@ def plot_host_phases(phases: dict):
     flame_ax.set_ylim(-(1 + max((f[1] for f in flame), default=0)) - 0.2, 0.2)
     flame_ax.set_yticks([])
     stacks = "Python frames and ops" if phases["stacks"] else "ops (no Python stacks recorded)"
-    flame_ax.set(xlabel=f"µs from the start of {longest!r}", title=f"longest phase, {longest!r}: {stacks}")
-    fig.tight_layout()
+    flame_ax.set(xlabel=f"time from the start of {longest!r} (µs)", title=f"longest phase, {longest!r}: {stacks}")
     return fig
 
 
@@ -385,6 +545,7 @@ def boundary_memory_bands(mode_record: dict) -> dict[str, np.ndarray]:
     return bands
 
 
+@_styled
 def plot_boundary_memory(recorded: dict):
     """Allocated memory over one training step at the optimizer boundary, one panel per mode
     (``recorded["optimizer_boundary_memory"]`` of the ``buckets`` suite, or that dict itself):
@@ -396,7 +557,7 @@ def plot_boundary_memory(recorded: dict):
     """
     record = recorded.get("optimizer_boundary_memory", recorded)
     modes = [m for m in record if isinstance(record[m], dict) and "timeline" in record[m]]
-    fig, axes = plt.subplots(1, len(modes), figsize=(6 * len(modes), 3.8), sharey=True, squeeze=False)
+    fig, axes = _figure(1, len(modes), height=3.8, sharey=True, squeeze=False)
     for ax, mode in zip(axes[0], modes):
         mode_record = record[mode]
         bands = boundary_memory_bands(mode_record)
@@ -404,10 +565,10 @@ def plot_boundary_memory(recorded: dict):
         ax.stackplot(x, *[bands[name] / MIB for name in _MEMORY_BANDS], labels=list(_MEMORY_BANDS),
                      colors=list(_MEMORY_BANDS.values()), step="post")
         ax.axvline(mode_record["marked_entry"], color="black", linestyle=":", linewidth=1)
-        ax.set(xlabel="allocator event", title=f"{mode}\npeak {mode_record['peak_allocated_bytes'] / MIB:,.0f} MiB")
-    axes[0, 0].set_ylabel("allocated MiB")
-    axes[0, -1].legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize="small", frameon=False)
-    fig.tight_layout()
+        ax.set(xlabel="allocator event (index in the step)",
+               title=f"{mode}\npeak {mode_record['peak_allocated_bytes'] / MIB:,.0f} MiB")
+    axes[0, 0].set_ylabel("allocated (MiB)")
+    axes[0, -1].legend(loc="upper left", bbox_to_anchor=(1.0, 1.0))
     return fig
 
 
@@ -416,14 +577,16 @@ def plot_boundary_memory(recorded: dict):
 # ---------------------------------------------------------------------------------------------
 
 # One colour per implementation, the same in every figure.
-COLOURS = {"varlen_attn": "tab:red", "rect": "tab:orange", "flat": "tab:green", "persistent": "tab:blue",
-           "dynamic": "tab:cyan", "default": "black", "persistent+zero": "tab:purple",
-           "sdpa_flash": "0.35", "sdpa_cudnn": "0.55", "sdpa_efficient": "0.75"}  # dense: greys
+# torch's varlen_attn keeps its colour of every chapter; ours are the blues (persistent, the
+# book's default path, in SERIES_COLOURS["ours"]) and their neighbours; dense kernels are greys.
+COLOURS = {"varlen_attn": SERIES_COLOURS["varlen_attn"], "rect": "tab:brown", "flat": "tab:green",
+           "persistent": SERIES_COLOURS["ours"], "dynamic": "tab:cyan", "default": "black",
+           "persistent+zero": "navy", "sdpa_flash": "0.35", "sdpa_cudnn": "0.55", "sdpa_efficient": "0.75"}
 
 # The three sweeps: what the x axis is, and how to read it from a row.
 SWEEPS = {
-    "fragmentation": ("active sequences M (L fixed)", lambda row: row["M"]),
-    "overcapture": ("active tokens L (M fixed)", lambda row: row["L"]),
+    "fragmentation": ("active sequences M (sequences; L fixed)", lambda row: row["M"]),
+    "overcapture": ("active tokens L (tokens; M fixed)", lambda row: row["L"]),
     "constant": ("active fraction M/N = L/T (128 tokens each)", None),
 }
 
@@ -435,6 +598,7 @@ SWEEPS = {
 _VERDICT_COLOURS = {"ok": "tab:green", "WRONG": "tab:orange", "non-finite": "tab:red"}
 
 
+@_styled
 def plot_masking(verdicts: dict[str, dict[str, str]], cost_points: Sequence[dict]):
     """The masking chapter's two results in one figure.
 
@@ -451,42 +615,47 @@ def plot_masking(verdicts: dict[str, dict[str, str]], cost_points: Sequence[dict
     kinds = list(_VERDICT_COLOURS)
     grid = np.array([[kinds.index("non-finite" if v.endswith("non-finite") else v) for v in verdicts[r].values()]
                      for r in variants])
-    fig, (table_ax, cost_ax) = plt.subplots(1, 2, figsize=(12, 3.8), gridspec_kw={"width_ratios": [3, 2]})
+    fig, (table_ax, cost_ax) = _figure(1, 2, height=3.8, gridspec_kw={"width_ratios": [3, 2]})
+    table_ax.grid(False)
     table_ax.imshow(grid, cmap=ListedColormap([_VERDICT_COLOURS[k] for k in kinds]), vmin=-0.5,
                     vmax=len(kinds) - 0.5, aspect="auto")
-    table_ax.set_xticks(range(len(names)), names, rotation=35, ha="right", fontsize=8)
-    table_ax.set_yticks(range(len(variants)), variants, fontsize=8)
-    table_ax.set_title("gradients at capacity vs the exact ones", fontsize=10)
-    table_ax.legend(handles=[Patch(color=_VERDICT_COLOURS[k], label=k) for k in kinds], fontsize=8,
+    table_ax.set_xticks(range(len(names)), names, rotation=35, ha="right")
+    table_ax.set_yticks(range(len(variants)), variants)
+    table_ax.set(title="gradients at capacity vs the exact ones", xlabel="gradient", ylabel="masks applied")
+    table_ax.legend(handles=[Patch(color=_VERDICT_COLOURS[k], label=k) for k in kinds],
                     loc="upper left", bbox_to_anchor=(1.0, 1.0))
     ls = [p["L"] for p in cost_points]
-    cost_ax.plot(ls, [p["masked_us"] / 1e3 for p in cost_points], "o-", color="tab:blue", label="masked")
-    cost_ax.plot(ls, [p["unmasked_us"] / 1e3 for p in cost_points], "o--", color="0.5", label="unmasked")
-    cost_ax.set(xlabel="active tokens L", ylabel="ms per replay (fwd + bwd)", title="what the masks cost", ylim=(0, None))
-    cost_ax.legend(fontsize=8)
-    fig.tight_layout()
+    cost_ax.plot(ls, [p["masked_us"] / 1e3 for p in cost_points], "o-", color=SERIES_COLOURS["graph replay"],
+                 label="masked")
+    cost_ax.plot(ls, [p["unmasked_us"] / 1e3 for p in cost_points], "o--", color=SERIES_COLOURS["reference"],
+                 label="unmasked")
+    cost_ax.set(xlabel="active tokens L (tokens)", ylabel="fwd+bwd replay (ms)", title="what the masks cost",
+                ylim=(0, None))
+    cost_ax.legend()
     return fig
 
 
+@_styled
 def plot_grid_sizes(sizes: dict, ax=None):
     """Bars of launched CTAs per schedule (log scale), split into CTAs with work and CTAs that exit
     at once. A persistent worker runs several tasks, so it has no idle part while tasks remain.
 
     Returns: the matplotlib ``Axes``.
     """
-    ax = ax or plt.subplots(figsize=(7, 3))[1]
+    ax = ax or _figure(height=3.0)[1]
+    ax.grid(False, axis="y")
     names = ["rect", "flat", "persistent"]
     launched = np.array([sizes[n] for n in names], dtype=float)
     working = np.minimum(launched, sizes["active"])
     ax.barh(names, working, color=[COLOURS[n] for n in names], label="CTAs with work")
-    ax.barh(names, launched - working, left=working, color="0.85", hatch="//", edgecolor="0.6",
+    ax.barh(names, launched - working, left=working, color=SERIES_COLOURS["padding"], hatch="//", edgecolor="0.6",
             label="CTAs that exit at once")
     for y, (total, busy) in enumerate(zip(launched, working)):
-        ax.text(total, y, f" {int(total):,} launched, {int(total - busy):,} wasted", va="center", fontsize=8)
+        ax.text(total, y, f" {int(total):,} launched, {int(total - busy):,} wasted", va="center")
     ax.set_xscale("log")
     ax.set_xlim(1, launched.max() * 30)
-    ax.set_xlabel(f"CTAs (active tasks: {sizes['active']:,})")
-    ax.legend(loc="upper right", fontsize=8)
+    ax.set_xlabel(f"thread blocks launched (CTAs; active tasks: {sizes['active']:,})")
+    ax.legend(loc="upper right")
     return ax
 
 
@@ -496,6 +665,7 @@ def _x(sweep: str, record: dict, row: dict) -> float:
     return SWEEPS[sweep][1](row)
 
 
+@_styled
 def plot_sweeps(recorded: dict, live: dict | None = None, implementations=None):
     """The three overcapture sweeps: replay µs of the captured graph (solid) and of the exact-shape
     graph (dashed) per implementation; a live run, if given, dotted beside them.
@@ -508,49 +678,60 @@ def plot_sweeps(recorded: dict, live: dict | None = None, implementations=None):
     Returns: the matplotlib ``Figure``.
     """
     sweeps = [sweep for sweep in SWEEPS if sweep in recorded]
-    fig, axes = plt.subplots(1, len(sweeps), figsize=(5.3 * len(sweeps), 4.5), squeeze=False)
+    fig, axes = _figure(1, len(sweeps), height=4.2, squeeze=False)
     axes = axes[0]
     for ax, sweep in zip(axes, sweeps):
-        sources = [("recorded", recorded, 1.0)] + ([("live", live, 0.5)] if live and sweep in live else [])
+        sources = [("recorded", recorded, RECORDED_STYLE["alpha"])] + (
+            [("live", live, LIVE_STYLE["alpha"])] if live and sweep in live else [])
         for source, record, alpha in sources:
             for name, rows in record[sweep]["series"].items():
                 if implementations and name not in implementations:
                     continue
                 x = [_x(sweep, record, row) for row in rows]
                 label = name if source == "recorded" else f"{name} (live)"
-                style = ("-", "--") if source == "recorded" else (":", ":")
+                style = ("-", "--") if source == "recorded" else (LIVE_STYLE["linestyle"],) * 2
                 ax.plot(x, [row["captured_us"] for row in rows], style[0], marker="o", ms=3,
                         color=COLOURS[name], alpha=alpha, label=label)
                 ax.plot(x, [row["exact_us"] for row in rows], style[1], color=COLOURS[name], alpha=alpha)
         c = recorded[sweep]
-        ax.set(xscale="log", yscale="log", xlabel=SWEEPS[sweep][0], ylabel="µs per fwd+bwd replay",
+        ax.set(xscale="log", yscale="log", xlabel=SWEEPS[sweep][0], ylabel="fwd+bwd replay (µs)",
                title=f"{sweep}: T={c['T']}, N={c['N']}")
-        ax.grid(True, which="both", alpha=0.3)
-    axes[0].legend(fontsize=8, title="solid: captured, dashed: exact", title_fontsize=8)
-    fig.tight_layout()
+        _log_ticks(ax)
+    # One legend for every panel, right of the last: inside a panel it covers the curves.
+    handles, labels = axes[0].get_legend_handles_labels()
+    axes[-1].legend(handles, labels, title="solid: captured,\ndashed: exact", loc="upper left",
+                    bbox_to_anchor=(1.0, 1.0))
     return fig
 
 
+@_styled
 def plot_throughput(recorded: dict):
     """Exact-shape TFLOP/s per implementation, forward and forward+backward, for each layout.
 
     Returns: the matplotlib ``Figure``.
     """
     tables = recorded["throughput"]
-    fig, axes = plt.subplots(1, len(tables), figsize=(4 * len(tables), 3.5), sharey=True)
-    for ax, (layout, table) in zip(np.atleast_1d(axes), tables.items()):
+    # Two layouts a row: at the book's width, four side by side leave no room for the names.
+    ncols = min(2, len(tables))
+    nrows = -(-len(tables) // ncols)
+    fig, axes = _figure(nrows, ncols, height=3.3 * nrows, sharey=True, squeeze=False)
+    flat_axes = axes.ravel()
+    for ax, (layout, table) in zip(flat_axes, tables.items()):
         names = list(table)
         x = np.arange(len(names))
         for offset, (metric, hatch) in zip((-0.2, 0.2), (("fwd", ""), ("fwd_bwd", "//"))):
             values = [table[n][f"{metric}_tflops"] for n in names]
             bars = ax.bar(x + offset, values, 0.4, color=[COLOURS[n] for n in names], hatch=hatch,
                           edgecolor="white", label=metric.replace("_", "+"))
-            ax.bar_label(bars, fmt="%.0f", fontsize=7)
-        ax.set_xticks(x, names, rotation=20)
-        ax.set_title(layout, fontsize=9)
-    np.atleast_1d(axes)[0].set_ylabel("TFLOP/s (exact-shape graph)")
-    np.atleast_1d(axes)[0].legend(fontsize=8)
-    fig.tight_layout()
+            ax.bar_label(bars, fmt="%.0f", fontsize="x-small")
+        ax.set_xticks(x, names, rotation=30, ha="right", rotation_mode="anchor")
+        ax.grid(False, axis="x")
+        ax.set_title(layout)
+    for ax in flat_axes[len(tables):]:
+        ax.set_visible(False)
+    for ax in axes[:, 0]:
+        ax.set_ylabel("exact-shape graph (TFLOP/s)")
+    flat_axes[0].legend()
     return fig
 
 
@@ -561,6 +742,7 @@ def plot_throughput(recorded: dict):
 _RULE_COLOURS = {"in-order": "0.4", "first-fit": "tab:blue", "best-fit": "tab:orange"}
 
 
+@_styled
 def plot_length_distribution(lengths: Sequence[int], *, title: str = "", ax=None):
     """Histogram of document lengths on log-spaced bins, with the p50/p90/p99 lengths marked.
 
@@ -569,19 +751,20 @@ def plot_length_distribution(lengths: Sequence[int], *, title: str = "", ax=None
         title: the axes title.
     Returns: the matplotlib ``Axes``.
     """
-    ax = ax or plt.subplots(figsize=(8, 3))[1]
+    ax = ax or _figure(height=3.0)[1]
     positive = [length for length in lengths if length > 0]
     edges = np.logspace(0, np.log10(max(positive)) + 0.05, 60)
-    ax.hist(positive, bins=edges, color="tab:blue", alpha=0.8)
+    ax.hist(positive, bins=edges, color="0.45")
     for quantile, style in ((0.5, "-"), (0.9, "--"), (0.99, ":")):
         value = nearest_rank(positive, quantile)
         ax.axvline(value, color="black", linestyle=style, linewidth=1,
                    label=f"p{round(quantile * 100)} = {value:,} tokens")
     ax.set(xscale="log", xlabel="document length (tokens)", ylabel="documents", title=title)
-    ax.legend(loc="upper left", fontsize="small")
+    ax.legend(loc="upper left")
     return ax
 
 
+@_styled
 def plot_policy_batches(
     pieces: Sequence[int], policies: Sequence[PackingPolicy], token_capacity: int
 ):
@@ -594,9 +777,9 @@ def plot_policy_batches(
     colours = plt.get_cmap("tab20").colors
     runs = [list(policy.batches(pieces, token_capacity)) for policy in policies]
     rows = max(len(batches) for batches in runs)
-    fig, axes = plt.subplots(1, len(policies), figsize=(4 * len(policies), 0.35 * rows + 1.2),
-                             sharey=True, squeeze=False)
+    fig, axes = _figure(1, len(policies), height=0.35 * rows + 1.4, sharey=True, squeeze=False)
     for ax, policy, batches in zip(axes[0], policies, runs):
+        ax.grid(False, axis="y")
         padding = 0
         for row, batch in enumerate(batches):
             left = 0
@@ -604,15 +787,16 @@ def plot_policy_batches(
                 ax.barh(row, pieces[position], left=left, color=colours[position % len(colours)],
                         edgecolor="white", linewidth=0.8)
                 left += pieces[position]
-            ax.barh(row, token_capacity - left, left=left, color="0.9", hatch="//", edgecolor="0.7")
+            ax.barh(row, token_capacity - left, left=left, color=SERIES_COLOURS["padding"], hatch="//",
+                    edgecolor="0.7")
             padding += token_capacity - left
-        ax.set(xlim=(0, token_capacity), xlabel="token row",
+        ax.set(xlim=(0, token_capacity), xlabel="buffer row (tokens)",
                title=f"{policy.label}\n{len(batches)} batches, {padding} padding rows")
-    axes[0][0].set(ylabel="batch", ylim=(rows - 0.5, -0.5))
-    fig.tight_layout()
+    axes[0][0].set(ylabel="batch (in order)", ylim=(rows - 0.5, -0.5))
     return fig
 
 
+@_styled
 def plot_packing_study(rows: Sequence[dict], *, seed_published: dict = SEED_PUBLISHED):
     """The study as two rows of panels, one column per ``T``.
 
@@ -626,8 +810,8 @@ def plot_packing_study(rows: Sequence[dict], *, seed_published: dict = SEED_PUBL
     Returns: the matplotlib ``Figure``.
     """
     capacities = sorted({row["T"] for row in rows})
-    fig, axes = plt.subplots(2, len(capacities), figsize=(4.2 * len(capacities), 6.4),
-                             squeeze=False, sharex=True)
+    # One y scale per row: every T reads against the same padding and M axes.
+    fig, axes = _figure(2, len(capacities), height=6.4, squeeze=False, sharex=True, sharey="row")
     markers = {"Dolma 3": "*", "FineWeb sample-10BT": "P"}
     for column, token_capacity in enumerate(capacities):
         top, bottom = axes[0][column], axes[1][column]
@@ -640,6 +824,10 @@ def plot_packing_study(rows: Sequence[dict], *, seed_published: dict = SEED_PUBL
             xs = [b for b, _ in series]
             top.plot(xs, [100 * (1 - r["mean_fill"]) for _, r in series], "o-",
                      color=_RULE_COLOURS[name], label=name)
+            # The spread of M over the batches: median to max shaded, p99 and max drawn.
+            bottom.fill_between(xs, [r["median_M"] for _, r in series], [r["max_M"] for _, r in series],
+                                color=_RULE_COLOURS[name], alpha=0.12, linewidth=0,
+                                label=f"{name} median to max M")
             bottom.plot(xs, [r["p99_M"] for _, r in series], "o-", color=_RULE_COLOURS[name],
                         label=f"{name} p99 M")
             bottom.plot(xs, [r["max_M"] for _, r in series], "x:", color=_RULE_COLOURS[name],
@@ -661,18 +849,22 @@ def plot_packing_study(rows: Sequence[dict], *, seed_published: dict = SEED_PUBL
                                 markersize=10, label=f"seed: {corpus} p99 M")
         top.set(xscale="log", yscale="log", title=f"T = {token_capacity}",
                 ylabel="mean padding (% of T)" if column == 0 else None)
-        bottom.set(xscale="log", yscale="log", xlabel="candidate buffer B",
-                   ylabel="sequences per batch M" if column == 0 else None)
+        bottom.set(xscale="log", yscale="log", xlabel="candidate buffer B (pieces)",
+                   ylabel="sequences per batch M (sequences)" if column == 0 else None)
         for ax in (top, bottom):
             ax.set_xticks(sizes, [str(size) for size in sizes])
             ax.xaxis.set_minor_locator(NullLocator())
+    # One legend per row, right of its last panel: every panel of a row draws the same series.
+    for row in axes:
+        unique: dict = {}
+        for ax in row:
             handles, labels = ax.get_legend_handles_labels()
-            unique = dict(zip(labels, handles))
-            ax.legend(unique.values(), unique.keys(), fontsize="x-small")
-    fig.tight_layout()
+            unique.update({label: handle for label, handle in zip(labels, handles) if label not in unique})
+        row[-1].legend(unique.values(), unique.keys(), loc="upper left", bbox_to_anchor=(1.0, 1.0))
     return fig
 
 
+@_styled
 def plot_packing_run(batch_lengths: Sequence[Sequence[int]], token_capacity: int, bound: int):
     """One packing run: the fill of every batch in order, and the histogram of ``M``.
 
@@ -684,15 +876,14 @@ def plot_packing_run(batch_lengths: Sequence[Sequence[int]], token_capacity: int
     """
     fill = [100 * sum(batch) / token_capacity for batch in batch_lengths]
     sizes = [len(batch) for batch in batch_lengths]
-    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 3), gridspec_kw={"width_ratios": [2, 1]})
-    left.plot(fill, linewidth=0.7)
-    left.set(xlabel="batch", ylabel="L / T (%)", ylim=(0, 102), title="fill of each batch")
-    right.hist(sizes, bins=np.arange(0.5, max(sizes) + 1.5), color="tab:orange")
+    fig, (left, right) = _figure(1, 2, height=3.0, gridspec_kw={"width_ratios": [2, 1]})
+    left.plot(fill, linewidth=0.7, color="0.3")
+    left.set(xlabel="batch (in order)", ylabel="fill L / T (%)", ylim=(0, 102), title="fill of each batch")
+    right.hist(sizes, bins=np.arange(0.5, max(sizes) + 1.5), color="0.45")
     right.axvline(bound, color="black", linestyle="--", label=f"guaranteed bound {bound}")
-    right.set(xlabel="M (sequences in the batch)", ylabel="batches", title="M per batch",
+    right.set(xlabel="M (sequences in the batch)", ylabel="batches (count)", title="M per batch",
               xlim=(0, max(max(sizes), min(bound, 4 * max(sizes))) + 1))
-    right.legend(fontsize="small")
-    fig.tight_layout()
+    right.legend()
     return fig
 
 
@@ -701,10 +892,13 @@ def plot_packing_run(batch_lengths: Sequence[Sequence[int]], token_capacity: int
 # ---------------------------------------------------------------------------------------------
 
 #: One colour per training stack of the ``end-to-end`` suite, in every figure of chapter 8.
+#: Families share a hue with :data:`SERIES_COLOURS`: eager reds, torch.compile purples.
 STACK_COLOURS = {
-    "eager padded": "0.55", "eager packed": "tab:red", "eager packed, L rows": "salmon", "compile": "tab:pink",
-    "compile reduce-overhead": "tab:purple", "compile reduce-overhead, fixed capacity": "tab:brown",
-    "graph varlen_attn": "tab:orange", "graph ours": "tab:blue", "buckets ours": "tab:green",
+    "eager padded": "0.55", "eager packed": SERIES_COLOURS["eager"], "eager packed, L rows": "salmon",
+    "compile": "plum", "compile reduce-overhead": SERIES_COLOURS["torch.compile"],
+    "compile reduce-overhead, fixed capacity": "indigo",
+    "graph varlen_attn": SERIES_COLOURS["varlen_attn"], "graph ours": SERIES_COLOURS["ours"],
+    "buckets ours": SERIES_COLOURS["buckets"],
 }
 
 
@@ -727,6 +921,7 @@ def running_mean(values: Sequence[float], window: int) -> np.ndarray:
     return np.convolve(np.asarray(values, dtype=float), np.ones(window) / window, mode="valid")
 
 
+@_styled
 def plot_end_to_end_losses(record: dict, window: int = 10):
     """Loss per step of every stack, one panel per workload (running mean of ``window`` steps):
     the same model, weights and batches, so the curves must lie on each other.
@@ -734,18 +929,18 @@ def plot_end_to_end_losses(record: dict, window: int = 10):
     Returns: the matplotlib ``Figure``.
     """
     table = by_workload(record)
-    fig, axes = plt.subplots(1, len(table), figsize=(5.5 * len(table), 3.6), squeeze=False)
+    fig, axes = _figure(1, len(table), squeeze=False)
     for ax, (workload, runs) in zip(axes[0], table.items()):
         for stack, run in runs.items():
             trend = running_mean(run["losses"], window)
             ax.plot(np.arange(len(trend)) + len(run["losses"]) - len(trend), trend, color=STACK_COLOURS.get(stack),
                     label=stack, linewidth=1.2)
-        ax.set(xlabel="step", ylabel=f"loss (nats/token, {window}-step mean)", title=workload)
-    axes[0][-1].legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.0, 1.0), frameon=False)
-    fig.tight_layout()
+        ax.set(xlabel="training step", ylabel=f"loss, {window}-step mean (nats/token)", title=workload)
+    axes[0][-1].legend(loc="upper left", bbox_to_anchor=(1.0, 1.0))
     return fig
 
 
+@_styled
 def plot_end_to_end_throughput(record: dict, live: dict | None = None):
     """Real tokens per second of every stack, one panel per workload (live runs hatched beside
     the recorded ones when given).
@@ -754,19 +949,23 @@ def plot_end_to_end_throughput(record: dict, live: dict | None = None):
     """
     table = by_workload(record)
     live_table = by_workload(live) if live else {}
-    fig, axes = plt.subplots(1, len(table), figsize=(5.5 * len(table), 3.8), squeeze=False)
+    fig, axes = _figure(1, len(table), height=3.8, squeeze=False)
+    first_names = list(next(iter(table.values()), {}))
     for ax, (workload, runs) in zip(axes[0], table.items()):
+        ax.grid(False, axis="y")
         names = list(runs)
+        if ax is not axes[0][0] and names == first_names:
+            ax.tick_params(labelleft=False)  # the same stacks in the same order: named once, on the left
         values = [runs[n]["tokens_per_s"] / 1e6 for n in names]
         bars = ax.barh(names, values, color=[STACK_COLOURS.get(n) for n in names])
-        ax.bar_label(bars, fmt="%.2f", fontsize="small", padding=2)
+        ax.bar_label(bars, fmt="%.2f", padding=2)
+        ax.margins(x=0.15)  # room for the bar labels
         for i, name in enumerate(names):
             if name in live_table.get(workload, {}):
                 ax.barh(i, live_table[workload][name]["tokens_per_s"] / 1e6, height=0.3, color="none",
-                        edgecolor="black", hatch="//", label="live" if i == 0 else None)
+                        edgecolor="black", hatch=LIVE_HATCH, label="live" if i == 0 else None)
         ax.invert_yaxis()
-        ax.set(xlabel="million real tokens per second", title=workload)
-    fig.tight_layout()
+        ax.set(xlabel="throughput (million real tokens/s)", title=workload)
     return fig
 
 
@@ -776,10 +975,11 @@ def plot_end_to_end_throughput(record: dict, live: dict | None = None):
 # ---------------------------------------------------------------------------------------------
 
 #: Series of the ``linear-attention`` suite: the package's Triton KDA and fla's graph-safe chunk_kda.
-KDA_COLOURS = {"ours": "tab:blue", "fla_graph": "tab:orange"}
+KDA_COLOURS = {"ours": SERIES_COLOURS["ours"], "fla_graph": SERIES_COLOURS["fla"]}
 KDA_LABELS = {"ours": "ours (kda_triton)", "fla_graph": "fla chunk_kda(use_graph=True)"}
 
 
+@_styled
 def plot_kda_overcapture(recorded: dict, live: dict | None = None, goal: float | None = 1.05):
     """The KDA overcapture sweep of the ``linear-attention`` suite: left, forward + backward µs per
     replay of the graph captured at capacity (solid) and of the exact-shape graph (dashed) against
@@ -797,10 +997,10 @@ def plot_kda_overcapture(recorded: dict, live: dict | None = None, goal: float |
     """
     record = recorded.get("overcapture", recorded)
     live_record = (live or {}).get("overcapture", live) if live else None
-    fig, (times, ratios) = plt.subplots(1, 2, figsize=(11, 4.2))
-    sources = [("recorded", record, 1.0, ("-", "--"))]
+    fig, (times, ratios) = _figure(1, 2, height=4.0)
+    sources = [("recorded", record, RECORDED_STYLE["alpha"], ("-", "--"))]
     if live_record:
-        sources.append(("live", live_record, 0.6, (":", ":")))
+        sources.append(("live", live_record, LIVE_STYLE["alpha"], (LIVE_STYLE["linestyle"],) * 2))
     for source, rec, alpha, (solid, dashed) in sources:
         for name, rows in rec.get("series", {}).items():
             colour = KDA_COLOURS.get(name)
@@ -811,24 +1011,24 @@ def plot_kda_overcapture(recorded: dict, live: dict | None = None, goal: float |
             times.plot(L, [row["exact_us"] for row in rows], dashed, color=colour, alpha=alpha)
             ratios.plot(L, [row["ratio"] for row in rows], solid, marker="o", ms=3, color=colour, alpha=alpha,
                         label=label)
-    ratios.axhline(1.0, color="0.5", linewidth=0.8)
+    ratios.axhline(1.0, color=SERIES_COLOURS["reference"], linewidth=0.8)
     if goal is not None:
         ratios.axhline(goal, color="0.3", linestyle=":", linewidth=1.0, label=f"goal {goal:.2f}x")
     c = record["config"]
     failed = sorted(record.get("errors", {}))
-    times.set(xscale="log", yscale="log", xlabel="active tokens L", ylabel="µs per fwd+bwd replay",
+    times.set(xscale="log", yscale="log", xlabel="active tokens L (tokens)", ylabel="fwd+bwd replay (µs)",
               title=f"T={c['T']}, N={c['N']}, M={c['M']}, H={c['H']}, K=V={c['K']}"
                     + (f" (failed: {', '.join(failed)})" if failed else ""))
-    ratios.set(xscale="log", xlabel="active tokens L", ylabel="captured / exact",
+    ratios.set(xscale="log", xlabel="active tokens L (tokens)", ylabel="captured / exact (ratio of times)",
                title="cost of capturing once at capacity")
-    for ax in (times, ratios):
-        ax.grid(True, which="both", alpha=0.3)
-    times.legend(fontsize=8, title="solid: captured, dashed: exact", title_fontsize=8)
-    ratios.legend(fontsize=8)
-    fig.tight_layout()
+    _log_ticks(times)
+    _log_ticks(ratios, "x")
+    times.legend(title="solid: captured, dashed: exact")
+    ratios.legend()
     return fig
 
 
+@_styled
 def plot_kda_amdahl(recorded: dict, live: dict | None = None):
     """The module-level Amdahl study of the ``linear-attention`` suite: left, forward + backward µs
     of the KDA core and of the rest of the layer (stacked: their sum is the whole layer) per token
@@ -851,25 +1051,25 @@ def plot_kda_amdahl(recorded: dict, live: dict | None = None):
     points = sorted(record["points"], key=lambda p: p["T"])
     if not points:
         raise ValueError(f"plot_kda_amdahl: the record holds no points; errors: {record.get('errors')}")
-    fig, (bars, scaling) = plt.subplots(1, 2, figsize=(11, 4.2))
+    fig, (bars, scaling) = _figure(1, 2, height=4.0)
+    bars.grid(False, axis="x")
     labels = [str(p["T"]) for p in points]
     core = np.array([p["core_us"] for p in points]) / 1e3
     rest = np.array([p["rest_us"] for p in points]) / 1e3
     bars.bar(labels, core, color=KDA_COLOURS["ours"], label="KDA core")
     bars.bar(labels, rest, bottom=core, color="0.7", label="rest of the layer")
     for i, p in enumerate(points):
-        bars.text(i, (core[i] + rest[i]) * 1.01, f"core {p['core_share']:.0%}", ha="center", va="bottom",
-                  fontsize=8)
+        bars.text(i, (core[i] + rest[i]) * 1.01, f"core {p['core_share']:.0%}", ha="center", va="bottom")
     c = record["config"]
-    bars.set(xlabel="tokens T (exact shape)", ylabel="ms per fwd+bwd replay",
+    bars.set(xlabel="tokens T (tokens, exact shape)", ylabel="fwd+bwd replay (ms)",
              title=f"KDAAttention, hidden {c['hidden_size']}, {c['num_heads']} heads of {c['head_dim']}")
-    bars.legend(fontsize=8)
+    bars.legend()
 
-    sources = [("recorded", points, "-")]
+    sources = [("recorded", points, RECORDED_STYLE["linestyle"])]
     if live:
         live_points = sorted(live.get("amdahl", live)["points"], key=lambda p: p["T"])
         if live_points:
-            sources.append(("live", live_points, ":"))
+            sources.append(("live", live_points, LIVE_STYLE["linestyle"]))
     for source, rows, style in sources:
         T = np.array([p["T"] for p in rows], dtype=float)
         for key, colour, name in (("module_us", "0.3", "whole layer"), ("core_us", KDA_COLOURS["ours"], "core")):
@@ -877,12 +1077,11 @@ def plot_kda_amdahl(recorded: dict, live: dict | None = None):
             scaling.plot(T, values / values[-1], style, marker="o", ms=3, color=colour,
                          label=name + ("" if source == "recorded" else " (live)"))
     T = np.array([p["T"] for p in points], dtype=float)
-    scaling.plot(T, T / T[-1], "--", color="0.6", label="proportional to T")
-    scaling.set(xscale="log", yscale="log", xlabel="tokens T", ylabel=f"time / time at T={points[-1]['T']}",
-                title="what shrinks with the tokens")
-    scaling.grid(True, which="both", alpha=0.3)
-    scaling.legend(fontsize=8)
-    fig.tight_layout()
+    scaling.plot(T, T / T[-1], "--", color=SERIES_COLOURS["reference"], label="proportional to T")
+    scaling.set(xscale="log", yscale="log", xlabel="tokens T (tokens)",
+                ylabel=f"time / time at T={points[-1]['T']} (ratio)", title="what shrinks with the tokens")
+    _log_ticks(scaling)
+    scaling.legend()
     return fig
 
 
@@ -890,9 +1089,25 @@ def plot_kda_amdahl(recorded: dict, live: dict | None = None):
 # Scaling out
 # ---------------------------------------------------------------------------------------------
 
-SCALE_OUT_COLOURS = {"eager": "tab:gray", "graph": "tab:blue"}
+SCALE_OUT_COLOURS = {"eager": SERIES_COLOURS["eager"], "graph": SERIES_COLOURS["graph replay"]}
 
 
+def _step_rate_spread(record: dict, run: dict) -> tuple[float, float] | None:
+    """p10 and p90 of a ``scale-out`` run's per-step tokens/s (all ranks), rebuilt from what the
+    record holds: the run's ``step_ms`` (timed steps) and the global active tokens of every step
+    (``record["workloads"]["W=<W>"][workload]``), the first ``config["timed_warmup"]`` untimed.
+    ``None`` when the record lacks either (an older recording: the bar alone is drawn)."""
+    step_ms = run.get("step_ms")
+    tokens = (record.get("workloads") or {}).get(f"W={run['world_size']}", {}).get(run["workload"], {})
+    tokens = tokens.get("global_active_tokens")
+    warm = (record.get("config") or {}).get("timed_warmup")
+    if not step_ms or tokens is None or warm is None or len(tokens) - warm != len(step_ms):
+        return None
+    rates = [t / (ms / 1e3) for t, ms in zip(tokens[warm:], step_ms)]
+    return float(np.percentile(rates, 10)), float(np.percentile(rates, 90))
+
+
+@_styled
 def plot_scale_out(record: dict):
     """The ``scale-out`` suite as a figure: throughput per workload, and where the all-reduce ran.
 
@@ -918,10 +1133,12 @@ def plot_scale_out(record: dict):
     sizes = sorted({r["world_size"] for r in runs})
     modes = [m for m in ("eager", "graph") if any(r["mode"] == m for r in runs)]
     rate = {(r["workload"], r["world_size"], r["mode"]): r["tokens_per_s"] for r in runs}
+    spread = {(r["workload"], r["world_size"], r["mode"]): _step_rate_spread(record, r) for r in runs}
     traces = {key: ranks for key, ranks in (record.get("traces") or {}).items()
               if all("error" not in summary for summary in ranks.values())}
-    fig, axes = plt.subplots(1, 2 if traces else 1, figsize=(12 if traces else 7, 4.2), squeeze=False)
+    fig, axes = _figure(1, 2 if traces else 1, height=4.2, squeeze=False)
     bars = axes[0][0]
+    bars.grid(False, axis="x")
     slots = [(mode, size) for mode in modes for size in sizes]
     width = 0.8 / len(slots)
     for i, workload in enumerate(workloads):
@@ -932,14 +1149,22 @@ def plot_scale_out(record: dict):
             x = i - 0.4 + width * (j + 0.5)
             bars.bar(x, value, width, color=SCALE_OUT_COLOURS[mode], alpha=0.45 if size == 1 else 1.0,
                      label=f"{mode} DDP, {size} GPU{'s' if size > 1 else ''}" if i == 0 else None)
+            top = value
+            if spread[workload, size, mode] is not None:
+                low, high = (v / 1e6 for v in spread[workload, size, mode])
+                _spread_bars(bars, [x], [low], [high])
+                top = max(value, high)
             note = f"W={size}"
             if size > 1 and (workload, 1, mode) in rate:
                 note += f"\n{rate[workload, size, mode] / (size * rate[workload, 1, mode]):.0%}"
-            bars.text(x, value, note, ha="center", va="bottom", fontsize=7)
-    bars.set(xticks=range(len(workloads)), xticklabels=workloads, ylabel="M active tokens / s (all ranks)",
-             title="throughput (and scaling efficiency)")
+            bars.text(x, top, note, ha="center", va="bottom", fontsize="x-small")
+    has_spread = any(v is not None for v in spread.values())
+    bars.set(xticks=range(len(workloads)), xticklabels=workloads, xlabel="workload",
+             ylabel="throughput, all ranks (million active tokens/s)",
+             title="throughput: median step" + (", whiskers p10 to p90" if has_spread else "")
+                   + "\n(and scaling efficiency)")
     bars.margins(y=0.18)
-    bars.legend(fontsize=8, loc="lower right")
+    bars.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0))
     if traces:
         overlap = axes[0][1]
         labels, row = [], 0
@@ -949,11 +1174,12 @@ def plot_scale_out(record: dict):
                 exposed = max(summary["nccl_us_per_step"] / 1e3 - hidden, 0.0)
                 colour = SCALE_OUT_COLOURS.get(key.rsplit("/ ", 1)[-1], "tab:blue")
                 overlap.barh(row, hidden, color=colour, label="beside other kernels" if row == 0 else None)
-                overlap.barh(row, exposed, left=hidden, color="tab:red", alpha=0.7, label="alone" if row == 0 else None)
+                overlap.barh(row, exposed, left=hidden, color="0.3", hatch="//", edgecolor="white",
+                             label="alone" if row == 0 else None)
                 labels.append(f"{key}, {rank}")
                 row += 1
         overlap.set(yticks=range(len(labels)), yticklabels=labels, xlabel="NCCL kernel time per step (ms)",
                     title="the all-reduce: overlapped or exposed", ylim=(row - 0.5, -0.5))
-        overlap.legend(fontsize=8)
-    fig.tight_layout()
+        overlap.grid(False, axis="y")
+        overlap.legend()
     return fig
