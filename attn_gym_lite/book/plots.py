@@ -1163,8 +1163,8 @@ def plot_scale_out(record: dict):
              ylabel="throughput, all ranks (million active tokens/s)",
              title="throughput: median step" + (", whiskers p10 to p90" if has_spread else "")
                    + "\n(and scaling efficiency)")
-    bars.margins(y=0.18)
-    bars.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    bars.margins(y=0.25)  # room above the bars for the notes and the legend
+    bars.legend(loc="upper left", ncols=2)
     if traces:
         overlap = axes[0][1]
         labels, row = [], 0
@@ -1173,13 +1173,14 @@ def plot_scale_out(record: dict):
                 hidden = summary["overlap_us_per_step"] / 1e3
                 exposed = max(summary["nccl_us_per_step"] / 1e3 - hidden, 0.0)
                 colour = SCALE_OUT_COLOURS.get(key.rsplit("/ ", 1)[-1], "tab:blue")
-                overlap.barh(row, hidden, color=colour, label="beside other kernels" if row == 0 else None)
-                overlap.barh(row, exposed, left=hidden, color="0.3", hatch="//", edgecolor="white",
-                             label="alone" if row == 0 else None)
+                overlap.barh(row, hidden, color=colour)
+                overlap.barh(row, exposed, left=hidden, color="0.3", hatch="//", edgecolor="white")
                 labels.append(f"{key}, {rank}")
                 row += 1
         overlap.set(yticks=range(len(labels)), yticklabels=labels, xlabel="NCCL kernel time per step (ms)",
-                    title="the all-reduce: overlapped or exposed", ylim=(row - 0.5, -0.5))
+                    title="the all-reduce: overlapped or exposed", ylim=(row + 0.7, -0.5))  # a free row for the legend
         overlap.grid(False, axis="y")
-        overlap.legend()
+        overlap.legend(handles=[Patch(facecolor="0.65", label="beside other kernels (colour: the mode)"),
+                                Patch(facecolor="0.3", hatch="//", edgecolor="white", label="alone")],
+                       loc="lower center", ncols=2)
     return fig
