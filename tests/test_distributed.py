@@ -81,30 +81,36 @@ def worker(rank: int, world_size: int, init_file: str, out: str) -> None:
         dist.destroy_process_group()
 
 
-def run_ranks(tmp_path: Path, world_size: int = 2, timeout: float = 120.0) -> list[dict]:
+def run_ranks(tmp_path: Path, world_size: int = 2, timeout: float = 240.0) -> list[dict]:
     """Start ``world_size`` worker processes, wait (at most ``timeout`` s in all), load their results."""
     env = {**os.environ, **PROCESS_ENV, "OMP_NUM_THREADS": "1"}
     if "GLOO_SOCKET_IFNAME" not in env and Path("/sys/class/net/lo").exists():
         env["GLOO_SOCKET_IFNAME"] = "lo"  # stay on the loopback interface
     init_file = tmp_path / "store"
-    processes = [
-        subprocess.Popen([sys.executable, __file__, "worker", str(rank), str(world_size), str(init_file), str(tmp_path)],
-                         env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-        for rank in range(world_size)
-    ]
+    # Each rank's output goes to a file, not a pipe: a rank blocked on a full pipe that nobody is
+    # reading (the parent waits on rank 0 first) would stall rank 0's collectives too.
+    log_paths = [tmp_path / f"rank{rank}.log" for rank in range(world_size)]
+    processes = []
+    for rank, log_path in enumerate(log_paths):
+        with open(log_path, "w") as log:
+            processes.append(subprocess.Popen(
+                [sys.executable, __file__, "worker", str(rank), str(world_size), str(init_file), str(tmp_path)],
+                env=env, stdout=log, stderr=subprocess.STDOUT, text=True))
     deadline = time.monotonic() + timeout
-    logs = []
     try:
         for process in processes:
-            output, _ = process.communicate(timeout=max(deadline - time.monotonic(), 1.0))
-            logs.append(output)
+            try:
+                process.wait(timeout=max(deadline - time.monotonic(), 1.0))
+            except subprocess.TimeoutExpired:
+                logs = "\n".join(f"--- rank {r}:\n{p.read_text()[-3000:]}" for r, p in enumerate(log_paths))
+                raise AssertionError(f"the ranks did not finish within {timeout:.0f} s:\n{logs}") from None
     finally:
         for process in processes:
             if process.poll() is None:
                 process.kill()
                 process.wait()
-    for rank, (process, log) in enumerate(zip(processes, logs)):
-        assert process.returncode == 0, f"rank {rank} exited with {process.returncode}:\n{log[-4000:]}"
+    for rank, (process, log_path) in enumerate(zip(processes, log_paths)):
+        assert process.returncode == 0, f"rank {rank} exited with {process.returncode}:\n{log_path.read_text()[-4000:]}"
     return [torch.load(tmp_path / f"rank{rank}.pt") for rank in range(world_size)]
 
 
