@@ -8,6 +8,7 @@ import math
 
 import pytest
 import torch
+from helpers import kda_bounds, kda_inputs
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -17,26 +18,13 @@ F64 = torch.float64
 TOLERANCE = 1e-10
 
 
-def cu(*bounds: int) -> torch.Tensor:
-    return torch.tensor(bounds, dtype=torch.int32)
+cu = kda_bounds
 
 
 def random_inputs(T: int, H: int, K: int, V: int, L: int, seed: int, dtype=F64, fill=float("nan"),
                   min_log_decay: float = -2.0):
-    """q, k (L2-normalised, as Kimi Linear feeds the core), v, g in [min_log_decay, 0], beta in
-    (0, 1); rows L .. T - 1 hold ``fill`` (the references must never read them)."""
-    gen = torch.Generator().manual_seed(seed)
-    q = torch.randn(T, H, K, generator=gen, dtype=F64)
-    k = torch.nn.functional.normalize(torch.randn(T, H, K, generator=gen, dtype=F64), dim=-1)
-    v = torch.randn(T, H, V, generator=gen, dtype=F64)
-    g = min_log_decay * torch.rand(T, H, K, generator=gen, dtype=F64)
-    beta = 0.05 + 0.9 * torch.rand(T, H, generator=gen, dtype=F64)
-    tensors = []
-    for x in (q, k, v, g, beta):
-        x = x.clone()
-        x[L:] = fill
-        tensors.append(x.to(dtype).requires_grad_())
-    return tensors
+    """:func:`kda_inputs` in ``dtype``, each a leaf that requires grad."""
+    return [x.to(dtype).requires_grad_() for x in kda_inputs(T, H, K, V, L, seed, min_log_decay=min_log_decay, fill=fill)]
 
 
 @st.composite

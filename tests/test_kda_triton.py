@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from helpers import kda_bounds, kda_inputs
 
 from attn_gym_lite.ops.kda import kda_chunked, kda_recurrent, kda_triton
 
@@ -26,25 +27,14 @@ TOLERANCE = 2e-4
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
 
-def cu(*bounds: int, device: str = "cpu") -> torch.Tensor:
-    return torch.tensor(bounds, dtype=torch.int32, device=device)
+cu = kda_bounds
 
 
 def random_inputs(T: int, H: int, K: int, V: int, L: int, seed: int, *, min_log_decay: float = -1.0,
                   fill: float = float("nan"), device: str = "cpu"):
-    """float64 q, k (L2-normalised, as Kimi Linear feeds the core), v, g in [min_log_decay, 0],
-    beta in (0, 1); rows L .. T - 1 hold ``fill``, which the kernels must never read."""
-    gen = torch.Generator().manual_seed(seed)
-    q = torch.randn(T, H, K, generator=gen, dtype=F64)
-    k = torch.nn.functional.normalize(torch.randn(T, H, K, generator=gen, dtype=F64), dim=-1)
-    v = torch.randn(T, H, V, generator=gen, dtype=F64)
-    g = min_log_decay * torch.rand(T, H, K, generator=gen, dtype=F64)
-    beta = 0.05 + 0.9 * torch.rand(T, H, generator=gen, dtype=F64)
-    inputs = []
-    for x in (q, k, v, g, beta):
-        x[L:] = fill
-        inputs.append(x.to(device))
-    return inputs
+    """:func:`kda_inputs` with this file's default decay (milder than the references' tests: the
+    kernel runs in float32)."""
+    return kda_inputs(T, H, K, V, L, seed, min_log_decay=min_log_decay, fill=fill, device=device)
 
 
 def gradients(fn, inputs, cu_seqlens, weights, **kwargs):

@@ -56,6 +56,7 @@ from ... import checks
 from ...schedule import chunk_capacity
 from ..kernels.offsets import chunk_offsets_kernel
 from ..kernels.tasks import first_task, next_task, task_at
+from .reference import check_kda_metadata
 
 Tensor = torch.Tensor
 
@@ -446,32 +447,9 @@ def _check_arguments(q: object, k: object, v: object, g: object, beta: object, c
                      validate: object) -> tuple[float, int]:
     """The reference's argument rules that read only metadata, plus the kernels' own limits.
     Returns ``(scale, C)``."""
-    checks.check_tensor("q", q, ndim=3, shape="[T, H, K]", dtypes=_DTYPES)
+    T, H, K = check_kda_metadata(q, k, v, g, beta, cu_seqlens, dtypes=_DTYPES, widths=_WIDTHS,
+                                 width_rule=f"in {_WIDTHS} (a power of two the kernels tile)")
     device = q.device
-    checks.check_tensor("k", k, ndim=3, shape="[T, H, K]", dtypes=_DTYPES, device=device)
-    checks.check_tensor("v", v, ndim=3, shape="[T, H, V]", dtypes=_DTYPES, device=device)
-    checks.check_tensor("g", g, ndim=3, shape="[T, H, K]", dtypes=_DTYPES, device=device)
-    checks.check_tensor("beta", beta, ndim=2, shape="[T, H]", dtypes=_DTYPES, device=device)
-    T, H, K = q.shape
-    if H == 0 or K not in _WIDTHS:
-        raise ValueError(
-            f"q must have shape [T, H, K] with H >= 1 and K in {_WIDTHS} (a power of two the kernels tile), "
-            f"got shape {tuple(q.shape)}"
-        )
-    if k.shape != q.shape:
-        raise ValueError(f"k must have q's shape [T, H, K] = {tuple(q.shape)}, got shape {tuple(k.shape)}")
-    if v.shape[:2] != q.shape[:2] or v.shape[2] not in _WIDTHS:
-        raise ValueError(
-            f"v must have shape [T, H, V] = [{T}, {H}, V] with V in {_WIDTHS} (T, H from q), got shape {tuple(v.shape)}"
-        )
-    if g.shape != q.shape:
-        raise ValueError(f"g must have q's shape [T, H, K] = {tuple(q.shape)}, got shape {tuple(g.shape)}")
-    if beta.shape != q.shape[:2]:
-        raise ValueError(f"beta must have shape [T, H] = [{T}, {H}] (from q), got shape {tuple(beta.shape)}")
-    for name, x in (("k", k), ("v", v)):
-        if x.dtype != q.dtype:
-            raise TypeError(f"{name} must have q's dtype {q.dtype}, got {x.dtype}")
-    checks.check_cu_seqlens(cu_seqlens, device=device)
     scale = K**-0.5 if scale is None else checks.check_real("scale", scale)
     C = checks.check_int("chunk_size", chunk_size)
     if C not in _CHUNKS:

@@ -108,27 +108,38 @@ __all__ = ["kda_chunked", "kda_recurrent"]
 _DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
 
-def _check_kda_arguments(q: object, k: object, v: object, g: object, beta: object, cu_seqlens: object,
-                         scale: object, output_final_state: object) -> tuple[list[int], float, torch.dtype]:
-    """Checks shared by both references; returns ``(cu_seqlens on the host, scale, compute dtype)``.
+def check_kda_metadata(q: object, k: object, v: object, g: object, beta: object, cu_seqlens: object, *,
+                       dtypes: tuple[torch.dtype, ...] = _DTYPES, widths: tuple[int, ...] | None = None,
+                       width_rule: str = ">= 1") -> tuple[int, int, int]:
+    """The rules of KDA's arguments that read only metadata (types, dims, dtypes, devices, shapes,
+    the layout of ``cu_seqlens``), shared by the references and the Triton kernels; returns
+    ``(T, H, K)``. ``dtypes``: the floating dtypes allowed; ``widths``: the key and value widths
+    allowed (``None``: any ``>= 1``), described in messages by ``width_rule``.
 
-    Metadata checks first (types, dims, dtypes, devices, shapes), then the values of ``cu_seqlens``
-    (read on the host).
+    Raises:
+        TypeError: an argument is not a tensor, or has a dtype outside ``dtypes``, or ``k``/``v``
+            differ from ``q``'s dtype.
+        ValueError: wrong dims or shapes, a device mismatch, a width outside ``widths``, or a
+            ``cu_seqlens`` that breaks a layout rule (1-D, int32, contiguous, ``N + 1 >= 2``).
     """
-    checks.check_tensor("q", q, ndim=3, shape="[T, H, K]", dtypes=_DTYPES)
+    checks.check_tensor("q", q, ndim=3, shape="[T, H, K]", dtypes=dtypes)
     device = q.device
-    checks.check_tensor("k", k, ndim=3, shape="[T, H, K]", dtypes=_DTYPES, device=device)
-    checks.check_tensor("v", v, ndim=3, shape="[T, H, V]", dtypes=_DTYPES, device=device)
-    checks.check_tensor("g", g, ndim=3, shape="[T, H, K]", dtypes=_DTYPES, device=device)
-    checks.check_tensor("beta", beta, ndim=2, shape="[T, H]", dtypes=_DTYPES, device=device)
+    checks.check_tensor("k", k, ndim=3, shape="[T, H, K]", dtypes=dtypes, device=device)
+    checks.check_tensor("v", v, ndim=3, shape="[T, H, V]", dtypes=dtypes, device=device)
+    checks.check_tensor("g", g, ndim=3, shape="[T, H, K]", dtypes=dtypes, device=device)
+    checks.check_tensor("beta", beta, ndim=2, shape="[T, H]", dtypes=dtypes, device=device)
+
+    def allowed(width: int) -> bool:
+        return width >= 1 if widths is None else width in widths
+
     T, H, K = q.shape
-    if H == 0 or K == 0:
-        raise ValueError(f"q must have shape [T, H, K] with H >= 1 and K >= 1, got shape {tuple(q.shape)}")
+    if H == 0 or not allowed(K):
+        raise ValueError(f"q must have shape [T, H, K] with H >= 1 and K {width_rule}, got shape {tuple(q.shape)}")
     if k.shape != q.shape:
         raise ValueError(f"k must have q's shape [T, H, K] = {tuple(q.shape)}, got shape {tuple(k.shape)}")
-    if v.shape[:2] != q.shape[:2] or v.shape[2] == 0:
+    if v.shape[:2] != q.shape[:2] or not allowed(v.shape[2]):
         raise ValueError(
-            f"v must have shape [T, H, V] = [{T}, {H}, V] with V >= 1 (T, H from q), got shape {tuple(v.shape)}"
+            f"v must have shape [T, H, V] = [{T}, {H}, V] with V {width_rule} (T, H from q), got shape {tuple(v.shape)}"
         )
     if g.shape != q.shape:
         raise ValueError(f"g must have q's shape [T, H, K] = {tuple(q.shape)}, got shape {tuple(g.shape)}")
@@ -138,6 +149,17 @@ def _check_kda_arguments(q: object, k: object, v: object, g: object, beta: objec
         if x.dtype != q.dtype:
             raise TypeError(f"{name} must have q's dtype {q.dtype}, got {x.dtype}")
     checks.check_cu_seqlens(cu_seqlens, device=device)
+    return T, H, K
+
+
+def _check_kda_arguments(q: object, k: object, v: object, g: object, beta: object, cu_seqlens: object,
+                         scale: object, output_final_state: object) -> tuple[list[int], float, torch.dtype]:
+    """Checks shared by both references; returns ``(cu_seqlens on the host, scale, compute dtype)``.
+
+    Metadata checks first (:func:`check_kda_metadata`), then the values of ``cu_seqlens`` (read on
+    the host).
+    """
+    T, _, K = check_kda_metadata(q, k, v, g, beta, cu_seqlens)
     checks.check_cu_seqlens_values(cu_seqlens, token_capacity=T)
     scale = K**-0.5 if scale is None else checks.check_real("scale", scale)
     checks.check_bool("output_final_state", output_final_state)
