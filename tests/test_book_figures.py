@@ -91,3 +91,24 @@ def test_masking_figure_colours_each_verdict_and_plots_the_cost():
     masked, unmasked = cost.lines[:2]
     assert list(masked.get_xdata()) == [8192, 1024] and list(masked.get_ydata()) == [2.0, 1.5]
     assert list(unmasked.get_ydata()) == [1.9, 1.4]
+
+
+def test_plot_series_draws_each_series_as_given():
+    from attn_gym_lite.book.plots import plot_series
+
+    fig = plot_series({"a": [0.5, 0.25, 1.0], "b": [2.0, 3.0]}, ylabel="loss (nats/token)", title="t")
+    lines = fig.axes[0].get_lines()
+    assert [line.get_label() for line in lines] == ["a", "b"]
+    assert [list(line.get_ydata()) for line in lines] == [[0.5, 0.25, 1.0], [2.0, 3.0]]
+    assert [list(line.get_xdata()) for line in lines] == [[0, 1, 2], [0, 1]]
+
+
+def test_plot_timelines_stacks_one_axes_per_trace_and_refuses_missing_titles():
+    from attn_gym_lite.book.plots import plot_timelines
+
+    trace = {"traceEvents": [{"ph": "X", "cat": "kernel", "name": "k", "ts": 10.0, "dur": 5.0, "pid": 0, "tid": 7},
+                             {"ph": "X", "cat": "kernel", "name": "k", "ts": 20.0, "dur": 5.0, "pid": 0, "tid": 7}]}
+    fig = plot_timelines([trace, trace], ["first", "second"])
+    assert [ax.get_title() for ax in fig.axes] == ["first", "second"]
+    with pytest.raises(ValueError, match="titles must name each of the 2 traces"):
+        plot_timelines([trace, trace], ["only one"])

@@ -86,6 +86,9 @@ def _cases() -> dict:
         "plot_padding_versus_buckets": lambda: plots.plot_padding_versus_buckets(
             [plan_buckets(samples, k, align=256) for k in range(1, 5)], sum(samples) / len(samples)),
         "plot_timeline": lambda: plots.plot_timeline(trace, title="graph replay, labelled"),
+        "plot_timelines": lambda: plots.plot_timelines([trace, trace], ["stock", "labelled"], start_us=0, end_us=2000),
+        "plot_series": lambda: plots.plot_series({"pretraining": [0.9, 1.0, 0.95], "sft": [0.3, 0.6, 0.2]},
+                                                 ylabel="L / T (fraction of capacity)", title="fill", markers=True),
         "plot_compact_timeline": lambda: plots.plot_compact_timeline(hello["timelines"]["eager"], title="eager"),
         "plot_hello_world_timelines": lambda: plots.plot_hello_world_timelines(hello),
         "plot_host_phases": lambda: plots.plot_host_phases(profiling["host_phases"]),

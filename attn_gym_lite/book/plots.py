@@ -390,6 +390,57 @@ def plot_timeline(
     return ax
 
 
+@_styled
+def plot_timelines(traces: Sequence[Trace], titles: Sequence[str], *, start_us: float | None = None,
+                   end_us: float | None = None):
+    """Several traces' GPU sides (:func:`plot_timeline`), one above the other on a shared time axis
+    (each from its own first device event), e.g. an eager step over its replay (chapter 3).
+
+    Args:
+        traces: Chrome trace dicts, drawn top to bottom.
+        titles: one title per trace.
+        start_us, end_us: the window shown, in µs from each trace's first device event.
+
+    Returns: the matplotlib ``Figure``.
+
+    Raises:
+        ValueError: ``titles`` does not have one entry per trace; or as :func:`plot_timeline`.
+    """
+    if len(titles) != len(traces) or not traces:
+        raise ValueError(f"titles must name each of the {len(traces)} traces (at least one), got {len(titles)} titles")
+    fig, axes = _figure(len(traces), 1, height=2.3 * len(traces), sharex=True, squeeze=False)
+    for ax, trace, title in zip(axes[:, 0], traces, titles):
+        plot_timeline(trace, ax=ax, title=title, start_us=start_us, end_us=end_us)
+    for ax in axes[:-1, 0]:
+        ax.set_xlabel("")
+    return fig
+
+
+@_styled
+def plot_series(series: dict[str, Sequence[float]], *, ylabel: str, title: str, xlabel: str = "step",
+                ylim: tuple[float, float] | None = None, markers: bool = False):
+    """One line per named series against its index (a chapter's own small runs: how full each
+    batch is, the losses of a model trained in the notebook).
+
+    Args:
+        series: name -> values, in order.
+        ylabel: the value axis label, with its unit.
+        title, xlabel: the axes title and the index axis label.
+        ylim: the value axis range (default: matplotlib's).
+        markers: draw a marker at each value.
+
+    Returns: the matplotlib ``Figure``.
+    """
+    fig, ax = _figure(height=3.0)
+    for name, values in series.items():
+        ax.plot(list(values), "o-" if markers else "-", markersize=3, label=name)
+    ax.set(xlabel=xlabel, ylabel=ylabel, title=title)
+    if ylim is not None:
+        ax.set_ylim(*ylim)
+    ax.legend()
+    return fig
+
+
 def _row_order(tid: Any) -> tuple:
     """Streams in id order, each with its region track first and its extra lanes after."""
     if not isinstance(tid, int):
