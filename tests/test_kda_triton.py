@@ -168,6 +168,40 @@ def test_validate_checks_cu_seqlens_values(bounds, match):
         kda_triton(**{**good_arguments(), "cu_seqlens": cu(*bounds)}, validate=True)
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="host cu_seqlens: the interpreter's case")
+@pytest.mark.parametrize(("bounds", "match"), [((0, 2, 6), r"cu_seqlens\[-1\]"), ((0, 3, 2), "non-decreasing"),
+                                               ((1, 2, 5), r"cu_seqlens\[0\] must be 0")])
+def test_host_cu_seqlens_values_are_checked_by_default(bounds, match):
+    """A CPU cu_seqlens costs no sync to read, so by default (validate=None) its values are checked
+    before any kernel runs: unchecked, L > T made the interpreted kernels write past the end of
+    the [T, H, *] buffers and corrupt the heap (the process aborted later, elsewhere)."""
+    with pytest.raises(ValueError, match=match):
+        kda_triton(**{**good_arguments(), "cu_seqlens": cu(*bounds)})
+
+
+def test_meta_tensors_are_refused_before_any_kernel():
+    """Meta tensors have shapes but no data; they used to pass every check and fail deep inside
+    (NotImplementedError: Cannot copy out of meta tensor)."""
+    arguments = {name: x.to("meta") for name, x in good_arguments().items()}
+    with pytest.raises(ValueError, match=r"q must be a (CPU|CUDA) tensor .*got device meta"):
+        kda_triton(**arguments, validate=False)
+
+
+def test_g_and_beta_outside_their_ranges_are_computed_as_the_recurrence_says():
+    """The values of g and beta are documented as unchecked: mild g > 0 and beta up to 1.5 are
+    still the same function as the float64 recurrence."""
+    q, k, v, g, beta = random_inputs(20, 1, 16, 16, 20, seed=11)
+    gen = torch.Generator().manual_seed(12)
+    g = g + 0.05 * torch.rand(g.shape, generator=gen, dtype=F64)  # some entries > 0
+    beta = 1.5 * torch.rand(beta.shape, generator=gen, dtype=F64)
+    assert (g > 0).any() and (beta > 1).any()
+    o_ref, s_ref = kda_recurrent(q, k, v, g, beta, cu(0, 7, 20), output_final_state=True)
+    o, s = kda_triton(*(x.float() for x in (q, k, v, g, beta)), cu(0, 7, 20), chunk_size=16,
+                      output_final_state=True)
+    torch.testing.assert_close(o.to(F64), o_ref, rtol=TOLERANCE, atol=TOLERANCE)
+    torch.testing.assert_close(s.to(F64), s_ref, rtol=TOLERANCE, atol=TOLERANCE)
+
+
 
 # -----------------------------------------------------------------------------
 # GPU (skipped without CUDA): bfloat16 at the production shape, and a captured graph.

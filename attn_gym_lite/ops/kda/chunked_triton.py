@@ -60,7 +60,7 @@ from .reference import check_kda_metadata
 
 Tensor = torch.Tensor
 
-__all__ = ["kda_triton"]
+__all__ = ["KDA_TRITON_CHUNK_SIZES", "KDA_TRITON_DTYPES", "KDA_TRITON_WIDTHS", "kda_triton"]
 
 # Triton's interpreter replaces every @triton.jit function when TRITON_INTERPRET=1 is set before
 # the kernels are defined; it runs on CPU tensors only.
@@ -69,6 +69,11 @@ INTERPRETED = type(chunk_offsets_kernel).__name__ == "InterpretedFunction"
 _DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 _WIDTHS = (16, 32, 64, 128)  # K and V: tl.dot needs >= 16, registers cap the state at 128 x 128
 _CHUNKS = (16, 32, 64)
+#: What :func:`kda_triton` accepts, for callers that check their configuration up front
+#: (:class:`attn_gym_lite.models.kda.KDAAttention`): input dtypes, key/value widths, chunk sizes.
+KDA_TRITON_DTYPES = _DTYPES
+KDA_TRITON_WIDTHS = _WIDTHS
+KDA_TRITON_CHUNK_SIZES = _CHUNKS
 _SUB = 16  # sub-block of the intra-chunk kernel
 _INT32_MAX = 2**31 - 1
 # Launch options of the sequential kernels and of the per-chunk backward (ignored by the
@@ -455,11 +460,14 @@ def _check_arguments(q: object, k: object, v: object, g: object, beta: object, c
     if C not in _CHUNKS:
         raise ValueError(f"chunk_size must be one of {_CHUNKS}, got {C}")
     checks.check_bool("output_final_state", output_final_state)
-    checks.check_bool("validate", validate)
-    if INTERPRETED and q.is_cuda:
+    if validate is not None:
+        checks.check_bool("validate", validate)
+    if INTERPRETED and device.type != "cpu":
+        # The interpreter runs kernels on the host through data pointers: CUDA tensors give wrong
+        # results, and a meta tensor has no data at all.
         raise ValueError(
-            "q must be a CPU tensor while TRITON_INTERPRET=1 (the interpreter gives wrong results on "
-            f"CUDA tensors), got device {device}"
+            "q must be a CPU tensor while TRITON_INTERPRET=1 (the interpreter runs the kernels on the "
+            f"host), got device {device}"
         )
     if not INTERPRETED and not q.is_cuda:
         raise ValueError(
@@ -603,7 +611,7 @@ class _KDATriton(torch.autograd.Function):
 
 def kda_triton(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, cu_seqlens: Tensor, *,
                scale: float | None = None, chunk_size: int = 64, output_final_state: bool = False,
-               validate: bool = False) -> tuple[Tensor, Tensor | None]:
+               validate: bool | None = None) -> tuple[Tensor, Tensor | None]:
     r"""KDA (Kimi Delta Attention) on a packed batch by chunked Triton kernels, CUDA-graph safe.
 
     Computes, for every sequence of the batch independently and from a zero state (one head shown,
@@ -619,17 +627,27 @@ def kda_triton(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, cu_seql
             ``K`` in 16, 32, 64, 128. Not normalised here (Kimi Linear L2-normalises them first).
         v: ``[T, H, V]`` values, ``V`` in 16, 32, 64, 128.
         g: ``[T, H, K]`` per-channel log-decay (natural log, ``<= 0``), float32 / bfloat16 / float16.
-        beta: ``[T, H]`` delta-rule step sizes in ``(0, 1)``, float32 / bfloat16 / float16.
+            Its values are not checked (that would read the device): with ``g > 0`` the kernels'
+            exponents turn positive and may overflow to inf/NaN where the recurrence would not.
+        beta: ``[T, H]`` delta-rule step sizes in ``(0, 1)``, float32 / bfloat16 / float16. Not
+            checked either: any finite value is computed as the formula says, but only ``(0, 1)``
+            (with L2-normalised keys) keeps the state bounded.
         cu_seqlens: int32 ``[N + 1]`` prefix sums ``[0, ..., L, L]`` on ``q``'s device, ``L <= T``.
-            Never read on the host (unless ``validate``): under a CUDA graph, copy each batch's
+            Not read on the host unless validated (see ``validate``): under a CUDA graph, copy each batch's
             ``cu_seqlens`` into the captured buffer and replay.
         scale: factor on ``q``; default ``K ** -0.5``.
         chunk_size: ``C``, 16, 32 or 64 tokens per chunk (default 64, fla's). The result does
             not depend on it up to rounding.
         output_final_state: also return every sequence's state after its last token.
-        validate: read ``cu_seqlens`` on the host once and check its values (starts at 0, never
-            decreases, ``L <= T``). Skipped while a CUDA stream is capturing. Off by default: a
-            malformed ``cu_seqlens`` otherwise gives unspecified results.
+        validate: read ``cu_seqlens`` on the host and check its values (starts at 0, never
+            decreases, ``L <= T``) before any kernel runs. ``None`` (default): only when
+            ``cu_seqlens`` is a CPU tensor (the interpreter), where reading it costs no device
+            sync; ``True``: also on CUDA (one sync per call; skipped while the stream is
+            capturing); ``False``: never. Unchecked values are trusted: the kernels index memory
+            with them, so a malformed ``cu_seqlens`` can read and write out of bounds (an illegal
+            memory access on the GPU, heap corruption in the interpreter), never a clean error.
+            Validate batches where they are built (:func:`attn_gym_lite.ragged.validate_cu_seqlens`)
+            or pass ``validate=True`` while debugging.
 
     Returns:
         ``(o, final_state)``: ``o`` ``[T, H, V]`` in ``q``'s dtype, rows ``L .. T - 1`` zero;
@@ -642,11 +660,12 @@ def kda_triton(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, cu_seql
     Raises:
         TypeError: an argument is not a tensor or has a dtype outside float32/bfloat16/float16
             (``cu_seqlens``: not int32), ``k``/``v`` differ from ``q``'s dtype, ``scale`` is not
-            a real number, ``chunk_size`` not an int, a flag not a bool.
+            a real number, ``chunk_size`` not an int, a flag not a bool (``validate``: nor
+            ``None``).
         ValueError: a wrong number of dims, a shape that disagrees with ``q``'s, ``K`` or ``V``
             not in 16, 32, 64, 128, ``chunk_size`` not in 16, 32, 64, another device, a CPU
             tensor without the interpreter (or a CUDA one with it), a malformed ``cu_seqlens``
-            layout (and, with ``validate``, malformed values), a ``[T, H, *]`` buffer of 2**31
+            layout (and, when validated, malformed values), a ``[T, H, *]`` buffer of 2**31
             elements or more.
 
     Cost: the per-chunk kernels run on ``G_cap`` programs per head
@@ -659,6 +678,9 @@ def kda_triton(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, cu_seql
     :mod:`attn_gym_lite.ops.kda.chunked_triton`.
     """
     scale, C = _check_arguments(q, k, v, g, beta, cu_seqlens, scale, chunk_size, output_final_state, validate)
+    if validate is None:
+        # A host tensor's values cost nothing to read; a device tensor's would cost a sync.
+        validate = cu_seqlens.device.type == "cpu"
     if validate and not (cu_seqlens.is_cuda and torch.cuda.is_current_stream_capturing()):
         checks.check_cu_seqlens_values(cu_seqlens, token_capacity=q.shape[0])
     q, k, v, g, beta = (x.contiguous() for x in (q, k, v, g, beta))

@@ -182,7 +182,11 @@ def kda_recurrent(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, cu_s
             normalised here (Kimi Linear L2-normalises them per head before the core).
         v: ``[T, H, V]`` values.
         g: ``[T, H, K]`` per-channel log-decay (natural log; ``<= 0`` for a decay), any floating dtype.
-        beta: ``[T, H]`` step sizes in ``(0, 1)``, any floating dtype.
+        beta: ``[T, H]`` step sizes in ``(0, 1)``, any floating dtype. The values of ``g`` and
+            ``beta`` are not checked: any finite values are computed as the recurrence says
+            (``g > 0`` grows the state instead of decaying it, and :func:`kda_chunked`'s
+            exponents may then overflow), but only ``g <= 0`` and ``beta`` in ``(0, 1)`` with
+            L2-normalised keys keep the state bounded.
         cu_seqlens: int32 ``[N + 1]`` prefix sums on ``q``'s device, ``L = cu_seqlens[-1] <= T``;
             read on the host.
         scale: factor on ``q``; default ``K ** -0.5`` (fla's default).
