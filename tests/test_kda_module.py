@@ -177,6 +177,46 @@ def test_layer_argument_errors():
     assert set(KDA_MASK_SITES) == layer.masks
 
 
+@pytest.mark.parametrize(("options", "error", "match"), [
+    (dict(masks=None), TypeError, "masks must be a collection of names .* got NoneType"),
+    (dict(masks=5), TypeError, "masks must be a collection of names .* got int"),
+    (dict(dtype=torch.int64), TypeError, "dtype must be a floating torch.dtype or None, got torch.int64"),
+    (dict(dtype="float32"), TypeError, "dtype must be a floating torch.dtype or None, got 'float32'"),
+    # What the Triton core refuses is refused when the layer is built, not at its first forward.
+    (dict(head_dim=8), ValueError, r"head_dim must be one of \(16, 32, 64, 128\) with impl='triton'.*got 8"),
+    (dict(head_v_dim=24), ValueError, r"head_v_dim must be one of \(16, 32, 64, 128\) with impl='triton'.*got 24"),
+    (dict(chunk_size=8), ValueError, r"chunk_size must be one of \(16, 32, 64\) with impl='triton', got 8"),
+    (dict(chunk_size=128), ValueError, r"chunk_size must be one of \(16, 32, 64\) with impl='triton', got 128"),
+])
+def test_layer_configuration_errors_name_the_argument(options, error, match):
+    arguments = {"hidden_size": 16, "num_heads": 2, "head_dim": 16, "chunk_size": 16, "impl": "triton", **options}
+    with pytest.raises(error, match=match):
+        KDAAttention(**arguments)
+
+
+def test_eager_cores_take_any_width_and_chunk_size():
+    layer = KDAAttention(16, 2, 8, head_v_dim=12, chunk_size=5, impl="chunked", dtype=torch.float64)
+    assert layer(torch.randn(6, 16, dtype=torch.float64), torch.tensor([0, 6], dtype=torch.int32)).shape == (6, 16)
+
+
+def test_a_triton_layer_cast_to_float64_is_refused_by_name():
+    layer = KDAAttention(16, 2, 16, chunk_size=16).double()
+    with pytest.raises(TypeError, match="x must have dtype float16, bfloat16, float32 with impl='triton'"):
+        layer(torch.randn(4, 16, dtype=torch.float64), torch.tensor([0, 4], dtype=torch.int32))
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize(("bounds", "match"), [((0, 3, 9), r"cu_seqlens\[-1\] \(active tokens L\) must be <= token_capacity T = 8"),
+                                               ((1, 3, 6), r"cu_seqlens\[0\] must be 0, got 1"),
+                                               ((0, 5, 3), "cu_seqlens must be non-decreasing")])
+def test_malformed_host_cu_seqlens_is_refused_before_any_work(impl, bounds, match):
+    """Before: L > T with impl='triton' ran the short convolution and the kernels past the end of
+    their buffers (the interpreter corrupted the heap: 'munmap_chunk(): invalid pointer')."""
+    layer = KDAAttention(16, 2, 16, impl=impl, chunk_size=16)
+    with pytest.raises(ValueError, match=match):
+        layer(torch.randn(8, 16), torch.tensor(bounds, dtype=torch.int32))
+
+
 @pytest.mark.gpu
 def test_captured_layer_replays_changing_layouts_like_eager():
     from attn_gym_lite.graph.capture import capture_graph

@@ -173,10 +173,16 @@ class KDAAttention(nn.Module):
     Raises:
         TypeError / ValueError: a size that is not an int >= 1, an ``impl`` outside
             :data:`KDA_IMPLEMENTATIONS`, ``masks`` given as a string or naming a site not in
-            :data:`KDA_MASK_SITES`; in ``forward``, ``x`` not ``[T, hidden_size]`` in the
-            parameters' dtype and device, or a malformed ``cu_seqlens`` (metadata only: the
-            values are not read, so the check is capture-safe; validate batches eagerly with
-            :func:`attn_gym_lite.ragged.validate_cu_seqlens`).
+            :data:`KDA_MASK_SITES`, a ``dtype`` that is not floating; with ``impl="triton"``,
+            ``head_dim``/``head_v_dim`` not in 16, 32, 64, 128 or ``chunk_size`` not in 16, 32,
+            64; in ``forward``, ``x`` not ``[T, hidden_size]`` in the parameters' dtype and device
+            (with ``impl="triton"``: float32/bfloat16/float16), or a malformed
+            ``cu_seqlens``. Its values (starts at 0, never decreases, ``L <= T``) are checked when
+            it is a CPU tensor or the core is an eager reference (which reads them on the host
+            anyway); a CUDA ``cu_seqlens`` with ``impl="triton"`` is trusted, so that ``forward``
+            stays capturable: validate those batches where they are built
+            (:func:`attn_gym_lite.ragged.validate_cu_seqlens`), since the kernels index memory
+            with unchecked values.
 
     Capturable on CUDA with ``impl="triton"``: nothing in ``forward`` reads the device.
     Source: Kimi Linear report (arXiv:2510.26692); fla ``fla/layers/kda.py``. See
@@ -211,10 +217,16 @@ class KDAAttention(nn.Module):
         self.chunk_size = checks.check_int("chunk_size", chunk_size, minimum=1)
         if isinstance(masks, str):
             raise TypeError(f"masks must be a collection of names from {KDA_MASK_SITES}, got the string {masks!r}")
+        if not isinstance(masks, Iterable):
+            raise TypeError(f"masks must be a collection of names from {KDA_MASK_SITES}, got {type(masks).__name__}")
         self.masks = frozenset(masks)
         unknown = sorted(self.masks - set(KDA_MASK_SITES))
         if unknown:
             raise ValueError(f"masks must be names from {KDA_MASK_SITES}, got unknown {unknown}")
+        if dtype is not None and not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
+            raise TypeError(f"dtype must be a floating torch.dtype or None, got {dtype!r}")
+        if self.impl == "triton":
+            self._check_triton_configuration(K, V, self.chunk_size)
         self.hidden_size, self.num_heads, self.head_dim, self.head_v_dim = hidden_size, H, K, V
 
         factory = {"device": device, "dtype": dtype}
@@ -233,12 +245,26 @@ class KDAAttention(nn.Module):
         self.o_norm_weight = nn.Parameter(torch.ones(V, **factory))
         self.o_proj = nn.Linear(H * V, hidden_size, bias=False, **factory)
 
+    @staticmethod
+    def _check_triton_configuration(K: int, V: int, chunk_size: int) -> None:
+        """Refuse at construction what the Triton core would refuse at every forward. (Not the
+        dtype: a layer may be built in float64 and cast; ``forward`` checks the input's.)"""
+        from ..ops.kda.chunked_triton import KDA_TRITON_CHUNK_SIZES, KDA_TRITON_WIDTHS
+
+        for name, width in (("head_dim", K), ("head_v_dim", V)):
+            if width not in KDA_TRITON_WIDTHS:
+                raise ValueError(f"{name} must be one of {KDA_TRITON_WIDTHS} with impl='triton' (the widths the "
+                                 f"kernels tile; the eager impls take any), got {width}")
+        if chunk_size not in KDA_TRITON_CHUNK_SIZES:
+            raise ValueError(f"chunk_size must be one of {KDA_TRITON_CHUNK_SIZES} with impl='triton', got {chunk_size}")
+
     def _core(self, q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, cu_seqlens: Tensor) -> Tensor:
         if self.impl == "triton":
             # Imported here: the kernel module loads Triton, which the references do not need.
             from ..ops.kda import kda_triton
 
-            o, _ = kda_triton(q, k, v, g, beta, cu_seqlens, chunk_size=self.chunk_size)
+            # validate=False: _check_input already checked every cu_seqlens it can read for free.
+            o, _ = kda_triton(q, k, v, g, beta, cu_seqlens, chunk_size=self.chunk_size, validate=False)
         elif self.impl == "chunked":
             o, _ = kda_chunked(q, k, v, g, beta, cu_seqlens, chunk_size=self.chunk_size)
         else:
@@ -293,7 +319,19 @@ class KDAAttention(nn.Module):
                             device=weight.device)
         if x.shape[1] != self.hidden_size:
             raise ValueError(f"x must have shape [T, {self.hidden_size}] (hidden_size), got {tuple(x.shape)}")
+        if self.impl == "triton":  # the parameters may have been cast (.double()) since construction
+            from ..ops.kda.chunked_triton import KDA_TRITON_DTYPES
+
+            if x.dtype not in KDA_TRITON_DTYPES:
+                names = ", ".join(str(d).removeprefix("torch.") for d in KDA_TRITON_DTYPES)
+                raise TypeError(f"x must have dtype {names} with impl='triton' (the layer's parameters are "
+                                f"{x.dtype}; use impl='chunked' for float64), got {x.dtype}")
         checks.check_cu_seqlens(cu_seqlens, device=x.device)
+        # The values: read where that costs no device sync (a host tensor) or where the core reads
+        # them on the host anyway (the eager references), before the short convolution and the
+        # core index memory with them. A CUDA cu_seqlens for the Triton core is trusted (capturable).
+        if cu_seqlens.device.type == "cpu" or self.impl != "triton":
+            checks.check_cu_seqlens_values(cu_seqlens, token_capacity=x.shape[0])
 
     def extra_repr(self) -> str:
         return (f"hidden_size={self.hidden_size}, num_heads={self.num_heads}, head_dim={self.head_dim}, "
