@@ -9,6 +9,7 @@ for a GPU host and is not tested here.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import os
 import subprocess
@@ -21,8 +22,8 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from attn_gym_lite.data import PackedLoader, batch_from_pieces
-from attn_gym_lite.data.sharding import ShardedPackedLoader, shard_corpus
+from attn_gym_lite.data import PackedBatch, PackedLoader, batch_from_pieces
+from attn_gym_lite.data.sharding import ShardedPackedLoader, global_batch, shard_corpus
 from attn_gym_lite.graph.distributed import DataParallelTrainer, global_token_mean_loss, token_loss_sum
 from attn_gym_lite.graph.training import FixedCapacityTrainer
 from attn_gym_lite.models import PackedLM, PackedTransformer, packed_lm_loss
@@ -261,6 +262,56 @@ def test_loss_arguments_are_checked():
         token_loss_sum(logits, labels[:3], mask[:3])
 
 
+def test_token_loss_sum_ignores_unselected_labels_and_refuses_an_ignorable_selected_one():
+    """Before: a label outside [0, V) on an unselected row (stale data, -1) raised IndexError from
+    inside cross_entropy, and a -100 on a selected row silently counted as a zero loss."""
+    torch.manual_seed(2)
+    logits = torch.randn(6, VOCAB, dtype=torch.float64)
+    labels = torch.tensor([3, 0, 10, 4, -1, 99])
+    mask = torch.tensor([True, True, True, True, False, False])
+    total, count = token_loss_sum(logits, labels, mask)
+    # Independent: log-sum-exp minus the target logit, row by row, over the selected rows.
+    expected = sum(torch.logsumexp(logits[t], 0) - logits[t, labels[t]] for t in range(4))
+    torch.testing.assert_close(total, expected)
+    assert count.item() == 4
+    with pytest.raises(IndexError, match="-100"):
+        token_loss_sum(logits, torch.tensor([3, -100, 10, 4, 0, 0]), mask)
+    with pytest.raises(ValueError, match=r"logits must have shape \[T, V\] with V >= 1 .*got shape \(6, 0\)"):
+        token_loss_sum(logits[:, :0], labels, mask)
+
+
+def test_trainer_refuses_models_ddp_cannot_train_by_name(world_of_one):
+    """Before: no parameters gave a bare StopIteration, frozen ones DDP's RuntimeError, meta ones
+    a RuntimeError from .item() inside DDP's broadcast; a warmup of the wrong type passed unseen."""
+    batch = rank_batch(0)
+    cases = [
+        (torch.nn.Identity(), "got 0 parameters, none trainable"),
+        (torch.nn.Linear(2, 2).requires_grad_(False), "got 2 parameters, none trainable"),
+        (PackedLM(VOCAB, 16, 2, impl="reference").to("meta"), r"got parameters on \['meta'\]"),
+    ]
+    for model, message in cases:
+        with pytest.raises(ValueError, match=f"model must .*{message}"):
+            DataParallelTrainer(model, batch)
+    with pytest.raises(TypeError, match="warmup must be an int >= 0, got 'x'"):
+        DataParallelTrainer(PackedLM(VOCAB, 16, 2, impl="reference"), batch, warmup="x")
+
+
+def test_global_batch_keeps_a_sequence_after_an_empty_one():
+    """Before: a rank batch with an empty sequence between two others ([0, 3, 3, 4]) lost its last
+    sequence's end: taking cu_seqlens[1 : M + 1] merged it into the next rank's first sequence."""
+    with_gap = PackedBatch(
+        input_ids=torch.tensor([5, 9, 2, 7, 0, 0]), labels=torch.tensor([9, 2, 0, 0, 0, 0]),
+        loss_mask=torch.tensor([True, True, False, False, False, False]),
+        cu_seqlens=torch.tensor([0, 3, 3, 4, 4], dtype=torch.int32), active_tokens=4, active_sequences=2, max_seqlen=3)
+    other = batch_from_pieces([[4, 1, 6], [3, 3]], 8, 3)
+    merged = global_batch([with_gap, other])
+    assert sequences(merged) == sequences(with_gap) + sequences(other) == [[5, 9, 2], [7], [4, 1, 6], [3, 3]]
+    assert merged.active_sequences == 4 and merged.active_tokens == 9
+    wrong = dataclasses.replace(with_gap, active_tokens=3)
+    with pytest.raises(ValueError, match=r"batches\[0\].active_tokens must equal its cu_seqlens\[-1\] = 4, got 3"):
+        global_batch([wrong])
+
+
 # ---------------------------------------------------------------------------------------------
 # Sharded loading.
 
@@ -288,6 +339,23 @@ def test_shard_arguments_are_checked():
         shard_corpus(42, 0, 1)
     with pytest.raises(ValueError, match=r"rank must be an int in \[0, 1\], got 5"):
         ShardedPackedLoader(32, corpus=DOCUMENTS, rank=5, world_size=2)
+
+
+def test_corpora_that_cannot_feed_every_rank_are_refused_up_front():
+    """Before: an empty corpus, or fewer documents than ranks, failed only when a rank's loader
+    was iterated; a non-document was named by its index within the shard, not the corpus; a
+    corpus function returning None gave a bare "'NoneType' object is not iterable"."""
+    with pytest.raises(ValueError, match="corpus must hold at least one document, got an empty sequence"):
+        ShardedPackedLoader(32, corpus=[], rank=0, world_size=2)
+    with pytest.raises(ValueError, match=r"world_size must be at most the number of documents in corpus \(2\).*got 3"):
+        shard_corpus(DOCUMENTS[:2], 0, 3)
+    with pytest.raises(TypeError, match="corpus\\[2\\] must be a document string or a list/tuple of token ids, got int: 7"):
+        shard_corpus(["a b", "c d", 7, "e"], 1, 2)
+    shard = shard_corpus(lambda: iter(["a b", "c d", 7, "e"]), 0, 2)
+    with pytest.raises(TypeError, match="corpus\\[2\\] must be a document string or a list/tuple of token ids, got int: 7"):
+        list(shard())
+    with pytest.raises(TypeError, match="corpus\\(\\) must return an iterable of documents, got NoneType"):
+        list(shard_corpus(lambda: None, 0, 1)())
 
 
 def loader(rank: int, world_size: int = 2) -> ShardedPackedLoader:

@@ -11,7 +11,7 @@ step that uses them is :mod:`attn_gym_lite.graph.distributed`.
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 
 import torch
 
@@ -43,19 +43,55 @@ def shard_corpus(corpus: Callable[[], Iterable[object]] | Sequence[object], rank
         function by skipping (every rank reads the whole stream and keeps its documents).
 
     Raises:
-        TypeError: ``corpus`` is neither; ``rank`` or ``world_size`` not an int.
-        ValueError: ``world_size < 1`` or ``rank`` outside ``[0, world_size)``.
+        TypeError: ``corpus`` is neither; ``rank`` or ``world_size`` not an int; a document that
+            is not a string or a list/tuple of token ids (named by its index in the whole
+            corpus: checked here for a sequence, as the shard is read for a function, whose
+            result must also be iterable).
+        ValueError: ``world_size < 1`` or ``rank`` outside ``[0, world_size)``; a sequence with
+            fewer documents than ``world_size`` (a rank would get none, and data-parallel ranks
+            must all take the same steps).
     """
     world_size = check_int("world_size", world_size, minimum=1)
     rank = check_int("rank", rank, minimum=0, maximum=world_size - 1)
     if callable(corpus):
-        return lambda: itertools.islice(corpus(), rank, None, world_size)
+        return lambda: _checked_documents(_iterate(corpus), rank, world_size)
     if isinstance(corpus, Sequence) and not isinstance(corpus, (str, bytes)):
+        if len(corpus) == 0:
+            raise ValueError("corpus must hold at least one document, got an empty sequence (no batch could be made)")
+        if len(corpus) < world_size:
+            raise ValueError(
+                f"world_size must be at most the number of documents in corpus ({len(corpus)}), so that every rank "
+                f"gets one, got {world_size}"
+            )
+        for index, document in enumerate(corpus):
+            _check_document(index, document)
         return lambda: iter(corpus[rank::world_size])
     raise TypeError(
         "corpus must be a sequence of documents or a zero-argument function returning an iterable of them, "
         f"got {type(corpus).__name__}"
     )
+
+
+def _check_document(index: int, document: object) -> None:
+    # The loader's rule (strings are tokenized, lists/tuples are token ids), with the index the
+    # user knows: the loader itself would count within the shard.
+    if not isinstance(document, (str, list, tuple)):
+        raise TypeError(f"corpus[{index}] must be a document string or a list/tuple of token ids, "
+                        f"got {type(document).__name__}: {document!r:.60}")
+
+
+def _iterate(corpus: Callable[[], Iterable[object]]) -> Iterable[object]:
+    documents = corpus()
+    try:
+        return iter(documents)
+    except TypeError:
+        raise TypeError(f"corpus() must return an iterable of documents, got {type(documents).__name__}") from None
+
+
+def _checked_documents(documents: Iterable[object], rank: int, world_size: int) -> Iterator[object]:
+    for index, document in enumerate(itertools.islice(documents, rank, None, world_size)):
+        _check_document(rank + index * world_size, document)
+        yield document
 
 
 class ShardedPackedLoader(PackedLoader):
@@ -130,7 +166,8 @@ def global_batch(batches: Sequence[PackedBatch]) -> PackedBatch:
 
     Raises:
         TypeError: ``batches`` is not a non-string sequence of ``PackedBatch`` es.
-        ValueError: ``batches`` is empty.
+        ValueError: ``batches`` is empty; a batch is not on the CPU, or its ``active_tokens``
+            is not its ``cu_seqlens[-1]``.
     """
     if isinstance(batches, (str, bytes)) or not isinstance(batches, Sequence):
         raise TypeError(f"batches must be a sequence of PackedBatch, got {type(batches).__name__}")
@@ -139,6 +176,12 @@ def global_batch(batches: Sequence[PackedBatch]) -> PackedBatch:
     for index, batch in enumerate(batches):
         if not isinstance(batch, PackedBatch):
             raise TypeError(f"batches[{index}] must be a PackedBatch, got {type(batch).__name__}")
+        devices = {str(getattr(batch, name).device) for name in ("input_ids", "labels", "loss_mask", "cu_seqlens")}
+        if devices != {"cpu"}:
+            raise ValueError(f"batches[{index}] must be on the CPU (as loaders make them), got tensors on {sorted(devices)}")
+        if int(batch.cu_seqlens[-1]) != batch.active_tokens:
+            raise ValueError(f"batches[{index}].active_tokens must equal its cu_seqlens[-1] = {int(batch.cu_seqlens[-1])}, "
+                             f"got {batch.active_tokens}")
     capacity = sum(b.token_capacity for b in batches)
     slots = sum(b.sequence_capacity for b in batches)
     fields = {name: torch.cat([getattr(b, name)[: b.active_tokens] for b in batches])
@@ -146,10 +189,14 @@ def global_batch(batches: Sequence[PackedBatch]) -> PackedBatch:
     active = fields["input_ids"].shape[0]
     padding = capacity - active
     fields = {name: torch.cat([value, value.new_zeros(padding)]) for name, value in fields.items()}
-    # Each rank's first M_r + 1 boundaries (the active sequences), shifted by the rows before it.
+    # Each rank's non-empty sequences' end rows, shifted by the rows before it. Not the first M_r
+    # boundaries: an empty sequence may sit between two others ([0, 3, 3, 4]), and taking
+    # cu_seqlens[1 : M + 1] there would drop the last sequence's end and merge it into the next
+    # rank's first sequence.
     bounds, offset = [torch.zeros(1, dtype=torch.int32)], 0
     for b in batches:
-        bounds.append(b.cu_seqlens[1 : b.active_sequences + 1] + offset)
+        ends = b.cu_seqlens[1:]
+        bounds.append(ends[ends > b.cu_seqlens[:-1]] + offset)
         offset += b.active_tokens
     cu_seqlens = torch.cat(bounds)
     cu_seqlens = torch.cat([cu_seqlens, cu_seqlens.new_full((slots + 1 - cu_seqlens.shape[0],), active)])

@@ -93,6 +93,7 @@ CAPTURE_ENVIRONMENT = {
 _TOKEN_FIELDS = ("input_ids", "labels", "loss_mask")
 _INTEGER_DTYPES = (torch.int32, torch.int64)
 _FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+_NO_IGNORED_LABEL = torch.iinfo(torch.int64).min  # cross_entropy's ignore_index, made unreachable
 
 
 def token_loss_sum(logits: Tensor, labels: Tensor, loss_mask: Tensor) -> tuple[Tensor, Tensor]:
@@ -104,8 +105,12 @@ def token_loss_sum(logits: Tensor, labels: Tensor, loss_mask: Tensor) -> tuple[T
     inactive row must not become ``NaN * 0``). No host synchronisation.
 
     Args:
-        logits: floating ``[T, V]`` (``T`` token capacity, ``V`` vocabulary size).
-        labels: int64 ``[T]`` targets in ``[0, V)``.
+        logits: floating ``[T, V]`` (``T`` token capacity, ``V >= 1`` vocabulary size).
+        labels: int64 ``[T]`` targets in ``[0, V)`` on the rows ``loss_mask`` selects; the other
+            rows' labels are never used (anything there is harmless). The selected labels'
+            values are not checked here (that would read the device): one outside ``[0, V)``,
+            ``-100`` included (no ``ignore_index`` here: every selected row counts), raises
+            ``IndexError`` on the CPU and a device-side assert on CUDA.
         loss_mask: bool ``[T]``, True on the rows the loss counts (at most ``L`` of them).
 
     Returns:
@@ -115,9 +120,11 @@ def token_loss_sum(logits: Tensor, labels: Tensor, loss_mask: Tensor) -> tuple[T
 
     Raises:
         TypeError: an argument is not a tensor or has the wrong dtype.
-        ValueError: wrong numbers of dims, row counts that differ, or different devices.
+        ValueError: wrong numbers of dims, row counts that differ, ``V = 0``, or different devices.
     """
     check_tensor("logits", logits, ndim=2, shape="[T, V]", dtypes=_FLOAT_DTYPES)
+    if logits.shape[1] == 0:
+        raise ValueError(f"logits must have shape [T, V] with V >= 1 (the vocabulary), got shape {tuple(logits.shape)}")
     check_tensor("labels", labels, ndim=1, shape="[T]", dtypes=(torch.int64,), device=logits.device)
     check_tensor("loss_mask", loss_mask, ndim=1, shape="[T]", dtypes=(torch.bool,), device=logits.device)
     if not labels.shape[0] == loss_mask.shape[0] == logits.shape[0]:
@@ -126,7 +133,11 @@ def token_loss_sum(logits: Tensor, labels: Tensor, loss_mask: Tensor) -> tuple[T
             f"{tuple(labels.shape)} and {tuple(loss_mask.shape)}"
         )
     dtype = torch.promote_types(logits.dtype, torch.float32)
-    token_losses = F.cross_entropy(logits.to(dtype), labels, reduction="none")
+    # Unselected rows get target 0, so a stale or padding label there cannot fail the gather; no
+    # label value is ignorable (ignore_index out of int64's reach), so a -100 on a selected row
+    # fails loudly instead of counting as a zero loss in the mean.
+    targets = torch.where(loss_mask, labels, 0)
+    token_losses = F.cross_entropy(logits.to(dtype), targets, reduction="none", ignore_index=_NO_IGNORED_LABEL)
     total = torch.where(loss_mask, token_losses, 0.0).sum()
     return total, loss_mask.sum(dtype=torch.int64)
 
@@ -156,8 +167,10 @@ def global_token_mean_loss(token_loss_sum: Tensor, active_tokens: Tensor,
     Args:
         token_loss_sum: 0-dim floating tensor, ``S_r`` in nats (e.g. :func:`token_loss_sum`'s
             ``total``), differentiable.
-        active_tokens: 0-dim int32/int64 tensor on the same device, ``c_r``: the tokens this rank's
-            loss counts (the loss-masked rows, not ``L``).
+        active_tokens: 0-dim int32/int64 tensor on the same device, ``c_r >= 0``: the tokens this
+            rank's loss counts (the loss-masked rows, not ``L``). Its value is not checked (that
+            would read the device, and the call must stay capturable): a negative count is summed
+            like any other, and a sum ``C <= 0`` is taken as 1.
         group: the process group DDP averages over; ``None`` for the default group.
 
     Returns:
@@ -269,8 +282,9 @@ class DataParallelTrainer:
 
     Raises:
         TypeError: ``model`` is not an ``nn.Module``; ``first_batch`` not a ``PackedBatch``; a
-            flag not a bool; ``process_group`` not a ``ProcessGroup``.
-        ValueError: ``use_graph`` on a non-CUDA device or with another backend than ``nccl``;
+            flag not a bool; ``process_group`` not a ``ProcessGroup``; ``warmup`` not an int.
+        ValueError: ``model`` has no parameter that requires a gradient, or parameters on a meta
+            device or on several devices; ``use_graph`` on a non-CUDA device or with another backend than ``nccl``;
             ``warmup < 11`` (or ``warmup + 1`` a multiple of 100) with ``use_graph``; ``max_seqlen`` outside ``[1, T]``; ``lr`` or
             ``bucket_cap_mb`` negative.
         RuntimeError: ``torch.distributed`` is not initialized; ``use_graph`` while
@@ -285,6 +299,7 @@ class DataParallelTrainer:
             raise TypeError(f"model must be an nn.Module, got {type(model).__name__}")
         if not isinstance(first_batch, PackedBatch):
             raise TypeError(f"first_batch must be a PackedBatch, got {type(first_batch).__name__}")
+        _check_model_parameters(model)
         check_bool("use_graph", use_graph)
         check_bool("static_graph", static_graph)
         check_real("lr", lr, minimum=0)
@@ -292,6 +307,7 @@ class DataParallelTrainer:
             check_real("bucket_cap_mb", bucket_cap_mb, minimum=0)
         self.world_size = _world_size(process_group)
         device = next(model.parameters()).device
+        check_int("warmup", warmup, minimum=0)  # its type always; its bound only matters with a graph
         if use_graph:
             _check_capture_setup(device, process_group)
             check_int("warmup", warmup, minimum=DDP_CAPTURE_WARMUP)
@@ -405,6 +421,20 @@ class DataParallelTrainer:
         self.static.copy_(batch)
         self.graph.replay()
         return self._loss.clone()
+
+
+def _check_model_parameters(model: nn.Module) -> None:
+    """What DDP needs of the model, refused by name before DDP is built (DDP itself fails with a
+    bare ``StopIteration`` for no parameters, a ``RuntimeError`` for frozen ones, and reads a meta
+    parameter's value while broadcasting)."""
+    parameters = list(model.parameters())
+    if not any(p.requires_grad for p in parameters):
+        raise ValueError(f"model must have at least one parameter that requires a gradient (DDP averages gradients), "
+                         f"got {len(parameters)} parameters, none trainable")
+    devices = sorted({str(p.device) for p in parameters})
+    if len(devices) != 1 or parameters[0].is_meta:
+        raise ValueError(f"model must have its parameters on this rank's one device (with values: not meta), "
+                         f"got parameters on {devices}")
 
 
 def _check_capture_setup(device: torch.device, group: dist.ProcessGroup | None) -> None:
