@@ -103,6 +103,55 @@ def test_plot_series_draws_each_series_as_given():
     assert [list(line.get_xdata()) for line in lines] == [[0, 1, 2], [0, 1]]
 
 
+@pytest.mark.parametrize(("series", "options", "error", "match"), [
+    ({}, {}, ValueError, "series must hold at least one named series, got an empty dict"),
+    ([1.0, 2.0], {}, TypeError, "series must be a dict of name -> values, got list"),
+    ({"a": "abc"}, {}, TypeError, r"series\['a'\] must be a sequence of real numbers, got the string 'abc'"),
+    ({"a": []}, {}, ValueError, r"series\['a'\] must be a non-empty 1-D sequence of numbers, got shape \(0,\)"),
+    ({"a": [[1.0, 2.0], [3.0, 4.0]]}, {}, ValueError, r"series\['a'\] must be a non-empty 1-D .* got shape \(2, 2\)"),
+    ({"a": [1.0, "x"]}, {}, TypeError, r"series\['a'\] must be a sequence of real numbers"),
+    ({1: [1.0]}, {}, TypeError, "series names must be str, got int 1"),
+    ({"a": [1.0]}, {"ylim": (1.0,)}, TypeError, r"ylim must be a \(low, high\) pair of real numbers or None, got \(1.0,\)"),
+    ({"a": [1.0]}, {"ylim": (2.0, 1.0)}, ValueError, r"ylim must have low < high, got \(2.0, 1.0\)"),
+    ({"a": [1.0]}, {"markers": 1}, TypeError, "markers must be a bool, got 1"),
+    ({"a": [1.0]}, {"ylabel": None}, TypeError, "ylabel must be a str, got NoneType"),
+])
+def test_plot_series_refuses_what_it_would_draw_wrongly(series, options, error, match):
+    """Before: an empty dict drew an empty axes, a string drew its characters as categories, a 2-D
+    array drew several lines under one name, a one-element ylim set only the bottom."""
+    from attn_gym_lite.book.plots import plot_series
+
+    with pytest.raises(error, match=match):
+        plot_series(series, **{"ylabel": "loss (nats/token)", "title": "t", **options})
+
+
+def test_plot_series_reads_arrays_tensors_and_iterators_as_values():
+    import numpy as np
+    import torch
+
+    from attn_gym_lite.book.plots import plot_series
+
+    fig = plot_series({"array": np.array([1.0, 2.0]), "tensor": torch.tensor([3.0, 4.0], requires_grad=True),
+                       "iterator": iter([5.0, 6.0])}, ylabel="x (1)", title="t")
+    assert [list(line.get_ydata()) for line in fig.axes[0].get_lines()] == [[1.0, 2.0], [3.0, 4.0], [5.0, 6.0]]
+
+
+def test_plot_timelines_refuses_a_lone_trace_and_string_titles():
+    """Before: titles="ab" for two traces titled them 'a' and 'b'; one trace dict passed as
+    traces was iterated by key and reported as a trace of type str."""
+    from attn_gym_lite.book.plots import plot_timelines
+
+    trace = {"traceEvents": [{"ph": "X", "cat": "kernel", "name": "k", "ts": 10.0, "dur": 5.0, "pid": 0, "tid": 7}]}
+    with pytest.raises(TypeError, match=r"titles must be a sequence of strings, one per trace, got str 'ab'"):
+        plot_timelines([trace, trace], "ab")
+    with pytest.raises(TypeError, match=r"traces must be a sequence of Chrome trace dicts, got dict \(one trace\? pass \[trace\]\)"):
+        plot_timelines(trace, ["a"])
+    with pytest.raises(TypeError, match=r"titles\[1\] must be a str, got int"):
+        plot_timelines([trace, trace], ["a", 2])
+    fig = plot_timelines(iter([trace]), ("only",))
+    assert [ax.get_title() for ax in fig.axes] == ["only"]
+
+
 def test_plot_timelines_stacks_one_axes_per_trace_and_refuses_missing_titles():
     from attn_gym_lite.book.plots import plot_timelines
 

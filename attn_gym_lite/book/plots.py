@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any, TypeVar
 
 import matplotlib as mpl
@@ -27,6 +27,7 @@ from matplotlib.colors import ListedColormap
 from matplotlib.patches import Patch
 from matplotlib.ticker import FuncFormatter, LogLocator, NullLocator, PercentFormatter
 
+from ..checks import check_bool, check_real
 from ..data.packing import PackingPolicy
 from ..data.study import nearest_rank
 from ..profiling.annotate import REGION_CATEGORY, REGION_TRACK_OFFSET
@@ -404,8 +405,19 @@ def plot_timelines(traces: Sequence[Trace], titles: Sequence[str], *, start_us: 
     Returns: the matplotlib ``Figure``.
 
     Raises:
+        TypeError: ``traces`` is one trace dict or a string rather than a sequence of them;
+            ``titles`` is a string or holds a non-string; or as :func:`plot_timeline`.
         ValueError: ``titles`` does not have one entry per trace; or as :func:`plot_timeline`.
     """
+    if isinstance(traces, (dict, str, bytes)) or not isinstance(traces, Iterable):
+        hint = " (one trace? pass [trace])" if isinstance(traces, dict) else ""
+        raise TypeError(f"traces must be a sequence of Chrome trace dicts, got {type(traces).__name__}{hint}")
+    if isinstance(titles, (str, bytes)) or not isinstance(titles, Iterable):
+        raise TypeError(f"titles must be a sequence of strings, one per trace, got {type(titles).__name__} {titles!r:.60}")
+    traces, titles = list(traces), list(titles)
+    for index, title in enumerate(titles):
+        if not isinstance(title, str):
+            raise TypeError(f"titles[{index}] must be a str, got {type(title).__name__}")
     if len(titles) != len(traces) or not traces:
         raise ValueError(f"titles must name each of the {len(traces)} traces (at least one), got {len(titles)} titles")
     fig, axes = _figure(len(traces), 1, height=2.3 * len(traces), sharex=True, squeeze=False)
@@ -423,22 +435,70 @@ def plot_series(series: dict[str, Sequence[float]], *, ylabel: str, title: str, 
     batch is, the losses of a model trained in the notebook).
 
     Args:
-        series: name -> values, in order.
+        series: name (str) -> values, in order: at least one series, each a non-empty 1-D
+            sequence of real numbers (list, tuple, NumPy array, CPU tensor, iterator); NaN (or
+            ``None``) is drawn as a gap.
         ylabel: the value axis label, with its unit.
         title, xlabel: the axes title and the index axis label.
-        ylim: the value axis range (default: matplotlib's).
+        ylim: ``(low, high)``, finite and ``low < high``: the value axis range (default:
+            matplotlib's).
         markers: draw a marker at each value.
 
     Returns: the matplotlib ``Figure``.
+
+    Raises:
+        TypeError: ``series`` is not a dict, a name is not a str, a series is a string or not
+            numbers, a label is not a str, ``markers`` not a bool, ``ylim`` not a pair of reals.
+        ValueError: ``series`` is empty, a series is empty or not 1-D, ``ylim`` is not finite
+            and increasing.
     """
+    lines = _check_series(series)
+    for name, value in (("ylabel", ylabel), ("title", title), ("xlabel", xlabel)):
+        if not isinstance(value, str):
+            raise TypeError(f"{name} must be a str, got {type(value).__name__}")
+    check_bool("markers", markers)
+    if ylim is not None:
+        if isinstance(ylim, (str, bytes)) or not isinstance(ylim, Sequence) or len(ylim) != 2:
+            raise TypeError(f"ylim must be a (low, high) pair of real numbers or None, got {ylim!r}")
+        low, high = check_real("ylim[0]", ylim[0]), check_real("ylim[1]", ylim[1])
+        if not low < high:
+            raise ValueError(f"ylim must have low < high, got {ylim!r}")
     fig, ax = _figure(height=3.0)
-    for name, values in series.items():
-        ax.plot(list(values), "o-" if markers else "-", markersize=3, label=name)
+    for name, values in lines.items():
+        ax.plot(values, "o-" if markers else "-", markersize=3, label=name)
     ax.set(xlabel=xlabel, ylabel=ylabel, title=title)
     if ylim is not None:
-        ax.set_ylim(*ylim)
+        ax.set_ylim(low, high)
     ax.legend()
     return fig
+
+
+def _check_series(series: object) -> dict[str, np.ndarray]:
+    """``series`` as name -> 1-D float array, refusing what would draw something else silently
+    (a string drawn as categories, a 2-D array drawn as several unlabelled lines, no line)."""
+    if not isinstance(series, dict):
+        raise TypeError(f"series must be a dict of name -> values, got {type(series).__name__}")
+    if not series:
+        raise ValueError("series must hold at least one named series, got an empty dict")
+    lines = {}
+    for name, values in series.items():
+        if not isinstance(name, str):
+            raise TypeError(f"series names must be str, got {type(name).__name__} {name!r}")
+        if isinstance(values, (str, bytes)):
+            raise TypeError(f"series[{name!r}] must be a sequence of real numbers, got the string {values!r:.60}")
+        if isinstance(values, torch.Tensor):
+            values = values.detach().cpu()
+        elif isinstance(values, Iterable) and not isinstance(values, (np.ndarray, Sequence)):
+            values = list(values)  # an iterator or generator, read once
+        try:
+            array = np.asarray(values, dtype=float)
+        except (TypeError, ValueError):
+            raise TypeError(f"series[{name!r}] must be a sequence of real numbers, got {type(values).__name__} "
+                            f"{values!r:.60}") from None
+        if array.ndim != 1 or array.size == 0:
+            raise ValueError(f"series[{name!r}] must be a non-empty 1-D sequence of numbers, got shape {array.shape}")
+        lines[name] = array
+    return lines
 
 
 def _row_order(tid: Any) -> tuple:
