@@ -222,3 +222,24 @@ def test_bad_arguments_name_the_argument(fn, name, value, error, match):
 def test_bad_chunk_size(value, error):
     with pytest.raises(error, match="chunk_size must be an int >= 1"):
         kda_chunked(**good_arguments(), chunk_size=value)
+
+
+def test_a_chunk_size_beyond_the_longest_sequence_costs_one_chunk_per_sequence():
+    """Before: chunk_size=10**5 at T = 20 tried to allocate the [G, H, C, C, K] decays at C = 10**5
+    (hundreds of GB) and died in the allocator; no chunk is longer than its sequence, so the
+    result is the recurrence's whatever C."""
+    inputs = random_inputs(20, 2, 3, 2, 17, seed=4)
+    cu_seqlens = cu(0, 5, 5, 17)
+    expected, state = kda_recurrent(*inputs, cu_seqlens, output_final_state=True)
+    o, s = kda_chunked(*inputs, cu_seqlens, chunk_size=10**5, output_final_state=True)
+    torch.testing.assert_close(o, expected, rtol=TOLERANCE, atol=TOLERANCE)
+    torch.testing.assert_close(s, state, rtol=TOLERANCE, atol=TOLERANCE)
+
+
+def test_metadata_check_describes_the_widths_it_was_given():
+    """check_kda_metadata with widths but no width_rule said 'K >= 1' while refusing K = 3."""
+    from attn_gym_lite.ops.kda.reference import check_kda_metadata
+
+    arguments = good_arguments()
+    with pytest.raises(ValueError, match=r"H >= 1 and K in \(16, 32\), got shape"):
+        check_kda_metadata(*arguments.values(), widths=(16, 32))

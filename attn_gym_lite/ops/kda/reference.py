@@ -110,11 +110,12 @@ _DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
 def check_kda_metadata(q: object, k: object, v: object, g: object, beta: object, cu_seqlens: object, *,
                        dtypes: tuple[torch.dtype, ...] = _DTYPES, widths: tuple[int, ...] | None = None,
-                       width_rule: str = ">= 1") -> tuple[int, int, int]:
+                       width_rule: str | None = None) -> tuple[int, int, int]:
     """The rules of KDA's arguments that read only metadata (types, dims, dtypes, devices, shapes,
     the layout of ``cu_seqlens``), shared by the references and the Triton kernels; returns
     ``(T, H, K)``. ``dtypes``: the floating dtypes allowed; ``widths``: the key and value widths
-    allowed (``None``: any ``>= 1``), described in messages by ``width_rule``.
+    allowed (``None``: any ``>= 1``), described in messages by ``width_rule`` (default: ``">= 1"``
+    or ``"in <widths>"``).
 
     Raises:
         TypeError: an argument is not a tensor, or has a dtype outside ``dtypes``, or ``k``/``v``
@@ -128,6 +129,9 @@ def check_kda_metadata(q: object, k: object, v: object, g: object, beta: object,
     checks.check_tensor("v", v, ndim=3, shape="[T, H, V]", dtypes=dtypes, device=device)
     checks.check_tensor("g", g, ndim=3, shape="[T, H, K]", dtypes=dtypes, device=device)
     checks.check_tensor("beta", beta, ndim=2, shape="[T, H]", dtypes=dtypes, device=device)
+
+    if width_rule is None:
+        width_rule = ">= 1" if widths is None else f"in {tuple(widths)}"
 
     def allowed(width: int) -> bool:
         return width >= 1 if widths is None else width in widths
@@ -263,7 +267,9 @@ def kda_chunked(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, cu_seq
     Args:
         q, k, v, g, beta, cu_seqlens, scale, output_final_state: as in :func:`kda_recurrent`.
         chunk_size: ``C``, tokens per chunk, an int >= 1 (default 64, fla's chunk size). The
-            result does not depend on it up to rounding.
+            result does not depend on it up to rounding. A ``C`` above the longest sequence
+            computes with the longest sequence's length instead (no chunk can be longer), so a
+            huge ``C`` costs no more memory than one chunk per sequence.
 
     Returns:
         ``(o, final_state)`` as in :func:`kda_recurrent`.
@@ -282,6 +288,9 @@ def kda_chunked(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, cu_seq
     """
     bounds, scale, compute = _check_kda_arguments(q, k, v, g, beta, cu_seqlens, scale, output_final_state)
     C = checks.check_int("chunk_size", chunk_size, minimum=1)
+    # No chunk is longer than its sequence: padding every chunk to a C beyond the longest one only
+    # allocates ([G_active, H, C, C, K] decays); chunk_size=10**5 asked for 640 GB at T = 8.
+    C = min(C, max([b - a for a, b in zip(bounds[:-1], bounds[1:])] + [1]))
     T, H, K = q.shape
     V = v.shape[2]
     N = len(bounds) - 1
