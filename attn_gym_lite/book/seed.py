@@ -32,3 +32,16 @@ SEED_PUBLISHED = {
     },
 }
 """The seed article's published packing figures (citations, not our measurements)."""
+
+
+SEED_KDA_MODULE = {
+    "source": 'seed article "So you wanna CUDA Graph", section "A real KDA module"',
+    "setup": "NVIDIA B200; KDAAttention with T_max = 4096, N = 32, hidden size 2304, 32 KDA heads; forward + backward",
+    "points": [
+        {"T": 4096, "core_ms": 1.23, "module_ms": 3.43},
+        {"T": 2048, "core_ms": 0.77, "module_ms": 2.91},
+    ],
+}
+"""The seed article's module-level Amdahl study of KDA (citations, not our measurements): the
+core's and the whole module's time at full capacity and at half the tokens."""
+
