@@ -165,3 +165,36 @@ def test_amdahl_measures_core_and_module():
     assert [p["T"] for p in result["points"]] == [512, 256]
     assert all(0 < p["core_us"] < p["module_us"] for p in result["points"])
     assert set(result["summary"]) == {"T_full", "T_half", "core_drop", "module_drop"}
+
+
+def test_suite_parts_share_a_budget_under_the_recording_limit(monkeypatch):
+    # A fake clock and a fake isolated run that takes 100 s per part: the parts get what is left of
+    # the budget as their timeout, and a part with less than MIN_PART_S left is not started.
+    now = [1000.0]
+    calls = []
+
+    def fake_run(function, *, timeout_s):
+        calls.append((function.__name__, timeout_s))
+        now[0] += 100.0
+        return {"part": function.__name__}
+
+    monkeypatch.setattr(la, "_clock", lambda: now[0])
+    monkeypatch.setattr(la, "run_isolated", fake_run)
+    result = la.linear_attention_suite(timeout_s=150, budget_s=270)
+    assert calls == [("exactness", 150), ("exact_shape", 150), ("overcapture", 70)]
+    assert [name for name in la.PARTS if name in result] == ["exactness", "exact_shape", "overcapture"]
+    assert set(result["errors"]) == {"amdahl"} and "not run" in result["errors"]["amdahl"]
+    assert result["config"]["budget_s"] == 270
+
+    # 10 s short of MIN_PART_S after the first part: the rest are not started.
+    now[0], calls[:] = 0.0, []
+    result = la.linear_attention_suite(parts=("exactness", "amdahl"), budget_s=100 + la.MIN_PART_S - 10)
+    assert calls == [("exactness", 100 + la.MIN_PART_S - 10)] and "not run" in result["errors"]["amdahl"]
+
+    # Without a budget every part gets timeout_s; the default budget fits the recording's 300 s.
+    now[0], calls[:] = 0.0, []
+    la.linear_attention_suite(timeout_s=300, budget_s=None)
+    assert calls == [(name, 300) for name in la.PARTS]
+    assert la.SUITE_BUDGET_S + la.MIN_PART_S <= 300
+    with pytest.raises(ValueError, match="budget_s"):
+        la.linear_attention_suite(budget_s=-1)

@@ -39,11 +39,13 @@ report (arXiv:2510.26692); flash-linear-attention (fla-org/flash-linear-attentio
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Callable, Sequence
 
 import torch
 import torch.nn.functional as F
 
+from .. import checks
 from ..isolation import run_isolated
 from ..ops.kda import kda_chunked, kda_recurrent
 from ..ragged import cu_seqlens_from_lengths, pad_cu_seqlens, zipf_lengths
@@ -71,6 +73,16 @@ SWEEP_L = (512, 1024, 2048, 4096, 8192)
 #: The Amdahl study's layer and token counts (the seed's T = 4096 and half of it first).
 LAYER = {"hidden_size": 2048, "num_heads": 16, "head_dim": 128, "N": 32}
 AMDAHL_T = (4096, 2048, 1024, 512)
+#: Seconds the whole suite may take by default. The recording script (``scripts/gpu_record.sh``,
+#: pass D) gives the ``linear-attention`` run 300 s in all and kills it after, which would lose every
+#: part, finished or not; so the parts share this budget and the suite returns (and the CLI writes
+#: its JSON) before that. A first run on a fresh host spends much of it compiling (Triton, fla's
+#: autotuning), which is why one part alone may use up to the rest of it.
+SUITE_BUDGET_S = 270.0
+#: A part is not started with less than this left of the budget (a fresh process, torch and CUDA
+#: initialisation alone take several seconds).
+MIN_PART_S = 15.0
+_clock = time.monotonic  # the budget's clock (a test replaces it)
 
 
 # --------------------------------------------------------------------------------------------
@@ -556,31 +568,51 @@ def _fla_version() -> str:
         return _error(exc)
 
 
-def linear_attention_suite(parts: Sequence[str] = PARTS, *, isolate: bool = True, timeout_s: float = 300) -> dict:
+def linear_attention_suite(parts: Sequence[str] = PARTS, *, isolate: bool = True, timeout_s: float = 300,
+                           budget_s: float | None = SUITE_BUDGET_S) -> dict:
     """All parts (about 2-3 minutes of an H200, mostly Triton compilation and fla's autotuning).
 
     Args:
         parts: which of :data:`PARTS` to run.
         isolate: run each part in a fresh process (:func:`attn_gym_lite.isolation.run_isolated`),
             so that a CUDA fault in one leaves the others measurable.
-        timeout_s: per part, when isolated.
+        timeout_s: per part, when isolated (seconds).
+        budget_s: seconds for the whole suite, counted from this call (default
+            :data:`SUITE_BUDGET_S`, under the recording script's limit), or ``None`` for no bound.
+            An isolated part is stopped when the budget runs out (its timeout is at most what is
+            left); a part with less than :data:`MIN_PART_S` left is not started, and says so in
+            ``errors``.
 
     Returns:
-        ``{"config": {"fla", "parts"}, <part>: <its dict>, ..., "errors": {part: message}}``: a
-        part that raised, faulted or timed out has no entry of its own, only its error.
+        ``{"config": {"fla", "parts", "budget_s"}, <part>: <its dict>, ..., "errors": {part:
+        message}}``: a part that raised, faulted, timed out or was not started has no entry of
+        its own, only its error.
 
     Raises:
-        ValueError: a part not in :data:`PARTS`.
+        ValueError: a part not in :data:`PARTS`; a negative ``timeout_s`` or ``budget_s``.
+        TypeError: ``timeout_s`` or ``budget_s`` is not a real number.
     """
+    began = _clock()
     unknown = [p for p in parts if p not in PARTS]
     if unknown:
         raise ValueError(f"parts must be names from {PARTS}, got unknown {unknown}")
-    result: dict = {"config": {"fla": _fla_version(), "parts": list(parts)}}
+    checks.check_real("timeout_s", timeout_s, minimum=0.0)
+    if budget_s is not None:
+        checks.check_real("budget_s", budget_s, minimum=0.0)
+    result: dict = {"config": {"fla": _fla_version(), "parts": list(parts), "budget_s": budget_s}}
     errors = {}
     for name in parts:
+        limit = timeout_s
+        if budget_s is not None:
+            left = budget_s - (_clock() - began)
+            if left < MIN_PART_S:
+                errors[name] = (f"not run: {max(left, 0.0):.0f} s left of the suite's budget of {budget_s:.0f} s "
+                                f"(the parts before it used the rest)")
+                continue
+            limit = min(timeout_s, left)
         try:
             if isolate:
-                result[name] = run_isolated(PART_FUNCTIONS[name], timeout_s=timeout_s)
+                result[name] = run_isolated(PART_FUNCTIONS[name], timeout_s=limit)
             else:
                 result[name] = PART_FUNCTIONS[name]()
         except Exception as exc:  # one part's failure is a result, not a crash
