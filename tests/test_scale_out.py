@@ -213,7 +213,12 @@ def test_captured_ddp_on_two_gpus_gets_the_global_gradient_and_overlaps_its_all_
 def nccl_world_of_one(tmp_path, monkeypatch):
     if dist.is_initialized():
         pytest.skip("a process group is already initialized in this process")
-    monkeypatch.setenv("TORCH_NCCL_ASYNC_ERROR_HANDLING", "0")  # step 1 of the recipe, before init
+    from attn_gym_lite.graph.distributed import CAPTURE_ENVIRONMENT
+
+    # The whole environment every NCCL process gets (step 1 of the recipe, and NVLink multicast off,
+    # as on the GPU host), before init: NCCL reads it when the communicator is created.
+    for name, value in CAPTURE_ENVIRONMENT.items():
+        monkeypatch.setenv(name, value)
     torch.cuda.set_device(0)
     dist.init_process_group("nccl", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1,
                             device_id=torch.device("cuda", 0))
