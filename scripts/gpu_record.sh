@@ -37,10 +37,10 @@ case "$PASS" in
     record masking 90 ;;
   D)
     record buckets 150
-    record linear-attention 300 ;;
+    record linear-attention 330 ;;  # the suite keeps its own parts within 270 s (SUITE_BUDGET_S)
   S)
     export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-    record scale-out 420 ;;
+    record scale-out 480 ;;  # three launches of at most 150 + 150 + 90 s, plus stopping a hung one
   C)
     start=$SECONDS
     timeout 200 python3 -m pytest -q -rs -p no:cacheprovider -m gpu tests 2>&1 | tail -25 | tee -a "$log"
@@ -48,7 +48,7 @@ case "$PASS" in
     echo "tests: $((SECONDS - start)) s" | tee -a "$log"
     for nb in ${NOTEBOOKS:-notebooks/*.ipynb}; do
       start=$SECONDS
-      timeout ${NOTEBOOK_LIMIT_S:-150} python3 -m pytest -q -p no:cacheprovider --nbmake --overwrite "$nb" 2>&1 | tail -4 | tee -a "$log"
+      timeout ${NOTEBOOK_LIMIT_S:-240} python3 -m pytest -q -p no:cacheprovider --nbmake --overwrite "$nb" 2>&1 | tail -4 | tee -a "$log"
       echo "$nb: $((SECONDS - start)) s" | tee -a "$log"
     done
     python3 - <<'PY' >> "$log"
