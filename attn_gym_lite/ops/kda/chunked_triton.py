@@ -75,13 +75,12 @@ KDA_TRITON_DTYPES = _DTYPES
 KDA_TRITON_WIDTHS = _WIDTHS
 KDA_TRITON_CHUNK_SIZES = _CHUNKS
 _SUB = 16  # sub-block of the intra-chunk kernel
-_INT32_MAX = 2**31 - 1
 # Launch options of the sequential kernels and of the per-chunk backward (ignored by the
 # interpreter). Triton pipelines their loops' loads through shared memory; with K = V = 128,
 # C = 64 and BV = 64, three stages (the default) ask for more than the 227 KiB an H200 block
 # may use (about 320 KiB for the state kernel, compiled for sm_90); these fit.
 _SEQUENTIAL = dict(num_warps=4, num_stages=1)
-_CHUNK_BACKWARD = dict(num_warps=8, num_stages=2)  # with value blocks of 32: ~115 KiB (sm_90, Triton 3.9)
+_CHUNK_BACKWARD = dict(num_warps=8, num_stages=2)  # value blocks of 32: fits the H200's shared memory (the GPU tests ran at 9adec73)
 
 
 # -----------------------------------------------------------------------------
@@ -475,7 +474,7 @@ def _check_arguments(q: object, k: object, v: object, g: object, beta: object, c
             f"the kernels on CPU), got device {device}"
         )
     # Row offsets are 32-bit: every [T, H, *] buffer must stay below 2**31 elements.
-    if T * H * max(K, v.shape[2], C) > _INT32_MAX:
+    if T * H * max(K, v.shape[2], C) > checks.INT32_MAX:
         raise ValueError(
             f"q must have T * H * max(K, V, C) below 2**31 (the kernels' row offsets are 32-bit), got "
             f"T = {T}, H = {H}, K = {K}, V = {v.shape[2]}, C = {C}"
@@ -542,7 +541,7 @@ def _kda_forward(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, cu_se
     return o, final, saved
 
 
-def _kda_backward(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, cu_seqlens: Tensor,
+def _kda_backward(q: Tensor, k: Tensor, v: Tensor, g_dtype: torch.dtype, beta: Tensor, cu_seqlens: Tensor,
                   saved: dict[str, Tensor], d_o: Tensor | None, d_final: Tensor | None, scale: float,
                   C: int) -> tuple[Tensor, ...]:
     r"""Gradients of ``(q, k, v, g, beta)`` from those of ``o`` and ``final_state``; two kernels.
@@ -574,7 +573,8 @@ def _kda_backward(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, cu_s
     d_u = torch.empty(T, H, V, **f32)
     d_states = torch.empty_like(saved["states"])
     dq, dk, dv = (torch.zeros_like(x) for x in (q, k, v))
-    dg, dbeta = torch.zeros_like(g), torch.zeros_like(beta)
+    # g itself is not needed (its cumulative sum is saved): only its dtype, for its gradient.
+    dg, dbeta = torch.zeros(T, H, K, dtype=g_dtype, device=device), torch.zeros_like(beta)
     precision = _precision(q.dtype)
     BV = _value_block(V)
     offsets = saved["offsets"]
@@ -595,17 +595,18 @@ class _KDATriton(torch.autograd.Function):
     def forward(ctx, q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, cu_seqlens: Tensor,
                 scale: float, C: int) -> tuple[Tensor, Tensor]:
         o, final, saved = _kda_forward(q, k, v, g, beta, cu_seqlens, scale, C)
-        ctx.save_for_backward(q, k, v, g, beta, cu_seqlens, *saved.values())
+        ctx.save_for_backward(q, k, v, beta, cu_seqlens, *saved.values())
         ctx.saved_names = tuple(saved)
+        ctx.g_dtype = g.dtype
         ctx.scale = scale
         ctx.chunk = C
         return o, final
 
     @staticmethod
     def backward(ctx, d_o: Tensor | None, d_final: Tensor | None):
-        q, k, v, g, beta, cu_seqlens, *rest = ctx.saved_tensors
+        q, k, v, beta, cu_seqlens, *rest = ctx.saved_tensors
         saved = dict(zip(ctx.saved_names, rest))
-        grads = _kda_backward(q, k, v, g, beta, cu_seqlens, saved, d_o, d_final, ctx.scale, ctx.chunk)
+        grads = _kda_backward(q, k, v, ctx.g_dtype, beta, cu_seqlens, saved, d_o, d_final, ctx.scale, ctx.chunk)
         return (*grads, None, None, None)
 
 
