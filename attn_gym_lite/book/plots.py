@@ -1223,7 +1223,7 @@ def plot_scale_out(record: dict):
     """The ``scale-out`` suite as a figure: throughput per workload, and where the all-reduce ran.
 
     Left: tokens per second over all ranks (millions) for each workload, one bar per (mode,
-    ``W``): eager DDP grey, captured DDP blue, the single-GPU bar lighter; bars at ``W > 1`` carry
+    ``W``): eager DDP red, captured DDP blue, the single-GPU bar lighter; bars at ``W > 1`` carry
     their scaling efficiency (tokens/s over ``W`` times the single-GPU figure). Right, when the
     record holds profiled steps (``"traces"``): each rank's NCCL time per step, split into the part
     that ran beside other kernels (overlapped with the backward) and the part that ran alone.

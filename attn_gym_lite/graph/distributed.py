@@ -307,10 +307,10 @@ class DataParallelTrainer:
             check_real("bucket_cap_mb", bucket_cap_mb, minimum=0)
         self.world_size = _world_size(process_group)
         device = next(model.parameters()).device
-        check_int("warmup", warmup, minimum=0)  # its type always; its bound only matters with a graph
+        # Its type always; its lower bound only matters with a graph (eager DDP needs no warm-up).
+        check_int("warmup", warmup, minimum=DDP_CAPTURE_WARMUP if use_graph else 0)
         if use_graph:
             _check_capture_setup(device, process_group)
-            check_int("warmup", warmup, minimum=DDP_CAPTURE_WARMUP)
             if (warmup + 1) % _DDP_STATS_SAMPLE_RATE == 0:
                 raise ValueError(f"warmup must not make the capture DDP's iteration {warmup + 1}: DDP records timing "
                                  f"events every {_DDP_STATS_SAMPLE_RATE}th iteration, got warmup={warmup}")
