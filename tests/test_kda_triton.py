@@ -55,6 +55,7 @@ LAYOUTS = [
     ((0, 40, 41, 41, 41), 44, 32, 32, 16),  # C = 32 (off-diagonal sub-blocks), unused tail slots
     ((0, 1, 2, 3), 5, 16, 16, 16),  # only length-1 sequences
     ((0, 0, 0), 3, 16, 16, 16),  # nothing active: L = 0
+    ((0, 70, 100), 100, 64, 32, 16),  # C = 64: four sub-blocks, a 30-row last chunk
 ]
 
 

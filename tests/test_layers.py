@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from attn_gym_lite.bench import provenance
+
 PACKAGE = Path(__file__).resolve().parents[1] / "attn_gym_lite"
 
 #: Module prefix -> layer. A module belongs to the longest prefix that matches it.
@@ -42,23 +44,9 @@ def layer(module: str) -> int:
 
 
 def package_imports(path: Path) -> set[str]:
-    """Every attn_gym_lite module ``path`` imports, as absolute dotted names."""
-    name = module_name(path)
-    package = name if path.name == "__init__.py" else name.rsplit(".", 1)[0]
-    found = set()
-    for node in ast.walk(ast.parse(path.read_text())):
-        if isinstance(node, ast.Import):
-            found |= {alias.name for alias in node.names if alias.name.startswith("attn_gym_lite")}
-        elif isinstance(node, ast.ImportFrom):
-            if node.level:
-                base = package.split(".")
-                base = base[: len(base) - (node.level - 1)]
-                target = ".".join([*base, node.module] if node.module else base)
-            else:
-                target = node.module or ""
-            if target.startswith("attn_gym_lite"):
-                found.add(target)
-    return found
+    """Every attn_gym_lite name ``path`` imports, as absolute dotted names (the parser the source
+    digests use, so the layering checked here is the import graph the recordings hash)."""
+    return provenance.package_imports(path, module_name(path))
 
 
 MODULES = sorted(PACKAGE.rglob("*.py"))

@@ -51,7 +51,12 @@ def _module_file(module: str) -> Path | None:
     return None
 
 
-def _imports(path: Path, module: str) -> set[str]:
+def package_imports(path: Path, module: str) -> set[str]:
+    """Every ``attn_gym_lite`` name that the file ``path`` (the module ``module``, dotted) imports,
+    as absolute dotted names, function-level imports included, read with ``ast`` (nothing runs).
+
+    ``from .x import y`` yields ``...x`` and ``...x.y`` (``y`` may be a submodule). Used for source
+    digests here and by the layering test (tests/test_layers.py)."""
     package = module if path.name == "__init__.py" else module.rsplit(".", 1)[0]
     found = set()
     for node in ast.walk(ast.parse(path.read_text())):
@@ -81,7 +86,7 @@ def source_files(module: str) -> list[Path]:
             if path is None or prefix in seen:
                 continue
             seen[prefix] = path
-            pending.extend(_imports(path, prefix))
+            pending.extend(package_imports(path, prefix))
     return sorted(set(seen.values()))
 
 

@@ -23,11 +23,12 @@ cumulative log-decay, ``E_rj = exp(G_r - G_j)`` for ``j <= r``)::
                 P_rj = scale Σ_d q_rd k_jd E_rjd  (j <= r)
     3. wy       M = (I + Diag(beta) Γ)^{-1}                             per chunk, parallel
                 W = M Diag(beta) (K ⊙ exp(G)),   U_0 = M Diag(beta) V
+                Q_g = scale Q ⊙ exp(G),          K_e = K ⊙ exp(G_last - G)
     4. state    for each chunk of the sequence, in order, from S = 0:   per (sequence, head, V block)
                     H_chunk = S                  (saved for the backward)
                     U = U_0 - W S
-                    O = (scale Q ⊙ exp(G)) S + P U
-                    S = Diag(exp(G_last)) S + (K ⊙ exp(G_last - G))^T U
+                    O = Q_g S + P U
+                    S = Diag(exp(G_last)) S + K_e^T U
 
 Every exponent is ``<= 0`` when ``g <= 0``. Kernel 2 computes ``Γ`` and ``P`` in ``16 x 16``
 sub-blocks: an off-diagonal block (rows in sub-block ``i``, columns in an earlier sub-block) is one
@@ -35,10 +36,12 @@ sub-blocks: an off-diagonal block (rows in sub-block ``i``, columns in an earlie
 decay at the first row of sub-block ``i`` (both factors ``<= 1``); a diagonal block is built column
 by column with the exponent masked to ``j <= r`` before ``exp``.
 
-Backward, two kernels: a reverse sequential loop per (sequence, head, V block) carrying ``dS``
-(the gradient of the state leaving a chunk) and producing ``dU``; then one parallel kernel per
-chunk that rebuilds ``U`` from the saved entering state and turns ``dO``, ``dU`` and ``dS`` into
-``dq, dk, dv, dg, dbeta``. See :func:`_kda_backward` for the equations.
+Backward, three kernels: a reverse sequential loop per (sequence, head, V block) carrying ``dS``
+(the gradient of the state leaving a chunk) and producing ``dU``; then, per chunk in parallel,
+one kernel that rebuilds ``U`` from the saved entering state and turns ``dO``, ``dU`` and ``dS``
+into ``dv``, ``dbeta`` and the gradients of ``P`` and ``Γ``, and one that takes those through the
+pairwise decays (the same sub-blocks as the forward's) and through ``G = cumsum(g)`` into
+``dq, dk, dg``. See :func:`_kda_backward` for the equations.
 
 Sources: Kimi Team, *Kimi Linear* (arXiv:2510.26692), chunkwise KDA with the WY representation and
 the UT transform; flash-linear-attention ``fla/ops/kda/`` (``chunk_kda``: the same factorisation
@@ -80,7 +83,7 @@ _SUB = 16  # sub-block of the intra-chunk kernel
 # C = 64 and BV = 64, three stages (the default) ask for more than the 227 KiB an H200 block
 # may use (about 320 KiB for the state kernel, compiled for sm_90); these fit.
 _SEQUENTIAL = dict(num_warps=4, num_stages=1)
-_CHUNK_BACKWARD = dict(num_warps=8, num_stages=2)  # value blocks of 32: fits the H200's shared memory (the GPU tests ran at 9adec73)
+_CHUNK_BACKWARD = dict(num_warps=8, num_stages=2)  # with value blocks of 32, to fit the H200's shared memory
 
 
 # -----------------------------------------------------------------------------
@@ -213,14 +216,22 @@ def _load_square(ptr, rows, ok, head, H, C: tl.constexpr, STRICT: tl.constexpr):
     return tl.load(ptr + offs, mask=ok[:, None] & lower, other=0.0)
 
 
+@triton.jit
+def _chunk_tail(g_cum, seq_start, seq_len, chunk, head, H, K: tl.constexpr, C: tl.constexpr):
+    """``G_last``: the cumulative decay at the chunk's last row inside the sequence, ``[K]``."""
+    last = seq_start + tl.minimum(chunk * C + C, seq_len) - 1
+    return _load_row(g_cum, last, True, head, H, K)
+
+
 @triton.jit(do_not_specialize=["num_seqs"])
-def kda_wy_kernel(k, v, g_cum, beta, gram, inverse, w, u, cu_seqlens, chunk_offsets, num_seqs, H,
-                  K: tl.constexpr, V: tl.constexpr, C: tl.constexpr, SCHEDULE: tl.constexpr,
+def kda_wy_kernel(q, k, v, g_cum, beta, gram, inverse, w, u, q_decayed, k_to_end, cu_seqlens, chunk_offsets,
+                  num_seqs, H, scale, K: tl.constexpr, V: tl.constexpr, C: tl.constexpr, SCHEDULE: tl.constexpr,
                   PRECISION: tl.constexpr):
     """The UT transform of one chunk: ``M = (I + Diag(beta) Γ)^{-1}`` by forward substitution, then
     the WY factors ``W = M Diag(beta) (K ⊙ exp(G))`` and ``U_0 = M Diag(beta) V``. Stores ``M``
-    (``[T, H, C]``, rows of the chunk), ``W`` (``[T, H, K]``) and ``U_0`` (``[T, H, V]``).
-    Grid ``(G_cap, H)``, flat schedule."""
+    (``[T, H, C]``, rows of the chunk), ``W`` (``[T, H, K]``) and ``U_0`` (``[T, H, V]``), and,
+    so that the sequential kernels do no exponentials, ``scale Q ⊙ exp(G)`` and
+    ``K ⊙ exp(G_last - G)`` (``[T, H, K]``). Grid ``(G_cap, H)``, flat schedule."""
     task = first_task(cu_seqlens, cu_seqlens, chunk_offsets, num_seqs, H, C, SCHEDULE)
     while task >= 0:
         seq_start, seq_len, chunk, head = task_at(task, cu_seqlens, chunk_offsets, num_seqs, SCHEDULE)
@@ -243,25 +254,24 @@ def kda_wy_kernel(k, v, g_cum, beta, gram, inverse, w, u, cu_seqlens, chunk_offs
         _store_rows(inverse, M, rows, ok, head, H, C)
         _store_rows(w, W, rows, ok, head, H, K)
         _store_rows(u, U0, rows, ok, head, H, V)
+        q_c = _load_rows(q, rows, ok, head, H, K)
+        _store_rows(q_decayed, q_c * scale * tl.exp(G), rows, ok, head, H, K)
+        G_last = _chunk_tail(g_cum, seq_start, seq_len, chunk, head, H, K, C)
+        # Rows past the sequence have k = 0, but their exponent G_last - 0 may be positive: mask it.
+        _store_rows(k_to_end, k_c * tl.exp(tl.where(ok[:, None], G_last[None, :] - G, 0.0)), rows, ok, head, H, K)
         task = next_task(task, cu_seqlens, chunk_offsets, num_seqs, H, SCHEDULE)
 
 
 @triton.jit
-def _chunk_tail(g_cum, seq_start, seq_len, chunk, head, H, K: tl.constexpr, C: tl.constexpr):
-    """``G_last``: the cumulative decay at the chunk's last row inside the sequence, ``[K]``."""
-    last = seq_start + tl.minimum(chunk * C + C, seq_len) - 1
-    return _load_row(g_cum, last, True, head, H, K)
-
-
-@triton.jit
-def kda_state_kernel(q, k, g_cum, qk, w, u, o, states, final, cu_seqlens, chunk_offsets, H, scale,
+def kda_state_kernel(g_cum, q_decayed, k_to_end, qk, w, u, o, states, final, cu_seqlens, chunk_offsets, H,
                      K: tl.constexpr, V: tl.constexpr, C: tl.constexpr, BV: tl.constexpr,
                      PRECISION: tl.constexpr):
     """The recurrence across chunks. Program ``(n, head, v_block)`` walks sequence slot ``n``'s
     chunks in order with its ``[K, BV]`` state block in registers: saves the entering state of
     each chunk in ``states`` (float32 ``[G_cap, H, K, V]``, indexed by ``chunk_offsets``), writes
     the chunk's output rows, and stores the state after the last chunk in ``final`` (float32
-    ``[N, H, K, V]``; zero for an empty sequence). Grid ``(N, H, V // BV)``."""
+    ``[N, H, K, V]``; zero for an empty sequence). Everything it reads per chunk was prepared by
+    the parallel kernels, so the loop is loads and four products. Grid ``(N, H, V // BV)``."""
     n = tl.program_id(0)
     head = tl.program_id(1)
     v_block = tl.program_id(2)
@@ -277,18 +287,15 @@ def kda_state_kernel(q, k, g_cum, qk, w, u, o, states, final, cu_seqlens, chunk_
         U0 = tl.load(u + row_offs, mask=ok[:, None], other=0.0).to(tl.float32)
         W = _load_rows(w, rows, ok, head, H, K)
         U = U0 - tl.dot(W, S, input_precision=PRECISION)
-        G = _load_rows(g_cum, rows, ok, head, H, K)
-        q_c = _load_rows(q, rows, ok, head, H, K)
+        Q_g = _load_rows(q_decayed, rows, ok, head, H, K)
         P = _load_square(qk, rows, ok, head, H, C, False)
-        out = tl.dot(q_c * scale * tl.exp(G), S, input_precision=PRECISION)
+        out = tl.dot(Q_g, S, input_precision=PRECISION)
         out = tl.dot(P, U, out, input_precision=PRECISION)
         tl.store(o + row_offs, out.to(o.dtype.element_ty), mask=ok[:, None])
         G_last = _chunk_tail(g_cum, seq_start, seq_len, chunk, head, H, K, C)
-        k_c = _load_rows(k, rows, ok, head, H, K)
-        # Rows past the sequence have k = 0, but their exponent G_last - 0 may be positive: mask it.
-        k_to_end = k_c * tl.exp(tl.where(ok[:, None], G_last[None, :] - G, 0.0))
+        K_e = _load_rows(k_to_end, rows, ok, head, H, K)
         S = tl.exp(G_last)[:, None] * S
-        S = tl.dot(tl.trans(k_to_end), U, S, input_precision=PRECISION)
+        S = tl.dot(tl.trans(K_e), U, S, input_precision=PRECISION)
     tl.store(_state_ptrs(final, n, head, H, K, V, BV, v_block), S)
 
 
@@ -297,9 +304,9 @@ def kda_state_kernel(q, k, g_cum, qk, w, u, o, states, final, cu_seqlens, chunk_
 
 
 @triton.jit
-def kda_state_backward_kernel(q, k, g_cum, qk, w, d_o, d_final, d_u, d_states, cu_seqlens, chunk_offsets, H,
-                              scale, K: tl.constexpr, V: tl.constexpr, C: tl.constexpr, BV: tl.constexpr,
-                              PRECISION: tl.constexpr):
+def kda_state_backward_kernel(g_cum, q_decayed, k_to_end, qk, w, d_o, d_final, d_u, d_states, cu_seqlens,
+                              chunk_offsets, H, K: tl.constexpr, V: tl.constexpr, C: tl.constexpr,
+                              BV: tl.constexpr, PRECISION: tl.constexpr):
     """The recurrence backwards. Program ``(n, head, v_block)`` walks sequence slot ``n``'s chunks
     from last to first carrying ``dS``, the gradient of the state leaving the chunk (``d_final``
     for the last one), and per chunk::
@@ -325,29 +332,31 @@ def kda_state_backward_kernel(q, k, g_cum, qk, w, d_o, d_final, d_u, d_states, c
         row_offs = (rows[:, None] * H + head) * V + cols[None, :]
         dO = tl.load(d_o + row_offs, mask=ok[:, None], other=0.0).to(tl.float32)
         P = _load_square(qk, rows, ok, head, H, C, False)
-        G = _load_rows(g_cum, rows, ok, head, H, K)
-        G_last = _chunk_tail(g_cum, seq_start, seq_len, chunk, head, H, K, C)
-        k_c = _load_rows(k, rows, ok, head, H, K)
-        k_to_end = k_c * tl.exp(tl.where(ok[:, None], G_last[None, :] - G, 0.0))
+        K_e = _load_rows(k_to_end, rows, ok, head, H, K)
         dU = tl.dot(tl.trans(P), dO, input_precision=PRECISION)
-        dU = tl.dot(k_to_end, dS, dU, input_precision=PRECISION)
+        dU = tl.dot(K_e, dS, dU, input_precision=PRECISION)
         tl.store(d_u + row_offs, dU, mask=ok[:, None])
-        q_c = _load_rows(q, rows, ok, head, H, K)
+        Q_g = _load_rows(q_decayed, rows, ok, head, H, K)
         W = _load_rows(w, rows, ok, head, H, K)
+        G_last = _chunk_tail(g_cum, seq_start, seq_len, chunk, head, H, K, C)
         dS = tl.exp(G_last)[:, None] * dS
-        dS = tl.dot(tl.trans(q_c * scale * tl.exp(G)), dO, dS, input_precision=PRECISION)
+        dS = tl.dot(tl.trans(Q_g), dO, dS, input_precision=PRECISION)
         dS = tl.dot(tl.trans(-W), dU, dS, input_precision=PRECISION)
 
 
 @triton.jit(do_not_specialize=["num_seqs"])
 def kda_chunk_backward_kernel(q, k, v, g_cum, beta, gram, inverse, w, u, states, d_o, d_u, d_states,
-                              dq, dk, dv, dg, dbeta, cu_seqlens, chunk_offsets, num_seqs, H, scale,
+                              dv, dbeta, d_qk_out, d_gram_out, dq_part, dk_part, dG_part,
+                              cu_seqlens, chunk_offsets, num_seqs, H, scale,
                               K: tl.constexpr, V: tl.constexpr, C: tl.constexpr, BV: tl.constexpr,
                               SCHEDULE: tl.constexpr, PRECISION: tl.constexpr):
-    """Everything else of the backward, one chunk at a time, given ``dO``, ``dU`` and the state
-    gradients from :func:`kda_state_backward_kernel`; see :func:`_kda_backward` for the
-    equations. Writes the chunk's rows of ``dq, dk, dv, dg, dbeta``. Grid ``(G_cap, H)``, flat
-    schedule (program 0's index is the chunk's slot in ``states``)."""
+    """The per-chunk backward up to the pairwise terms, given ``dO``, ``dU`` and the state
+    gradients from :func:`kda_state_backward_kernel` (equations in :func:`_kda_backward`).
+    Writes the chunk's rows of ``dv`` and ``dbeta`` (final), the coefficients of the pairwise
+    terms ``d_qk_out`` (dL/dP times ``scale``) and ``d_gram_out`` (dL/dA_rj times ``beta_r``),
+    both float32 ``[T, H, C]``, and float32 partial ``dq, dk`` and ``dL/dG`` for
+    :func:`kda_pairwise_backward_kernel`. Grid ``(G_cap, H)``, flat schedule (program 0's index
+    is the chunk's slot in ``states``)."""
     task = first_task(cu_seqlens, cu_seqlens, chunk_offsets, num_seqs, H, C, SCHEDULE)
     while task >= 0:
         seq_start, seq_len, chunk, head = task_at(task, cu_seqlens, chunk_offsets, num_seqs, SCHEDULE)
@@ -405,40 +414,123 @@ def kda_chunk_backward_kernel(q, k, v, g_cum, beta, gram, inverse, w, u, states,
         d_gram = dA * b[:, None]  # coefficient of Γ_rj = Σ_d k_rd k_jd E_rjd
         d_qk = tl.where((pos[None, :] <= pos[:, None]) & ok[:, None], dP, 0.0) * scale  # of Σ_d q_rd k_jd E_rjd
 
-        # The pairwise terms, one column j at a time (exponent masked to j <= r before exp):
-        # row side  Σ_j c_rj k_j ⊙ E_rj  ->  dq (from P), dk (from Γ);
-        # column side Σ_r (c^P_rj q_r + c^Γ_rj k_r) ⊙ E_rj  ->  dk of key j.
-        dq_pair = tl.zeros([C, K], tl.float32)
-        dk_row = tl.zeros([C, K], tl.float32)
-        dk_col = tl.zeros([C, K], tl.float32)
-        for j in range(0, valid):
-            k_j = _load_row(k, seq_start + chunk * C + j, j < valid, head, H, K)
-            G_j = _load_row(g_cum, seq_start + chunk * C + j, j < valid, head, H, K)
-            seen = ok & (pos >= j)
-            E = tl.exp(tl.where(seen[:, None], G - G_j[None, :], 0.0))
-            column = pos[None, :] == j
-            c_qk = tl.sum(tl.where(column, d_qk, 0.0), 1)
-            c_gram = tl.sum(tl.where(column, d_gram, 0.0), 1)
-            k_j_decayed = k_j[None, :] * E
-            dq_pair += c_qk[:, None] * k_j_decayed
-            dk_row += c_gram[:, None] * k_j_decayed
-            to_j = tl.sum((c_qk[:, None] * q_c + c_gram[:, None] * k_c) * E, 0)
-            dk_col = tl.where(pos[:, None] == j, to_j[None, :], dk_col)
+        _store_rows(d_qk_out, d_qk, rows, ok, head, H, C)
+        _store_rows(d_gram_out, d_gram, rows, ok, head, H, C)
 
+        # Everything but the pairwise terms (kda_pairwise_backward_kernel adds those).
         decay = tl.exp(G)
         k_to_end = k_c * tl.exp(tl.where(ok[:, None], G_last[None, :] - G, 0.0))
-        d_q = dq_pair + scale * decay * dQg
-        d_k = dk_row + dk_col + b[:, None] * decay * dB_k + tl.exp(tl.where(ok[:, None], G_last[None, :] - G, 0.0)) * dKd
-        # dL/dG_r, then dL/dg_r = Σ_{r' >= r} dL/dG_r' (G is the within-chunk cumsum of g).
-        dG = q_c * dq_pair + k_c * dk_row - k_c * dk_col + dQg * (scale * q_c * decay) + dB_k * B_k - dKd * k_to_end
+        d_q = scale * decay * dQg
+        d_k = b[:, None] * decay * dB_k + tl.exp(tl.where(ok[:, None], G_last[None, :] - G, 0.0)) * dKd
+        dG = dQg * (scale * q_c * decay) + dB_k * B_k - dKd * k_to_end  # dL/dG_r through Q_g, B_k, K_e
         dG_tail = tl.sum(dKd * k_to_end, 0) + tl.exp(G_last) * dG_last  # through G_last
         dG = tl.where(pos[:, None] == valid - 1, dG + dG_tail[None, :], dG)
-        dG = tl.where(ok[:, None], dG, 0.0)
-        d_g = tl.sum(dG, 0)[None, :] - tl.cumsum(dG, 0) + dG
-        _store_rows(dq, d_q, rows, ok, head, H, K)
-        _store_rows(dk, d_k, rows, ok, head, H, K)
-        _store_rows(dg, d_g, rows, ok, head, H, K)
+        _store_rows(dq_part, d_q, rows, ok, head, H, K)
+        _store_rows(dk_part, d_k, rows, ok, head, H, K)
+        _store_rows(dG_part, dG, rows, ok, head, H, K)
         tl.store(dbeta + rows * H + head, db.to(dbeta.dtype.element_ty), mask=ok)
+        task = next_task(task, cu_seqlens, chunk_offsets, num_seqs, H, SCHEDULE)
+
+
+@triton.jit
+def _load_block(ptr, rows, ok, cols, head, H, C: tl.constexpr):
+    """A ``[len(rows), len(cols)]`` block of a ``[T, H, C]`` buffer (float32), zero where not ``ok``."""
+    return tl.load(ptr + (rows[:, None] * H + head) * C + cols[None, :], mask=ok[:, None], other=0.0)
+
+
+@triton.jit(do_not_specialize=["num_seqs"])
+def kda_pairwise_backward_kernel(q, k, g_cum, d_qk, d_gram, dq_part, dk_part, dG_part, dq, dk, dg,
+                                 cu_seqlens, chunk_offsets, num_seqs, H, K: tl.constexpr, C: tl.constexpr,
+                                 BC: tl.constexpr, SCHEDULE: tl.constexpr, PRECISION: tl.constexpr):
+    """The pairwise terms of the backward, then the chain through ``G = cumsum(g)``.
+
+    With coefficients ``c^P_rj`` (``d_qk``: dL/dP_rj, times ``scale``) and ``c^Γ_rj``
+    (``d_gram``: dL/dA_rj, times ``beta_r``), per sub-block of ``BC`` rows::
+
+        row side     dq_r += Σ_{j<=r} c^P_rj k_j ⊙ E_rj      dk_r += Σ_{j<r} c^Γ_rj k_j ⊙ E_rj
+        column side  dk_j += Σ_{r>=j} (c^P_rj q_r + c^Γ_rj k_r) ⊙ E_rj
+        dG_r += q_r ⊙ (row side of dq_r) + k_r ⊙ (row side of dk_r) - k_r ⊙ (column side of dk_r)
+
+    Off-diagonal sub-blocks are ``tl.dot`` products through the reference point of the *later*
+    sub-block (its first row), as in :func:`kda_intra_kernel`; diagonal ones go column by column.
+    Sub-blocks run from the chunk's last to its first, carrying ``Σ dG`` of the later rows, so
+    ``dg_r = Σ_{r' >= r} dG_r'`` comes out block by block. Adds the partial gradients of
+    :func:`kda_chunk_backward_kernel` and writes ``dq, dk, dg``. Grid ``(G_cap, H)``, flat schedule."""
+    task = first_task(cu_seqlens, cu_seqlens, chunk_offsets, num_seqs, H, C, SCHEDULE)
+    while task >= 0:
+        seq_start, seq_len, chunk, head = task_at(task, cu_seqlens, chunk_offsets, num_seqs, SCHEDULE)
+        chunk_start = seq_start + chunk * C
+        valid = tl.minimum(seq_len - chunk * C, C)
+        sub = tl.arange(0, BC)
+        later = tl.zeros([K], tl.float32)  # Σ dG over the rows after this sub-block
+        for i in tl.static_range(C // BC - 1, -1, -1):  # last sub-block first
+            r = i * BC + sub
+            ok_i = r < valid
+            rows_i = chunk_start + r
+            q_i = _load_rows(q, rows_i, ok_i, head, H, K)
+            k_i = _load_rows(k, rows_i, ok_i, head, H, K)
+            G_i = _load_rows(g_cum, rows_i, ok_i, head, H, K)
+            block_ok = i * BC < valid
+            ref = _load_row(g_cum, chunk_start + i * BC, block_ok, head, H, K)
+            row_q = tl.zeros([BC, K], tl.float32)
+            row_k = tl.zeros([BC, K], tl.float32)
+            col_k = tl.zeros([BC, K], tl.float32)
+            # Row side, earlier sub-blocks jb < i, through this sub-block's reference point.
+            for jb in tl.static_range(i):
+                cols_j = jb * BC + sub
+                ok_j = cols_j < tl.where(block_ok, valid, 0)
+                k_j = _load_rows(k, chunk_start + cols_j, ok_j, head, H, K)
+                G_j = _load_rows(g_cum, chunk_start + cols_j, ok_j, head, H, K)
+                k_from_ref = k_j * tl.exp(tl.where(ok_j[:, None], ref[None, :] - G_j, 0.0))
+                row_q = tl.dot(_load_block(d_qk, rows_i, ok_i, cols_j, head, H, C), k_from_ref, row_q,
+                               input_precision=PRECISION)
+                row_k = tl.dot(_load_block(d_gram, rows_i, ok_i, cols_j, head, H, C), k_from_ref, row_k,
+                               input_precision=PRECISION)
+            to_ref = tl.exp(tl.where(ok_i[:, None], G_i - ref[None, :], 0.0))
+            row_q *= to_ref
+            row_k *= to_ref
+            # Column side, later sub-blocks ib > i (their rows see this sub-block's keys), through
+            # the later sub-block's reference point.
+            for ib in tl.static_range(i + 1, C // BC):
+                rr = ib * BC + sub
+                ok_r = rr < valid
+                ref_r = _load_row(g_cum, chunk_start + ib * BC, ib * BC < valid, head, H, K)
+                q_r = _load_rows(q, chunk_start + rr, ok_r, head, H, K)
+                k_r = _load_rows(k, chunk_start + rr, ok_r, head, H, K)
+                G_r = _load_rows(g_cum, chunk_start + rr, ok_r, head, H, K)
+                r_to_ref = tl.exp(tl.where(ok_r[:, None], G_r - ref_r[None, :], 0.0))
+                c_P = _load_block(d_qk, chunk_start + rr, ok_r, r, head, H, C)  # [rows rr, columns of block i]
+                c_G = _load_block(d_gram, chunk_start + rr, ok_r, r, head, H, C)
+                part = tl.dot(tl.trans(c_P), q_r * r_to_ref, input_precision=PRECISION)
+                part = tl.dot(tl.trans(c_G), k_r * r_to_ref, part, input_precision=PRECISION)
+                seen_by_r = r < tl.where(ib * BC < valid, valid, 0)  # keys of block i, if block ib has rows
+                col_k += part * tl.exp(tl.where(seen_by_r[:, None], ref_r[None, :] - G_i, 0.0))
+            # The diagonal sub-block, one column at a time; the row and the column side share E.
+            c_P = _load_block(d_qk, rows_i, ok_i, r, head, H, C)
+            c_G = _load_block(d_gram, rows_i, ok_i, r, head, H, C)
+            for jj in range(BC):
+                col = i * BC + jj
+                k_col = _load_row(k, chunk_start + col, col < valid, head, H, K)
+                G_col = _load_row(g_cum, chunk_start + col, col < valid, head, H, K)
+                seen = ok_i & (r >= col)
+                E = tl.exp(tl.where(seen[:, None], G_i - G_col[None, :], 0.0))
+                in_column = sub[None, :] == jj
+                cp = tl.sum(tl.where(in_column, c_P, 0.0), 1)
+                cg = tl.sum(tl.where(in_column, c_G, 0.0), 1)
+                row_q += cp[:, None] * k_col[None, :] * E
+                row_k += cg[:, None] * k_col[None, :] * E
+                to_col = tl.sum((cp[:, None] * q_i + cg[:, None] * k_i) * E, 0)
+                col_k = tl.where((sub == jj)[:, None], col_k + to_col[None, :], col_k)
+            d_q = _load_rows(dq_part, rows_i, ok_i, head, H, K) + row_q
+            d_k = _load_rows(dk_part, rows_i, ok_i, head, H, K) + row_k + col_k
+            dG = _load_rows(dG_part, rows_i, ok_i, head, H, K) + q_i * row_q + k_i * (row_k - col_k)
+            dG = tl.where(ok_i[:, None], dG, 0.0)
+            # dg_r = Σ_{r' >= r} dG_r': the later sub-blocks' total plus a reverse cumsum in this one.
+            d_g = later[None, :] + tl.sum(dG, 0)[None, :] - tl.cumsum(dG, 0) + dG
+            later += tl.sum(dG, 0)
+            _store_rows(dq, d_q, rows_i, ok_i, head, H, K)
+            _store_rows(dk, d_k, rows_i, ok_i, head, H, K)
+            _store_rows(dg, d_g, rows_i, ok_i, head, H, K)
         task = next_task(task, cu_seqlens, chunk_offsets, num_seqs, H, SCHEDULE)
 
 
@@ -507,8 +599,8 @@ def _chunk_offsets(cu_seqlens: Tensor, C: int) -> Tensor:
 def _kda_forward(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, cu_seqlens: Tensor,
                  scale: float, C: int) -> tuple[Tensor, Tensor, dict[str, Tensor]]:
     """Runs the four forward kernels; returns ``(o, final_state, saved)`` where ``saved`` holds the
-    per-chunk quantities the backward reads (``chunk_offsets``, ``G``, ``Γ``, ``M``, ``W``, ``U_0``
-    and the entering states)."""
+    per-chunk quantities the backward reads (``chunk_offsets``, ``G``, ``Γ``, ``P``, ``M``, ``W``,
+    ``U_0``, ``Q_g``, ``K_e`` and the entering states)."""
     T, H, K = q.shape
     V = v.shape[2]
     N = cu_seqlens.numel() - 1
@@ -522,6 +614,8 @@ def _kda_forward(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, cu_se
     inverse = torch.empty(T, H, C, **f32)
     w = torch.empty(T, H, K, **f32)
     u = torch.empty(T, H, V, **f32)
+    q_decayed = torch.empty(T, H, K, **f32)
+    k_to_end = torch.empty(T, H, K, **f32)
     states = torch.empty(max(G_cap, 1), H, K, V, **f32)
     final = torch.empty(N, H, K, V, **f32)
     o = torch.zeros(T, H, V, dtype=q.dtype, device=device)  # rows L .. T - 1 stay zero
@@ -532,12 +626,13 @@ def _kda_forward(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, cu_se
         kda_cumsum_kernel[grid](g, g_cum, *common, K=K, C=C, SCHEDULE="flat")
         kda_intra_kernel[grid](q, k, g_cum, gram, qk, *common, scale, K=K, C=C, BC=_SUB, SCHEDULE="flat",
                                PRECISION=precision)
-        kda_wy_kernel[grid](k, v, g_cum, beta, gram, inverse, w, u, *common, K=K, V=V, C=C, SCHEDULE="flat",
-                            PRECISION=precision)
+        kda_wy_kernel[grid](q, k, v, g_cum, beta, gram, inverse, w, u, q_decayed, k_to_end, *common, scale,
+                            K=K, V=V, C=C, SCHEDULE="flat", PRECISION=precision)
     BV = _value_block(V)
-    kda_state_kernel[(N, H, V // BV)](q, k, g_cum, qk, w, u, o, states, final, cu_seqlens, offsets, H, scale,
-                                      K=K, V=V, C=C, BV=BV, PRECISION=precision, **_SEQUENTIAL)
-    saved = dict(offsets=offsets, g_cum=g_cum, gram=gram, qk=qk, inverse=inverse, w=w, u=u, states=states)
+    kda_state_kernel[(N, H, V // BV)](g_cum, q_decayed, k_to_end, qk, w, u, o, states, final, cu_seqlens, offsets,
+                                      H, K=K, V=V, C=C, BV=BV, PRECISION=precision, **_SEQUENTIAL)
+    saved = dict(offsets=offsets, g_cum=g_cum, gram=gram, qk=qk, inverse=inverse, w=w, u=u, q_decayed=q_decayed,
+                 k_to_end=k_to_end, states=states)
     return o, final, saved
 
 
@@ -572,20 +667,27 @@ def _kda_backward(q: Tensor, k: Tensor, v: Tensor, g_dtype: torch.dtype, beta: T
     d_final = torch.zeros(N, H, K, V, **f32) if d_final is None else d_final.float().contiguous()
     d_u = torch.empty(T, H, V, **f32)
     d_states = torch.empty_like(saved["states"])
-    dq, dk, dv = (torch.zeros_like(x) for x in (q, k, v))
+    d_qk, d_gram = torch.empty(T, H, C, **f32), torch.empty(T, H, C, **f32)
+    dq_part, dk_part, dG_part = (torch.empty(T, H, K, **f32) for _ in range(3))
+    dq, dk, dv = (torch.zeros_like(x) for x in (q, k, v))  # rows L .. T - 1 stay zero
     # g itself is not needed (its cumulative sum is saved): only its dtype, for its gradient.
     dg, dbeta = torch.zeros(T, H, K, dtype=g_dtype, device=device), torch.zeros_like(beta)
     precision = _precision(q.dtype)
     BV = _value_block(V)
     offsets = saved["offsets"]
-    kda_state_backward_kernel[(N, H, V // BV)](q, k, saved["g_cum"], saved["qk"], saved["w"], d_o, d_final, d_u,
-                                               d_states, cu_seqlens, offsets, H, scale, K=K, V=V, C=C, BV=BV,
-                                               PRECISION=precision, **_SEQUENTIAL)
+    kda_state_backward_kernel[(N, H, V // BV)](saved["g_cum"], saved["q_decayed"], saved["k_to_end"], saved["qk"],
+                                               saved["w"], d_o, d_final, d_u, d_states, cu_seqlens, offsets, H,
+                                               K=K, V=V, C=C, BV=BV, PRECISION=precision, **_SEQUENTIAL)
     if G_cap > 0:
         kda_chunk_backward_kernel[(G_cap, H)](
             q, k, v, saved["g_cum"], beta, saved["gram"], saved["inverse"], saved["w"], saved["u"],
-            saved["states"], d_o, d_u, d_states, dq, dk, dv, dg, dbeta, cu_seqlens, offsets, N, H, scale,
+            saved["states"], d_o, d_u, d_states, dv, dbeta, d_qk, d_gram, dq_part, dk_part, dG_part,
+            cu_seqlens, offsets, N, H, scale,
             K=K, V=V, C=C, BV=_value_block(V, 32), SCHEDULE="flat", PRECISION=precision, **_CHUNK_BACKWARD,
+        )
+        kda_pairwise_backward_kernel[(G_cap, H)](
+            q, k, saved["g_cum"], d_qk, d_gram, dq_part, dk_part, dG_part, dq, dk, dg, cu_seqlens, offsets, N, H,
+            K=K, C=C, BC=_SUB, SCHEDULE="flat", PRECISION=precision,
         )
     return dq, dk, dv, dg, dbeta
 
@@ -671,8 +773,9 @@ def kda_triton(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, cu_seql
 
     Cost: the per-chunk kernels run on ``G_cap`` programs per head
     (:func:`attn_gym_lite.schedule.chunk_capacity`), the recurrence on ``N x H x V / BV``
-    programs, each looping over its own sequence's chunks; extra memory: float32 buffers of
-    ``[T, H, 2K + V + 3C]`` and the entering state of every chunk, ``[G_cap, H, K, V]``.
+    programs, each looping over its own sequence's chunks. Memory kept for the backward: float32
+    ``[T, H, 4K + V + 3C]`` and the entering state of every chunk, ``[G_cap, H, K, V]``; the
+    backward adds float32 ``[T, H, 3K + V + 2C]`` and ``[G_cap, H, K, V]`` of scratch.
 
     Source: Kimi Linear (arXiv:2510.26692), chunkwise KDA; flash-linear-attention
     ``fla/ops/kda`` (``chunk_kda``) for the decomposition. See
