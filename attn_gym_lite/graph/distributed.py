@@ -25,6 +25,9 @@ a captured CUDA graph (NCCL >= 2.9.6 captures collectives).
 
 Also here:
 
+* :func:`token_loss_sum`, ``S_r`` and ``c_r`` of one rank (defined in
+  :mod:`attn_gym_lite.models.lm`, beside :func:`~attn_gym_lite.models.packed_lm_loss`, which
+  returns their quotient, and re-exported here);
 * each rank reads its own shard of the corpus through :mod:`attn_gym_lite.data.sharding`
   (:class:`~attn_gym_lite.data.sharding.ShardedPackedLoader`, resumable per rank);
 * :class:`DataParallelTrainer`: forward, backward with DDP's all-reduce and a fused Adam step, run
@@ -53,11 +56,11 @@ import os
 
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 from torch import nn
 
 from ..checks import check_bool, check_int, check_real, check_tensor
 from ..data import PackedBatch
+from ..models.lm import token_loss_sum  # re-exported: one source of truth in the models layer
 from ..regions import mark_kernels
 from .capture import StaticInputs, capture_graph
 
@@ -93,53 +96,6 @@ CAPTURE_ENVIRONMENT = {
 _TOKEN_FIELDS = ("input_ids", "labels", "loss_mask")
 _INTEGER_DTYPES = (torch.int32, torch.int64)
 _FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
-_NO_IGNORED_LABEL = torch.iinfo(torch.int64).min  # cross_entropy's ignore_index, made unreachable
-
-
-def token_loss_sum(logits: Tensor, labels: Tensor, loss_mask: Tensor) -> tuple[Tensor, Tensor]:
-    """Sum of next-token cross-entropies over the rows ``loss_mask`` selects, and how many rows.
-
-    The numerator and denominator of :func:`~attn_gym_lite.models.packed_lm_loss` (which returns
-    their quotient, the *local* mean), kept apart so that the denominator can be summed over ranks.
-    Rows outside ``loss_mask`` are selected away, never multiplied by 0 (a garbage logit on an
-    inactive row must not become ``NaN * 0``). No host synchronisation.
-
-    Args:
-        logits: floating ``[T, V]`` (``T`` token capacity, ``V >= 1`` vocabulary size).
-        labels: int64 ``[T]`` targets in ``[0, V)`` on the rows ``loss_mask`` selects; the other
-            rows' labels are never used (anything there is harmless). The selected labels'
-            values are not checked here (that would read the device): one outside ``[0, V)``,
-            ``-100`` included (no ``ignore_index`` here: every selected row counts), raises
-            ``IndexError`` on the CPU and a device-side assert on CUDA.
-        loss_mask: bool ``[T]``, True on the rows the loss counts (at most ``L`` of them).
-
-    Returns:
-        ``(total, count)``: ``total`` a 0-dim tensor in nats, in ``float32`` for half-precision
-        logits (as ``packed_lm_loss`` computes) and in the logits' dtype otherwise (float64 stays
-        float64); ``count`` a 0-dim int64 tensor (tokens). Both on the logits' device.
-
-    Raises:
-        TypeError: an argument is not a tensor or has the wrong dtype.
-        ValueError: wrong numbers of dims, row counts that differ, ``V = 0``, or different devices.
-    """
-    check_tensor("logits", logits, ndim=2, shape="[T, V]", dtypes=_FLOAT_DTYPES)
-    if logits.shape[1] == 0:
-        raise ValueError(f"logits must have shape [T, V] with V >= 1 (the vocabulary), got shape {tuple(logits.shape)}")
-    check_tensor("labels", labels, ndim=1, shape="[T]", dtypes=(torch.int64,), device=logits.device)
-    check_tensor("loss_mask", loss_mask, ndim=1, shape="[T]", dtypes=(torch.bool,), device=logits.device)
-    if not labels.shape[0] == loss_mask.shape[0] == logits.shape[0]:
-        raise ValueError(
-            f"logits, labels and loss_mask must have the same T rows, got {tuple(logits.shape)}, "
-            f"{tuple(labels.shape)} and {tuple(loss_mask.shape)}"
-        )
-    dtype = torch.promote_types(logits.dtype, torch.float32)
-    # Unselected rows get target 0, so a stale or padding label there cannot fail the gather; no
-    # label value is ignorable (ignore_index out of int64's reach), so a -100 on a selected row
-    # fails loudly instead of counting as a zero loss in the mean.
-    targets = torch.where(loss_mask, labels, 0)
-    token_losses = F.cross_entropy(logits.to(dtype), targets, reduction="none", ignore_index=_NO_IGNORED_LABEL)
-    total = torch.where(loss_mask, token_losses, 0.0).sum()
-    return total, loss_mask.sum(dtype=torch.int64)
 
 
 def global_token_mean_loss(token_loss_sum: Tensor, active_tokens: Tensor,

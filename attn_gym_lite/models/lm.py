@@ -12,23 +12,89 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..checks import check_int
+from ..checks import check_int, check_tensor
 from ..regions import mark_kernels
 from .attention import VarLenAttention
 
 Tensor = torch.Tensor
 
 
-def packed_lm_loss(logits: Tensor, labels: Tensor, loss_mask: Tensor) -> Tensor:
-    """Mean next-token cross-entropy over the rows ``loss_mask`` (bool ``[T]``) selects.
+_FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+_NO_IGNORED_LABEL = torch.iinfo(torch.int64).min  # cross_entropy's ignore_index, made unreachable
 
-    A float32 scalar on the device, no host sync. Select, never multiply: a garbage logit on a
-    masked row must not become ``NaN * 0``. An all-False mask gives 0 rather than NaN (the
-    denominator is clamped to 1).
+
+def token_loss_sum(logits: Tensor, labels: Tensor, loss_mask: Tensor) -> tuple[Tensor, Tensor]:
+    """Sum of next-token cross-entropies over the rows ``loss_mask`` selects, and how many rows.
+
+    The numerator and denominator of :func:`packed_lm_loss` (which returns their quotient, the
+    *local* mean), kept apart so that the denominator can be summed over ranks
+    (:func:`~attn_gym_lite.graph.distributed.global_token_mean_loss`). Rows outside ``loss_mask``
+    are selected away, never multiplied by 0 (a garbage logit on an inactive row must not become
+    ``NaN * 0``). No host synchronisation: the checks read only tensor metadata, so it can run
+    inside a CUDA graph capture.
+
+    Args:
+        logits: floating ``[T, V]`` (``T`` token capacity, ``V >= 1`` vocabulary size).
+        labels: int64 ``[T]`` targets in ``[0, V)`` on the rows ``loss_mask`` selects; the other
+            rows' labels are never used (anything there is harmless). The selected labels'
+            values are not checked here (that would read the device): one outside ``[0, V)``,
+            ``-100`` included (no ``ignore_index`` here: every selected row counts), raises
+            ``IndexError`` on the CPU and a device-side assert on CUDA.
+        loss_mask: bool ``[T]``, True on the rows the loss counts (at most ``L`` of them).
+
+    Returns:
+        ``(total, count)``: ``total`` a 0-dim tensor in nats, in ``float32`` for half-precision
+        logits and in the logits' dtype otherwise (float64 stays float64); ``count`` a 0-dim
+        int64 tensor (tokens). Both on the logits' device.
+
+    Raises:
+        TypeError: an argument is not a tensor or has the wrong dtype.
+        ValueError: wrong numbers of dims, row counts that differ, ``V = 0``, or different devices.
     """
-    token_losses = F.cross_entropy(logits.float(), labels, reduction="none")
+    check_tensor("logits", logits, ndim=2, shape="[T, V]", dtypes=_FLOAT_DTYPES)
+    if logits.shape[1] == 0:
+        raise ValueError(f"logits must have shape [T, V] with V >= 1 (the vocabulary), got shape {tuple(logits.shape)}")
+    check_tensor("labels", labels, ndim=1, shape="[T]", dtypes=(torch.int64,), device=logits.device)
+    check_tensor("loss_mask", loss_mask, ndim=1, shape="[T]", dtypes=(torch.bool,), device=logits.device)
+    if not labels.shape[0] == loss_mask.shape[0] == logits.shape[0]:
+        raise ValueError(
+            f"logits, labels and loss_mask must have the same T rows, got {tuple(logits.shape)}, "
+            f"{tuple(labels.shape)} and {tuple(loss_mask.shape)}"
+        )
+    dtype = torch.promote_types(logits.dtype, torch.float32)
+    # Unselected rows get target 0, so a stale or padding label there cannot fail the gather; no
+    # label value is ignorable (ignore_index out of int64's reach), so a -100 on a selected row
+    # fails loudly instead of counting as a zero loss in the mean.
+    targets = torch.where(loss_mask, labels, 0)
+    token_losses = F.cross_entropy(logits.to(dtype), targets, reduction="none", ignore_index=_NO_IGNORED_LABEL)
     total = torch.where(loss_mask, token_losses, 0.0).sum()
-    return total / loss_mask.sum().clamp_min(1)
+    return total, loss_mask.sum(dtype=torch.int64)
+
+
+def packed_lm_loss(logits: Tensor, labels: Tensor, loss_mask: Tensor) -> Tensor:
+    """Mean next-token cross-entropy over the rows ``loss_mask`` selects: ``total / max(count, 1)``
+    of :func:`token_loss_sum`.
+
+    No host sync (capture-safe). Select, never multiply: a garbage logit on a masked row must not
+    become ``NaN * 0``. An all-False mask gives 0 rather than NaN (the denominator is clamped to 1).
+
+    Args:
+        logits: floating ``[T, V]``, ``V >= 1``.
+        labels: int64 ``[T]``, in ``[0, V)`` on the selected rows; anything on the other rows
+            (stale data, padding, ``-100``) is never read. No ``ignore_index``: a ``-100`` on a
+            selected row is an error, not a zero loss in the mean.
+        loss_mask: bool ``[T]``, True on the rows the loss counts.
+
+    Returns:
+        A 0-dim tensor in nats on the logits' device: ``float32`` for half-precision (and
+        float32) logits, float64 for float64 logits.
+
+    Raises:
+        TypeError / ValueError: see :func:`token_loss_sum` (types, dtypes, shapes, devices).
+        IndexError: a selected label outside ``[0, V)`` on the CPU (a device-side assert on CUDA).
+    """
+    total, count = token_loss_sum(logits, labels, loss_mask)
+    return total / count.clamp_min(1)
 
 
 class _PackedLanguageModel(nn.Module):

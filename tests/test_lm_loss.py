@@ -1,0 +1,151 @@
+"""packed_lm_loss and token_loss_sum: one loss, defined in the models layer, checked against a
+naive float64 loop of -log_softmax row by row."""
+
+import math
+
+import pytest
+import torch
+
+import attn_gym_lite.graph.distributed as distributed
+from attn_gym_lite.models import PackedLM, packed_lm_loss, token_loss_sum
+from attn_gym_lite.models import lm as lm_module
+from attn_gym_lite.ragged import cu_seqlens_from_lengths, pad_cu_seqlens
+
+VOCAB = 7
+
+
+def naive_mean_loss(logits, labels, mask):
+    """Mean of -log_softmax(logits[t])[labels[t]] over the selected rows, in Python floats."""
+    losses = []
+    for t in range(logits.shape[0]):
+        if not bool(mask[t]):
+            continue
+        row = [float(x) for x in logits[t]]
+        peak = max(row)
+        log_norm = peak + math.log(sum(math.exp(x - peak) for x in row))
+        losses.append(log_norm - row[int(labels[t])])
+    return sum(losses) / max(len(losses), 1), len(losses)
+
+
+def _batch(seed, rows=9):
+    g = torch.Generator().manual_seed(seed)
+    logits = torch.randn(rows, VOCAB, dtype=torch.float64, generator=g) * 3
+    labels = torch.randint(0, VOCAB, (rows,), generator=g)
+    mask = torch.rand(rows, generator=g) < 0.6
+    mask[0] = True
+    return logits, labels, mask
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_packed_lm_loss_is_the_naive_mean_of_minus_log_softmax(seed):
+    logits, labels, mask = _batch(seed)
+    expected, count = naive_mean_loss(logits, labels, mask)
+    loss = packed_lm_loss(logits, labels, mask)
+    assert loss.dtype == torch.float64 and loss.dim() == 0
+    assert loss.item() == pytest.approx(expected, rel=1e-12, abs=1e-12)
+    total, counted = token_loss_sum(logits, labels, mask)
+    assert counted.dtype == torch.int64 and counted.item() == count
+    assert total.item() == pytest.approx(expected * count, rel=1e-12)
+
+
+def test_half_precision_is_averaged_in_float32():
+    logits, labels, mask = _batch(5)
+    expected, _ = naive_mean_loss(logits.float(), labels, mask)
+    assert packed_lm_loss(logits.float(), labels, mask).dtype == torch.float32
+    for dtype in (torch.float16, torch.bfloat16):
+        rounded = logits.to(dtype)
+        loss = packed_lm_loss(rounded, labels, mask)
+        assert loss.dtype == torch.float32
+        assert loss.item() == pytest.approx(naive_mean_loss(rounded.double(), labels, mask)[0], rel=1e-5)
+    assert packed_lm_loss(logits.float(), labels, mask).item() == pytest.approx(expected, rel=1e-5)
+
+
+@pytest.mark.parametrize("stray", [10**6, -7, -100, VOCAB])
+def test_a_stray_label_on_an_unselected_row_changes_nothing(stray):
+    """Before: cross_entropy gathered every row's label, so an out-of-range one on a masked-out
+    row raised IndexError on the CPU (a device-side assert on CUDA)."""
+    logits, labels, mask = _batch(1)
+    unselected = int(torch.nonzero(~mask)[0])
+    stale = labels.clone()
+    stale[unselected] = stray
+    garbage = logits.clone()
+    garbage[unselected] = float("nan")  # selected away, never multiplied by 0
+    clean = packed_lm_loss(logits, labels, mask)
+    assert torch.equal(packed_lm_loss(garbage, stale, mask), clean)
+    assert clean.item() == pytest.approx(naive_mean_loss(logits, labels, mask)[0], rel=1e-12)
+
+
+def test_an_ignorable_label_on_a_selected_row_is_an_error_not_a_zero_loss():
+    """Before: cross_entropy's default ignore_index=-100 made that row a zero loss that still
+    counted in the denominator, a silently smaller mean."""
+    logits, labels, mask = _batch(2)
+    labels[0] = -100  # row 0 is selected
+    with pytest.raises(IndexError, match="-100"):
+        packed_lm_loss(logits, labels, mask)
+    labels[0] = VOCAB  # one past the vocabulary
+    with pytest.raises(IndexError):
+        packed_lm_loss(logits, labels, mask)
+
+
+def test_an_all_false_mask_gives_zero_not_nan():
+    logits, labels, _ = _batch(3)
+    labels[2] = -100  # nothing is selected, so nothing is read
+    loss = packed_lm_loss(logits, labels, torch.zeros(labels.shape[0], dtype=torch.bool))
+    assert loss.dtype == torch.float64 and loss.item() == 0.0
+    empty = packed_lm_loss(torch.zeros(0, VOCAB), torch.zeros(0, dtype=torch.int64), torch.zeros(0, dtype=torch.bool))
+    assert empty.item() == 0.0
+
+
+def test_the_gradient_is_that_of_the_naive_mean():
+    logits, labels, mask = _batch(4)
+    logits.requires_grad_(True)
+    packed_lm_loss(logits, labels, mask).backward()
+    # d/dz of (logsumexp(z) - z[y]) / count is (softmax(z) - onehot(y)) / count on selected rows.
+    count = int(mask.sum())
+    expected = torch.zeros_like(logits)
+    for t in range(logits.shape[0]):
+        if mask[t]:
+            row = [math.exp(float(x)) for x in logits.detach()[t]]
+            norm = sum(row)
+            for v in range(VOCAB):
+                expected[t, v] = (row[v] / norm - (v == int(labels[t]))) / count
+    torch.testing.assert_close(logits.grad, expected, rtol=1e-12, atol=1e-14)
+
+
+def test_packed_lm_loss_checks_its_arguments():
+    logits, labels, mask = torch.zeros(4, VOCAB), torch.zeros(4, dtype=torch.int64), torch.ones(4, dtype=torch.bool)
+    cases = [
+        ((labels.reshape(4, 1), labels, mask), TypeError, "logits must have dtype float16, bfloat16, float32, float64, got torch.int64"),
+        ((logits[0], labels, mask), ValueError, r"logits must have shape \[T, V\], got shape \(7,\)"),
+        ((logits[:, :0], labels, mask), ValueError, r"logits must have shape \[T, V\] with V >= 1 .*got shape \(4, 0\)"),
+        ((logits, labels.int(), mask), TypeError, "labels must have dtype int64, got torch.int32"),
+        ((logits, labels.tolist(), mask), TypeError, r"labels must be a torch.Tensor of shape \[T\], got list"),
+        ((logits, labels, labels), TypeError, "loss_mask must have dtype bool, got torch.int64"),
+        ((logits, labels[:3], mask), ValueError, r"same T rows, got \(4, 7\), \(3,\) and \(4,\)"),
+        ((logits, labels, mask.to("meta")), ValueError, "loss_mask must be on device cpu, got meta"),
+    ]
+    for arguments, error, message in cases:
+        with pytest.raises(error, match=message):
+            packed_lm_loss(*arguments)
+
+
+def test_one_definition_in_the_models_layer():
+    assert distributed.token_loss_sum is lm_module.token_loss_sum is token_loss_sum
+    assert "token_loss_sum" in distributed.__all__
+    assert not hasattr(distributed, "_NO_IGNORED_LABEL")
+
+
+def test_model_loss_ignores_stale_labels_past_the_active_rows():
+    """The model's loss goes through packed_lm_loss: labels on inactive capacity rows can be
+    anything (a recycled static buffer), the loss is that of the active rows alone."""
+    torch.manual_seed(0)
+    model = PackedLM(VOCAB, 8, 2, impl="reference").double()
+    cu = pad_cu_seqlens(cu_seqlens_from_lengths([3, 2]), 3)
+    ids = torch.randint(VOCAB, (8,))
+    labels = torch.randint(VOCAB, (8,))
+    mask = torch.tensor([1, 1, 0, 1, 0, 0, 0, 0], dtype=torch.bool)
+    stale = labels.clone()
+    stale[5:] = torch.tensor([-1, 10**9, -100])
+    loss = model.loss(ids, stale, mask, cu, 3)
+    logits = model(ids, cu, 3).detach()
+    assert loss.item() == pytest.approx(naive_mean_loss(logits, labels, mask)[0], rel=1e-12)
