@@ -1,57 +1,72 @@
 #!/usr/bin/env bash
-# Record on the offline GPU host in three passes that each fit one 10-minute device call
-# (see book/reproducing.md). Usage on the host:
-#   ATTN_GYM_LITE_GIT_COMMIT=<sha> PASS=A|B|D|C|S bash scripts/gpu_record.sh
-# A: schedulers, hello-world, pitfalls, training-loop, profiling on the GPU (cores 0-7), and the
-#    CPU-only packing-study beside them (cores 8-15);
-# B: end-to-end, masking;
-# D: buckets, linear-attention;
+# Record on the offline GPU host in passes that each fit one 10-minute device call (see
+# book/reproducing.md). Usage on the host (PASS may name several passes, run in that order):
+#   ATTN_GYM_LITE_GIT_COMMIT=<sha> PASS="A L" bash scripts/gpu_record.sh
+# A: schedulers, hello-world, pitfalls, training-loop, profiling, masking on the GPU (cores 0-7),
+#    and the CPU-only packing-study beside them (cores 8-15);
+# L: linear-attention;
+# B: end-to-end, buckets;
 # C: the GPU tests (every `gpu`-marked test, then the kernel and property tests unfiltered, on the
-#    GPU), then notebooks in GPU mode (NOTEBOOKS, default: all, in order);
+#    GPU) and, at the same time, the notebooks in GPU mode, NOTEBOOK_LANES at once (correctness
+#    and live demonstrations only: nothing of C is a recording, so sharing the GPU is harmless);
 # S: scale-out, on a host with two GPUs (NVLink multicast off in every process).
-# Everything lands in $OUT as one tarball (results) and one log, within the device's file limits.
+# Everything lands in $OUT: one tarball of recordings per pass, re-made after every suite so that a
+# call killed at its limit still returns what finished, and one log per pass.
 # Back in the checkout: tar -xzf results_<PASS>.tar.gz -C attn_gym_lite/results/h200 (the package's
 # recordings, shipped as package data).
 set -uo pipefail
 bash scripts/gpu_host_install.sh || exit 1
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 ATTN_GYM_LITE_CACHE=/tmp/agl-cache
-OUT=${OUT:-/tmp/out}; REC=/tmp/rec; mkdir -p "$OUT" "$REC"
-log="$OUT/pass_${PASS}.log"
-nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee -a "$log"
+OUT=${OUT:-/tmp/out}
 record() {  # record SUITE LIMIT_S [taskset cores]
   local start=$SECONDS
   timeout "$2" ${3:+taskset -c $3} python3 -m attn_gym_lite.bench "$1" --out "$REC" 2>&1 | tail -5 | tee -a "$log"
   echo "$1: rc ${PIPESTATUS[0]}, $((SECONDS - start)) s" | tee -a "$log"
+  tar -czf "$OUT/results_${pass}.tar.gz" -C "$REC" . 2>/dev/null
 }
-case "$PASS" in
-  A)
-    record packing-study 420 8-15 &
-    record schedulers 450 0-7
-    record hello-world 60 0-7
-    record pitfalls 120 0-7
-    record training-loop 120 0-7
-    record profiling 150 0-7
-    wait ;;
-  B)
-    record end-to-end 430
-    record masking 90 ;;
-  D)
-    record buckets 150
-    record linear-attention 330 ;;  # the suite keeps its own parts within 270 s (SUITE_BUDGET_S)
-  S)
-    export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-    record scale-out 480 ;;  # three launches of at most 150 + 150 + 90 s, plus stopping a hung one
-  C)
-    start=$SECONDS
-    timeout 200 python3 -m pytest -q -rs -p no:cacheprovider -m gpu tests 2>&1 | tail -25 | tee -a "$log"
-    timeout 150 python3 -m pytest -q -rs -p no:cacheprovider tests/test_kernels.py tests/test_properties.py 2>&1 | tail -8 | tee -a "$log"
-    echo "tests: $((SECONDS - start)) s" | tee -a "$log"
-    for nb in ${NOTEBOOKS:-notebooks/*.ipynb}; do
+notebook() {  # notebook PATH: run it in GPU mode under nbmake, its log beside the others
+  local start=$SECONDS name; name=$(basename "$1" .ipynb)
+  timeout "${NOTEBOOK_LIMIT_S:-300}" python3 -m pytest -q -p no:cacheprovider --nbmake --overwrite "$1" \
+    > "/tmp/nb_$name.log" 2>&1
+  echo "$1: rc $?, $((SECONDS - start)) s" >> "/tmp/nb_$name.log"
+}
+export -f notebook
+for pass in ${PASS}; do
+  REC=/tmp/rec_$pass; mkdir -p "$OUT" "$REC"
+  log="$OUT/pass_${pass}.log"
+  nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee -a "$log"
+  case "$pass" in
+    A)
+      record packing-study 420 8-15 &
+      record schedulers 450 0-7
+      record hello-world 60 0-7
+      record pitfalls 120 0-7
+      record training-loop 120 0-7
+      record profiling 150 0-7
+      record masking 90 0-7
+      wait ;;
+    L)
+      record linear-attention 330 ;;  # the suite keeps its own parts within 270 s (SUITE_BUDGET_S)
+    B)
+      record end-to-end 430
+      record buckets 150 ;;
+    S)
+      export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+      record scale-out 480 ;;  # three launches of at most 150 + 150 + 90 s, plus stopping a hung one
+    C)
       start=$SECONDS
-      timeout ${NOTEBOOK_LIMIT_S:-240} python3 -m pytest -q -p no:cacheprovider --nbmake --overwrite "$nb" 2>&1 | tail -4 | tee -a "$log"
-      echo "$nb: $((SECONDS - start)) s" | tee -a "$log"
-    done
-    python3 - <<'PY' >> "$log"
+      (timeout 200 python3 -m pytest -q -rs -p no:cacheprovider -m gpu tests > /tmp/tests_gpu.log 2>&1
+       timeout 150 python3 -m pytest -q -rs -p no:cacheprovider tests/test_kernels.py tests/test_properties.py \
+         > /tmp/tests_unfiltered.log 2>&1) &
+      # Heaviest first, so that the lanes finish together.
+      ls ${NOTEBOOKS:-notebooks/04*.ipynb notebooks/09*.ipynb notebooks/08*.ipynb notebooks/06*.ipynb \
+        notebooks/02*.ipynb notebooks/05*.ipynb notebooks/03*.ipynb notebooks/07*.ipynb notebooks/01*.ipynb \
+        notebooks/10*.ipynb} | xargs -P "${NOTEBOOK_LANES:-3}" -I{} bash -c 'notebook {}'
+      wait
+      tail -25 /tmp/tests_gpu.log | tee -a "$log"; tail -8 /tmp/tests_unfiltered.log | tee -a "$log"
+      for f in /tmp/nb_*.log; do tail -5 "$f"; done | tee -a "$log"
+      echo "pass C: $((SECONDS - start)) s" | tee -a "$log"
+      python3 - <<'PY' >> "$log"
 import json, glob
 for path in sorted(glob.glob("notebooks/*.ipynb")):
     for cell in json.load(open(path))["cells"]:
@@ -60,7 +75,8 @@ for path in sorted(glob.glob("notebooks/*.ipynb")):
             if text.strip():
                 print(f"--- {path}\n{text.strip()[:2500]}")
 PY
-    ;;
-esac
-tar -czf "$OUT/results_${PASS}.tar.gz" -C "$REC" . 2>/dev/null
-ls -la "$REC" | tee -a "$log"
+      ;;
+    *) echo "unknown pass $pass (A, L, B, C or S)" | tee -a "$log"; exit 2 ;;
+  esac
+  ls -la "$REC" | tee -a "$log"
+done
