@@ -128,6 +128,22 @@ def _state_ptrs(ptr, slot, head, H, K: tl.constexpr, V: tl.constexpr, BV: tl.con
     return ptr + base + tl.arange(0, K)[:, None] * V + v_block * BV + tl.arange(0, BV)[None, :]
 
 
+@triton.jit
+def _sequence_program(cu_seqlens, chunk_offsets, BV: tl.constexpr):
+    """What program ``(n, head, v_block)`` of a sequential kernel (grid ``(N, H, V // BV)``) walks:
+    returns ``n, head, v_block``, sequence slot ``n``'s first packed row and length, the index of
+    its first chunk in ``chunk_offsets`` (its slot in ``states``) and the ``BV`` value columns of
+    block ``v_block``. An empty slot has length 0, so the kernels' chunk loops do not run."""
+    n = tl.program_id(0)
+    head = tl.program_id(1)
+    v_block = tl.program_id(2)
+    seq_start = tl.load(cu_seqlens + n)
+    seq_len = tl.load(cu_seqlens + n + 1) - seq_start
+    first = tl.load(chunk_offsets + n)
+    cols = v_block * BV + tl.arange(0, BV)
+    return n, head, v_block, seq_start, seq_len, first, cols
+
+
 # -----------------------------------------------------------------------------
 # Forward kernels.
 
@@ -272,13 +288,7 @@ def kda_state_kernel(g_cum, q_decayed, k_to_end, qk, w, u, o, states, final, cu_
     the chunk's output rows, and stores the state after the last chunk in ``final`` (float32
     ``[N, H, K, V]``; zero for an empty sequence). Everything it reads per chunk was prepared by
     the parallel kernels, so the loop is loads and four products. Grid ``(N, H, V // BV)``."""
-    n = tl.program_id(0)
-    head = tl.program_id(1)
-    v_block = tl.program_id(2)
-    seq_start = tl.load(cu_seqlens + n)
-    seq_len = tl.load(cu_seqlens + n + 1) - seq_start
-    first = tl.load(chunk_offsets + n)
-    cols = v_block * BV + tl.arange(0, BV)
+    n, head, v_block, seq_start, seq_len, first, cols = _sequence_program(cu_seqlens, chunk_offsets, BV)
     S = tl.zeros([K, BV], tl.float32)
     for chunk in range(0, tl.cdiv(seq_len, C)):
         rows, ok = _chunk_rows(seq_start, seq_len, chunk, C)
@@ -316,13 +326,7 @@ def kda_state_backward_kernel(g_cum, q_decayed, k_to_end, qk, w, d_o, d_final, d
         dS = Diag(exp(G_last)) dS + (scale Q ⊙ exp(G))^T dO - W^T dU
 
     the last line being the gradient of the state entering the chunk. Grid ``(N, H, V // BV)``."""
-    n = tl.program_id(0)
-    head = tl.program_id(1)
-    v_block = tl.program_id(2)
-    seq_start = tl.load(cu_seqlens + n)
-    seq_len = tl.load(cu_seqlens + n + 1) - seq_start
-    first = tl.load(chunk_offsets + n)
-    cols = v_block * BV + tl.arange(0, BV)
+    n, head, v_block, seq_start, seq_len, first, cols = _sequence_program(cu_seqlens, chunk_offsets, BV)
     dS = tl.load(_state_ptrs(d_final, n, head, H, K, V, BV, v_block))
     num_chunks = tl.cdiv(seq_len, C)
     for step in range(0, num_chunks):
@@ -639,7 +643,7 @@ def _kda_forward(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, cu_se
 def _kda_backward(q: Tensor, k: Tensor, v: Tensor, g_dtype: torch.dtype, beta: Tensor, cu_seqlens: Tensor,
                   saved: dict[str, Tensor], d_o: Tensor | None, d_final: Tensor | None, scale: float,
                   C: int) -> tuple[Tensor, ...]:
-    r"""Gradients of ``(q, k, v, g, beta)`` from those of ``o`` and ``final_state``; two kernels.
+    r"""Gradients of ``(q, k, v, g, beta)`` from those of ``o`` and ``final_state``; three kernels.
 
     Per chunk (one head; ``S_0``, ``S_1`` the states entering and leaving it, ``Q_g = scale Q ⊙
     exp(G)``, ``K_e = K ⊙ exp(G_last - G)``, ``B_k = Diag(beta) (K ⊙ exp(G))``, ``B_v = Diag(beta)
