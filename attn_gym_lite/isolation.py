@@ -1,26 +1,43 @@
-"""Run a function in a fresh Python process and get its JSON result back: one harness for every
-measurement that must not share a process with the others.
+"""Run work in fresh processes, each in its own session, with timeouts and a shared time budget:
+one harness for every measurement that must not share a process with the others.
 
 Why a process: a CUDA fault (an illegal memory access, a device assert) poisons the process that
 hits it, and some demonstrations *mean* to fail, or to leave memory in a state nothing after them
 should inherit. A fresh interpreter per run keeps one failure from taking the rest with it, and a
 timeout keeps one hang from stopping a whole recording.
 
-Protocol: the child imports ``module``, calls ``module.<function>(*args)`` and writes its result as
-one JSON line after a marker on stdout, so that anything else the function prints is ignored.
+Why a session: the process started may start others (``torchrun`` starts one worker per rank,
+``torch.compile`` starts compile workers). Each run is the leader of a new session and process
+group, and a timeout ends the whole group (``SIGTERM``, then ``SIGKILL``), not just the leader, so
+no grandchild is left holding a GPU or the pipes this process reads.
+
+* :func:`run_process_group`: a command line, with a timeout, its output captured or written to
+  a log file; a timeout is reported, not raised.
+* :func:`run_isolated`: a module-level Python function in a fresh interpreter; its JSON result.
+  Protocol: the child imports ``module``, calls ``module.<function>(*args)`` and writes its
+  result as one JSON line after a marker on stdout, so anything else the function prints is
+  ignored.
+* :func:`run_within_budget`: named parts one after another within a shared budget of seconds,
+  each part's timeout cut to what is left; failures become messages.
 
 This module imports nothing from the package: every layer may use it.
 """
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import json
+import math
+import os
+import signal
 import subprocess
 import sys
-from collections.abc import Callable, Sequence
+import time
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-__all__ = ["IsolatedRunError", "run_isolated"]
+__all__ = ["IsolatedRunError", "ProcessRun", "run_isolated", "run_process_group", "run_within_budget"]
 
 _MARKER = "@@attn_gym_lite.isolation.result@@ "
 
@@ -34,14 +51,110 @@ class IsolatedRunError(RuntimeError):
         self.stderr = stderr
 
 
+@dataclasses.dataclass(frozen=True)
+class ProcessRun:
+    """How a :func:`run_process_group` run ended.
+
+    Attributes:
+        returncode: the leader's exit status; ``-N`` when signal ``N`` ended it (as
+            :mod:`subprocess` reports), e.g. ``-15`` after a timeout's ``SIGTERM``.
+        timed_out: the timeout expired and the process group was ended.
+        seconds: wall-clock time from start to the group's end (s).
+        stdout, stderr: the captured output (text), or ``None`` when it went to a log file.
+    """
+
+    returncode: int
+    timed_out: bool
+    seconds: float
+    stdout: str | None
+    stderr: str | None
+
+
+def _check_seconds(name: str, value: object) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"{name} must be a number of seconds, got {type(value).__name__}: {value!r}")
+    if not (value > 0 and math.isfinite(value)):
+        raise ValueError(f"{name} must be a finite number of seconds > 0, got {value!r}")
+    return float(value)
+
+
+def _signal_group(pgid: int, sig: int) -> None:
+    try:
+        os.killpg(pgid, sig)
+    except ProcessLookupError:  # every member has exited (and been reaped)
+        pass
+
+
+def _end_group(process: subprocess.Popen, grace_s: float) -> tuple[str | None, str | None]:
+    """``SIGTERM`` to the process group, up to ``grace_s`` for the leader to exit (its pipes
+    drained meanwhile), then ``SIGKILL`` to whatever is left of the group; the rest of the output."""
+    # The leader's pid names its group (start_new_session). The group outlives the leader while any
+    # member lives, so the SIGKILL below still reaches a grandchild after the leader has exited.
+    _signal_group(process.pid, signal.SIGTERM)
+    try:
+        out, err = process.communicate(timeout=grace_s)
+        drained = True
+    except subprocess.TimeoutExpired:  # the leader, or a member holding its pipes, is still there
+        drained = False
+    _signal_group(process.pid, signal.SIGKILL)  # members that ignored SIGTERM or outlived the leader
+    if not drained:  # communicate keeps what it read so far: this returns all of the output
+        out, err = process.communicate(timeout=grace_s)
+    return out, err
+
+
+def run_process_group(command: Sequence[str], *, timeout_s: float, env: Mapping[str, str] | None = None,
+                      log: str | os.PathLike | None = None, grace_s: float = 10.0) -> ProcessRun:
+    """Run ``command`` as the leader of a new session; end its whole process group on timeout.
+
+    Args:
+        command: the program and its arguments (no shell).
+        timeout_s: seconds before the group is ended (> 0): ``SIGTERM`` to every process in it,
+            up to ``grace_s`` for the leader to exit, then ``SIGKILL`` to every one left.
+        env: the child's environment (default: this process's).
+        log: a file for the child's stdout and stderr together (created or truncated); ``None``
+            captures them (text) into the result instead. A log file is the better choice for
+            processes whose children write a lot: nothing waits on a full pipe.
+        grace_s: seconds between ``SIGTERM`` and ``SIGKILL`` (> 0).
+
+    Returns:
+        A :class:`ProcessRun`. A timeout is reported there (``timed_out``), not raised.
+
+    Raises:
+        TypeError, ValueError: ``timeout_s`` or ``grace_s`` is not a finite number > 0.
+        OSError: the command could not be started (e.g. ``FileNotFoundError``).
+        subprocess.TimeoutExpired: the leader did not exit even ``grace_s`` after ``SIGKILL`` (a
+            process stuck in the kernel).
+    """
+    timeout_s, grace_s = _check_seconds("timeout_s", timeout_s), _check_seconds("grace_s", grace_s)
+    began = time.perf_counter()
+    with open(log, "w") if log is not None else contextlib.nullcontext() as sink:
+        stdout = sink if log is not None else subprocess.PIPE
+        stderr = subprocess.STDOUT if log is not None else subprocess.PIPE
+        process = subprocess.Popen(list(command), env=None if env is None else dict(env), stdout=stdout,
+                                   stderr=stderr, text=True, start_new_session=True)
+        timed_out = False
+        try:
+            out, err = process.communicate(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            timed_out = True
+            out, err = _end_group(process, grace_s)
+        except BaseException:  # KeyboardInterrupt and the like: leave nothing running behind
+            _signal_group(process.pid, signal.SIGKILL)
+            process.wait()
+            raise
+    return ProcessRun(returncode=process.returncode, timed_out=timed_out, seconds=time.perf_counter() - began,
+                      stdout=out, stderr=err)
+
+
 def run_isolated(function: Callable[..., Any], *args: Any, timeout_s: float = 600,
                  env: dict[str, str] | None = None) -> Any:
-    """``function(*args)`` in a new Python process; its JSON-ready return value.
+    """``function(*args)`` in a new Python process (its own session); its JSON-ready return value.
 
     Args:
         function: a module-level function (it is imported again in the child by module and name).
         args: JSON-serialisable positional arguments.
-        timeout_s: seconds before the child is killed (> 0).
+        timeout_s: seconds before the child and every process it started are ended (> 0; see
+            :func:`run_process_group`).
         env: the child's environment (default: this process's).
 
     Returns:
@@ -49,7 +162,9 @@ def run_isolated(function: Callable[..., Any], *args: Any, timeout_s: float = 60
 
     Raises:
         TypeError: ``function`` is not a module-level function, or ``args`` are not JSON-ready.
-        IsolatedRunError: the child exited non-zero, timed out or printed no result.
+        ValueError: ``timeout_s`` is not a finite number > 0.
+        IsolatedRunError: the child exited non-zero, timed out (the message says ``timed out
+            after <timeout_s> s``) or printed no result.
     """
     module, name = getattr(function, "__module__", None), getattr(function, "__qualname__", "")
     if not callable(function) or module is None or "." in name or "<" in name:
@@ -57,18 +172,78 @@ def run_isolated(function: Callable[..., Any], *args: Any, timeout_s: float = 60
     if module == "__main__":
         raise TypeError(f"function must live in an importable module, not __main__, got {name}")
     command = [sys.executable, "-m", __name__, module, name, json.dumps(list(args))]
-    try:
-        done = subprocess.run(command, capture_output=True, text=True, timeout=timeout_s, env=env)
-    except subprocess.TimeoutExpired as expired:
-        tail = (expired.stderr or b"")[-3000:]
-        raise IsolatedRunError(f"{module}.{name} timed out after {timeout_s} s",
-                               tail.decode(errors="replace") if isinstance(tail, bytes) else tail) from None
+    done = run_process_group(command, timeout_s=timeout_s, env=env)
+    stderr_tail = (done.stderr or "")[-3000:]
+    if done.timed_out:
+        raise IsolatedRunError(f"{module}.{name} timed out after {timeout_s} s", stderr_tail)
     if done.returncode != 0:
-        raise IsolatedRunError(f"{module}.{name} exited with code {done.returncode}", done.stderr[-3000:])
-    results = [line for line in done.stdout.splitlines() if line.startswith(_MARKER)]
+        raise IsolatedRunError(f"{module}.{name} exited with code {done.returncode}", stderr_tail)
+    results = [line for line in (done.stdout or "").splitlines() if line.startswith(_MARKER)]
     if not results:
-        raise IsolatedRunError(f"{module}.{name} printed no result", done.stderr[-3000:])
+        raise IsolatedRunError(f"{module}.{name} printed no result", stderr_tail)
     return json.loads(results[-1][len(_MARKER):])
+
+
+def _describe(error: BaseException) -> str:
+    return f"{type(error).__name__}: {error}".strip()
+
+
+def run_within_budget(parts: Mapping[str, Callable[[float], Any]], *, timeout_s: float | Mapping[str, float],
+                      budget_s: float | None, min_part_s: float = 15.0,
+                      clock: Callable[[], float] = time.monotonic,
+                      describe: Callable[[BaseException], str] = _describe) -> tuple[dict[str, Any], dict[str, str]]:
+    """Run named parts one after another, each with a time limit, all within one budget.
+
+    Each part is called with its limit in seconds, ``min(its timeout, what is left of the
+    budget)``, and must keep to it itself (e.g. ``lambda limit: run_isolated(f, timeout_s=limit)``);
+    a part that overruns its limit (or a process's grace period after it) eats into the parts
+    after it. A part with less than ``min_part_s`` left is not started.
+
+    Args:
+        parts: name -> function of one float (its limit, s), in the order to run.
+        timeout_s: every part's limit (s, > 0), or a limit per part name (every part named).
+        budget_s: seconds for all the parts, counted from this call (> 0), or ``None`` for no
+            bound (each part then gets its timeout).
+        min_part_s: the least time (s, > 0) worth starting a part with.
+        clock: seconds, monotonic (a test may pass a fake).
+        describe: turns a part's exception into its message.
+
+    Returns:
+        ``(results, errors)``: ``results[name]`` is what a part returned; ``errors[name]`` is
+        ``describe(exception)`` for a part that raised, or ``"not run: <s> s left of the budget of
+        <budget_s> s (the parts before it used the rest)"`` for one not started. Every part is in
+        exactly one of the two.
+
+    Raises:
+        TypeError, ValueError: a time that is not a finite number > 0; ``timeout_s`` a mapping that
+            does not name every part.
+    """
+    began = clock()
+    limits = {name: timeout_s for name in parts} if not isinstance(timeout_s, Mapping) else dict(timeout_s)
+    missing = [name for name in parts if name not in limits]
+    if missing:
+        raise ValueError(f"timeout_s must give a limit for every part, got none for {missing}")
+    for name in parts:
+        _check_seconds(f"timeout_s[{name!r}]" if isinstance(timeout_s, Mapping) else "timeout_s", limits[name])
+    if budget_s is not None:
+        _check_seconds("budget_s", budget_s)
+    _check_seconds("min_part_s", min_part_s)
+    results: dict[str, Any] = {}
+    errors: dict[str, str] = {}
+    for name, part in parts.items():
+        limit = float(limits[name])
+        if budget_s is not None:
+            left = budget_s - (clock() - began)
+            if left < min_part_s:
+                errors[name] = (f"not run: {max(left, 0.0):.0f} s left of the budget of {budget_s:.0f} s "
+                                "(the parts before it used the rest)")
+                continue
+            limit = min(limit, left)
+        try:
+            results[name] = part(limit)
+        except Exception as error:  # one part's failure is a result, not a crash
+            errors[name] = describe(error)
+    return results, errors
 
 
 def _main(argv: Sequence[str]) -> None:

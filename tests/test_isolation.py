@@ -1,11 +1,17 @@
-"""run_isolated: results come back through JSON, failures and hangs come back as errors."""
+"""attn_gym_lite.isolation: results come back through JSON, failures and hangs come back as errors,
+a timeout ends the whole process group, parts share a time budget."""
 
 import math
+import os
+import signal
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 import pytest
 
-from attn_gym_lite.isolation import IsolatedRunError, run_isolated
+from attn_gym_lite.isolation import IsolatedRunError, run_isolated, run_process_group, run_within_budget
 
 
 def test_returns_what_the_function_returns():
@@ -31,3 +37,106 @@ def test_only_importable_module_level_functions():
         run_isolated(lambda: 1)
     with pytest.raises(TypeError, match="module-level function"):
         run_isolated(IsolatedRunError.__init__)
+
+
+# ---------------------------------------------------------------------------------------------
+# The process group: a timeout ends the child and everything it started.
+
+
+def spawn_a_sleeping_grandchild(pid_file: str) -> None:
+    """Run in the child: start a grandchild that sleeps forever (holding our stdout), write its
+    pid, then hang."""
+    grandchild = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(10**6)"])
+    Path(pid_file).write_text(str(grandchild.pid))
+    time.sleep(10**6)
+
+
+def _child_env() -> dict[str, str]:
+    # The child imports this file by the name pytest gave it: put its folder (and the repository
+    # root, for a package-style name) on the child's path.
+    here = Path(__file__).resolve().parent
+    paths = [str(here), str(here.parent), os.environ.get("PYTHONPATH", "")]
+    return {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in paths if p)}
+
+
+def _gone(pid: int) -> bool:
+    """The process no longer runs: it does not exist, or it is a zombie waiting to be reaped (in a
+    container, PID 1 may never reap the orphans it inherits)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return True
+    return stat.rsplit(")", 1)[1].split()[0] in ("Z", "X")
+
+
+@pytest.mark.skipif(not Path("/proc").is_dir(), reason="reads process states from /proc")
+def test_a_timeout_kills_the_grandchildren_too(tmp_path):
+    pid_file = tmp_path / "grandchild.pid"
+    start = time.perf_counter()
+    with pytest.raises(IsolatedRunError, match=r"spawn_a_sleeping_grandchild timed out after 3 s"):
+        run_isolated(spawn_a_sleeping_grandchild, str(pid_file), timeout_s=3, env=_child_env())
+    # SIGTERM ends the sleepers at once: no grace period was waited out, and the parent did not
+    # hang on the pipe the grandchild held.
+    assert time.perf_counter() - start < 10
+    grandchild = int(pid_file.read_text())
+    deadline = time.monotonic() + 5
+    while not _gone(grandchild) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert _gone(grandchild), f"grandchild {grandchild} still runs"
+
+
+def test_run_process_group_reports_a_timeout_and_a_signal(tmp_path):
+    # A leader that ignores SIGTERM: the group gets SIGKILL after the grace period.
+    ignore = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); print('up', flush=True); time.sleep(60)"
+    start = time.perf_counter()
+    run = run_process_group([sys.executable, "-c", ignore], timeout_s=1.5, grace_s=0.5)
+    assert run.timed_out and run.returncode == -signal.SIGKILL
+    assert run.stdout == "up\n" and run.stderr == ""
+    assert 1.5 <= run.seconds < 10 and time.perf_counter() - start < 10
+
+    log = tmp_path / "child.log"
+    run = run_process_group([sys.executable, "-c", "import sys; print('out'); print('err', file=sys.stderr); sys.exit(3)"],
+                            timeout_s=30, log=log)
+    assert (run.returncode, run.timed_out, run.stdout, run.stderr) == (3, False, None, None)
+    assert sorted(log.read_text().split()) == ["err", "out"]
+    with pytest.raises(ValueError, match="timeout_s must be a finite number of seconds > 0, got 0"):
+        run_process_group(["true"], timeout_s=0)
+    with pytest.raises(TypeError, match="grace_s must be a number of seconds, got str"):
+        run_process_group(["true"], timeout_s=1, grace_s="1")
+
+
+# ---------------------------------------------------------------------------------------------
+# A shared budget.
+
+
+def test_parts_share_a_budget_and_a_failure_is_a_message():
+    now = [100.0]
+    limits = []
+
+    def part(seconds_used, fail=False):
+        def run(limit):
+            limits.append(limit)
+            now[0] += seconds_used
+            if fail:
+                raise RuntimeError("it broke")
+            return seconds_used
+        return run
+
+    parts = {"a": part(100.0), "b": part(150.0, fail=True), "c": part(120.0), "d": part(1.0)}
+    results, errors = run_within_budget(parts, timeout_s={"a": 150.0, "b": 150.0, "c": 150.0, "d": 90.0},
+                                        budget_s=390.0, min_part_s=30.0, clock=lambda: now[0])
+    # a: its timeout (150 < 390 left); b: 150 of 290 left; c: 140 left < 150; d: 20 left < 30, not run.
+    assert limits == [150.0, 150.0, 140.0]
+    assert results == {"a": 100.0, "c": 120.0}
+    assert errors == {"b": "RuntimeError: it broke",
+                      "d": "not run: 20 s left of the budget of 390 s (the parts before it used the rest)"}
+
+    limits.clear()
+    results, errors = run_within_budget({"x": part(500.0), "y": part(500.0)}, timeout_s=60.0, budget_s=None,
+                                        clock=lambda: now[0])
+    assert limits == [60.0, 60.0] and results == {"x": 500.0, "y": 500.0} and errors == {}
+
+    with pytest.raises(ValueError, match=r"timeout_s must give a limit for every part, got none for \['y'\]"):
+        run_within_budget({"x": part(1.0), "y": part(1.0)}, timeout_s={"x": 1.0}, budget_s=None)
+    with pytest.raises(ValueError, match="budget_s must be a finite number of seconds > 0, got -1"):
+        run_within_budget({}, timeout_s=1.0, budget_s=-1)
