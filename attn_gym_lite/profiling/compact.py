@@ -24,6 +24,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from ..checks import check_int, check_real
+from .intervals import busy_and_gaps
 from .summary import device_events
 from .trace import LANE_TID_BASE, Trace, check_trace
 
@@ -130,7 +131,7 @@ def compact_timeline(trace: Trace, *, max_depth: int = 2, max_events: int = 3000
         "runtime_calls": len(runtime),
         "launches": sum(_is_launch(str(e.get("name", ""))) for e in runtime),
         "device_events": len(device),
-        "device_busy_us": _union_us(device),
+        "device_busy_us": round(busy_and_gaps((e["ts"], e["ts"] + e["dur"]) for e in device)[0], 3),
     }
     total = len(rows)
     rows = [row for row in rows if row[1] <= max_depth]
@@ -153,15 +154,6 @@ def compact_timeline(trace: Trace, *, max_depth: int = 2, max_events: int = 3000
         "counts": counts,
         "span_us": round(end - origin, 3),
     }
-
-
-def _union_us(events: list[dict]) -> float:
-    busy, covered_until = 0.0, float("-inf")
-    for event in sorted(events, key=lambda e: e["ts"]):
-        start, end = event["ts"], event["ts"] + event["dur"]
-        busy += max(0.0, end - max(start, covered_until))
-        covered_until = max(covered_until, end)
-    return round(busy, 3)
 
 
 def host_phases(trace: Trace, phases: Sequence[str], *, top_frames: int = 12, flame_events: int = 300,

@@ -14,6 +14,7 @@ import bisect
 from collections import defaultdict
 from typing import Any
 
+from .intervals import busy_and_gaps
 from .record import DEVICE_CATEGORIES
 from .trace import Trace, check_trace
 
@@ -63,14 +64,7 @@ def trace_summary(trace: Trace, steps: int | None = None, min_gap_us: float = 0.
         steps = _profiler_steps(trace) or 1
     window_start = events[0]["ts"]
     window_end = max(e["ts"] + e["dur"] for e in events)
-    busy, gaps = 0.0, []
-    covered_until = window_start
-    for event in events:  # sweep the union of intervals
-        start, end = event["ts"], event["ts"] + event["dur"]
-        if start > covered_until:
-            gaps.append(start - covered_until)
-        busy += max(0.0, end - max(start, covered_until))
-        covered_until = max(covered_until, end)
+    busy, gaps = busy_and_gaps((e["ts"], e["ts"] + e["dur"]) for e in events)
     counted = [g for g in gaps if g >= min_gap_us]
     regions: dict[str, float] = defaultdict(float)
     for event in events:
@@ -152,10 +146,8 @@ def replay_idle(trace: Trace) -> dict[str, Any]:
         raise ValueError(f"replay_idle: the trace has no cudaGraphLaunch with device events{_NO_GPU_HINT}")
     idle = 0.0
     for events in replays.values():
-        covered_until = events[0]["ts"]
-        for event in events:
-            idle += max(0.0, event["ts"] - covered_until)
-            covered_until = max(covered_until, event["ts"] + event["dur"])
+        for gap in busy_and_gaps((e["ts"], e["ts"] + e["dur"]) for e in events)[1]:
+            idle += gap
     boundaries = sum(len(events) - 1 for events in replays.values())
     return {
         "replays": len(replays),
