@@ -11,16 +11,7 @@ from attn_gym_lite.ops.masking import uninitialized_memory_as_nan
 from attn_gym_lite.ragged import cu_seqlens_from_lengths, pad_cu_seqlens
 from attn_gym_lite.testing.exactness import compare_gradients, exact_gradients, gradients_at_capacity
 
-
-def _has_triton_kda() -> bool:
-    try:
-        from attn_gym_lite.ops.kda import kda_triton  # noqa: F401
-    except ImportError:
-        return False
-    return True
-
-
-IMPLS = ["chunked", "recurrent"] + (["triton"] if _has_triton_kda() else [])
+IMPLS = ["chunked", "recurrent", "triton"]
 HIDDEN, HEADS, K, C = 32, 2, 16, 16  # small (the kernel's smallest tiles): the interpreter runs it on a CPU
 
 

@@ -20,7 +20,7 @@ import pytest
 import torch
 from helpers import kda_bounds, kda_inputs
 
-from attn_gym_lite.ops.kda import kda_chunked, kda_recurrent, kda_triton
+from attn_gym_lite.ops.kda import chunked_triton, kda_chunked, kda_recurrent, kda_triton
 
 F64 = torch.float64
 TOLERANCE = 2e-4
@@ -178,6 +178,30 @@ def test_host_cu_seqlens_values_are_checked_by_default(bounds, match):
     the [T, H, *] buffers and corrupt the heap (the process aborted later, elsewhere)."""
     with pytest.raises(ValueError, match=match):
         kda_triton(**{**good_arguments(), "cu_seqlens": cu(*bounds)})
+
+
+def test_metadata_checks_run_once_per_signature_values_every_call(monkeypatch):
+    """The plan (metadata checks, sizes, launch options) is built once per call signature; the
+    values of cu_seqlens, which change from batch to batch under the same signature, are checked
+    on every call; and a flag of another type (1 for True, 16.0 for 16) is a new signature, so a
+    cached plan never lets through what the checks refuse."""
+    built = []
+    check = chunked_triton._check_arguments
+    monkeypatch.setattr(chunked_triton, "_check_arguments", lambda *a: built.append(a) or check(*a))
+    chunked_triton._PLANS.clear()
+    arguments = good_arguments()
+    first, _ = kda_triton(**arguments, chunk_size=16, validate=True)
+    again, _ = kda_triton(**arguments, chunk_size=16, validate=True)
+    assert len(built) == 1
+    torch.testing.assert_close(again, first, rtol=0, atol=0)
+    with pytest.raises(ValueError, match=r"cu_seqlens\[-1\]"):  # same signature, values past T
+        kda_triton(**{**arguments, "cu_seqlens": cu(0, 2, 6)}, chunk_size=16, validate=True)
+    with pytest.raises(TypeError, match="validate must be a bool"):
+        kda_triton(**arguments, chunk_size=16, validate=1)
+    with pytest.raises(TypeError, match="chunk_size must be an int"):
+        kda_triton(**arguments, chunk_size=16.0, validate=True)
+    kda_triton(**arguments, chunk_size=32, validate=True)
+    assert len(built) == 4  # the first plan, two refused flags (nothing cached), chunk_size 32
 
 
 def test_meta_tensors_are_refused_before_any_kernel():

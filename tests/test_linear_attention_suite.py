@@ -12,17 +12,6 @@ from attn_gym_lite.bench import linear_attention as la
 from attn_gym_lite.ops.kda import kda_chunked
 
 
-def _has_triton_kda() -> bool:
-    try:
-        from attn_gym_lite.ops.kda import kda_triton  # noqa: F401
-    except ImportError:
-        return False
-    return True
-
-
-needs_kernel = pytest.mark.skipif(not _has_triton_kda(), reason="attn_gym_lite.ops.kda.kda_triton not there yet")
-
-
 @pytest.mark.parametrize(("T", "N", "C"), [(64, 6, 16), (1024, 16, 64), (200, 5, 64)])
 def test_exactness_layouts_hold_every_hard_case(T, N, C):
     layouts = la.exactness_layouts(T, N, count=5, seed=3, chunk_size=C)
@@ -104,7 +93,6 @@ def test_exactness_records_an_error_instead_of_raising():
     assert "float32/eager" in result["errors"] and "no-such-kernel" in result["errors"]["float32/eager"]
 
 
-@needs_kernel
 def test_exactness_of_the_triton_kernel_in_the_interpreter():
     result = la.exactness(48, 5, 1, 16, 16, dtypes=("float32",), layouts=2, modes=("eager",), device="cpu")
     assert result["errors"] == {}

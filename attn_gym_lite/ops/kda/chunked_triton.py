@@ -51,12 +51,15 @@ the seed article, "Scheduling without max_seqlen", for the flat grid and ``chunk
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 import triton
 import triton.language as tl
 
 from ... import checks
 from ...schedule import chunk_capacity
+from ..kernels import INTERPRETED
 from ..kernels.offsets import chunk_offsets_kernel
 from ..kernels.tasks import first_task, next_task, task_at
 from .reference import check_kda_metadata
@@ -64,10 +67,6 @@ from .reference import check_kda_metadata
 Tensor = torch.Tensor
 
 __all__ = ["KDA_TRITON_CHUNK_SIZES", "KDA_TRITON_DTYPES", "KDA_TRITON_WIDTHS", "kda_triton"]
-
-# Triton's interpreter replaces every @triton.jit function when TRITON_INTERPRET=1 is set before
-# the kernels are defined; it runs on CPU tensors only.
-INTERPRETED = type(chunk_offsets_kernel).__name__ == "InterpretedFunction"
 
 _DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 _WIDTHS = (16, 32, 64, 128)  # K and V: tl.dot needs >= 16, registers cap the state at 128 x 128
@@ -542,13 +541,34 @@ def kda_pairwise_backward_kernel(q, k, g_cum, d_qk, d_gram, dq_part, dk_part, dG
 # Host side: checks (metadata only), buffers, launches.
 
 
+@dataclasses.dataclass(frozen=True)
+class _Plan:
+    """Every decision of one call that depends only on metadata: sizes, launch options, and
+    whether this call reads ``cu_seqlens``'s values on the host."""
+
+    T: int
+    H: int
+    K: int
+    V: int
+    N: int
+    C: int
+    scale: float
+    G_cap: int  # programs per head of the per-chunk kernels
+    precision: str  # tl.dot's input_precision
+    value_block: int  # BV of the sequential kernels
+    backward_value_block: int  # BV of kda_chunk_backward_kernel (see _CHUNK_BACKWARD)
+    offsets_block: int  # rows of cu_seqlens the offsets kernel reads per step
+    validate: bool  # validate=None resolved: read cu_seqlens's values (a host tensor only)
+
+
 def _check_arguments(q: object, k: object, v: object, g: object, beta: object, cu_seqlens: object,
                      scale: object, chunk_size: object, output_final_state: object,
-                     validate: object) -> tuple[float, int]:
-    """The reference's argument rules that read only metadata, plus the kernels' own limits.
-    Returns ``(scale, C)``."""
+                     validate: object) -> _Plan:
+    """The reference's argument rules that read only metadata, plus the kernels' own limits;
+    returns the launch plan they allow."""
     T, H, K = check_kda_metadata(q, k, v, g, beta, cu_seqlens, dtypes=_DTYPES, widths=_WIDTHS,
                                  width_rule=f"in {_WIDTHS} (a power of two the kernels tile)")
+    V = v.shape[2]
     device = q.device
     scale = K**-0.5 if scale is None else checks.check_real("scale", scale)
     C = checks.check_int("chunk_size", chunk_size)
@@ -557,6 +577,8 @@ def _check_arguments(q: object, k: object, v: object, g: object, beta: object, c
     checks.check_bool("output_final_state", output_final_state)
     if validate is not None:
         checks.check_bool("validate", validate)
+    # The device rule of ops.kernels.varlen's _check_inputs, which is private there and bundled
+    # with attention's own rules; this one also refuses meta tensors under the interpreter.
     if INTERPRETED and device.type != "cpu":
         # The interpreter runs kernels on the host through data pointers: CUDA tensors give wrong
         # results, and a meta tensor has no data at all.
@@ -570,18 +592,22 @@ def _check_arguments(q: object, k: object, v: object, g: object, beta: object, c
             f"the kernels on CPU), got device {device}"
         )
     # Row offsets are 32-bit: every [T, H, *] buffer must stay below 2**31 elements.
-    if T * H * max(K, v.shape[2], C) > checks.INT32_MAX:
+    if T * H * max(K, V, C) > checks.INT32_MAX:
         raise ValueError(
             f"q must have T * H * max(K, V, C) below 2**31 (the kernels' row offsets are 32-bit), got "
-            f"T = {T}, H = {H}, K = {K}, V = {v.shape[2]}, C = {C}"
+            f"T = {T}, H = {H}, K = {K}, V = {V}, C = {C}"
         )
-    return scale, C
-
-
-def _precision(dtype: torch.dtype) -> str:
-    # float32 inputs get full-precision products; lower-precision inputs are already rounded
-    # more coarsely than tf32 rounds the float32 intermediates.
-    return "ieee" if dtype == torch.float32 else "tf32"
+    N = cu_seqlens.numel() - 1
+    return _Plan(
+        T=T, H=H, K=K, V=V, N=N, C=C, scale=scale, G_cap=chunk_capacity(T, N, C),
+        # float32 inputs get full-precision products; lower-precision inputs are already rounded
+        # more coarsely than tf32 rounds the float32 intermediates.
+        precision="ieee" if q.dtype == torch.float32 else "tf32",
+        value_block=_value_block(V), backward_value_block=_value_block(V, 32),
+        offsets_block=max(16, min(1024, triton.next_power_of_2(N + 1))),
+        # A host tensor's values cost nothing to read; a device tensor's would cost a sync.
+        validate=cu_seqlens.device.type == "cpu" if validate is None else validate,
+    )
 
 
 def _value_block(V: int, largest: int = 64) -> int:
@@ -591,27 +617,43 @@ def _value_block(V: int, largest: int = 64) -> int:
     return V if INTERPRETED else min(V, largest)
 
 
-def _chunk_offsets(cu_seqlens: Tensor, C: int) -> Tensor:
+# In eager mode the host time of a call is part of every step, and everything _check_arguments
+# decides depends on metadata only: decide it once per call signature (as ops.kernels.varlen's
+# _PLANS does); a repeated call costs one dictionary lookup.
+_PLANS = checks.SignatureCache()
+
+
+def _plan(q: object, k: object, v: object, g: object, beta: object, cu_seqlens: object, scale: object,
+          chunk_size: object, output_final_state: object, validate: object) -> _Plan:
+    # Each flag is keyed with its type: 64.0 == 64 and 1 == True hash alike, and a cached plan
+    # must not let through what the checks refuse (a float chunk_size, an int flag).
+    flags = tuple((type(x), x) for x in (scale, chunk_size, output_final_state, validate))
+    key = _PLANS.key((q, k, v, g, beta, cu_seqlens), *flags)
+    plan = _PLANS.get(key)
+    if plan is None:
+        plan = _check_arguments(q, k, v, g, beta, cu_seqlens, scale, chunk_size, output_final_state, validate)
+        _PLANS.put(key, plan)
+    return plan
+
+
+def _chunk_offsets(cu_seqlens: Tensor, plan: _Plan) -> Tensor:
     """``chunk_offsets`` for chunk size ``C`` on the device, one launch, no host read."""
-    slots = cu_seqlens.numel()
-    offsets = torch.empty(slots, dtype=torch.int32, device=cu_seqlens.device)
-    block = max(16, min(1024, triton.next_power_of_2(slots)))
-    chunk_offsets_kernel[(1,)](cu_seqlens, offsets, offsets, slots - 1, NUM_COUNTERS=0, CHUNK=C, BLOCK=block)
+    # ops.kernels.varlen launches the same kernel in its _chunk_metadata, private there and tied
+    # to attention's plan (several chunk sizes, a task counter): this is the one-size case.
+    offsets = torch.empty(plan.N + 1, dtype=torch.int32, device=cu_seqlens.device)
+    chunk_offsets_kernel[(1,)](cu_seqlens, offsets, offsets, plan.N, NUM_COUNTERS=0, CHUNK=plan.C,
+                               BLOCK=plan.offsets_block)
     return offsets
 
 
 def _kda_forward(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, cu_seqlens: Tensor,
-                 scale: float, C: int) -> tuple[Tensor, Tensor, dict[str, Tensor]]:
+                 plan: _Plan) -> tuple[Tensor, Tensor, dict[str, Tensor]]:
     """Runs the four forward kernels; returns ``(o, final_state, saved)`` where ``saved`` holds the
     per-chunk quantities the backward reads (``chunk_offsets``, ``G``, ``Γ``, ``P``, ``M``, ``W``,
     ``U_0``, ``Q_g``, ``K_e`` and the entering states)."""
-    T, H, K = q.shape
-    V = v.shape[2]
-    N = cu_seqlens.numel() - 1
-    device = q.device
-    f32 = dict(dtype=torch.float32, device=device)
-    G_cap = chunk_capacity(T, N, C)
-    offsets = _chunk_offsets(cu_seqlens, C)
+    T, H, K, V, N, C = plan.T, plan.H, plan.K, plan.V, plan.N, plan.C
+    f32 = dict(dtype=torch.float32, device=q.device)
+    offsets = _chunk_offsets(cu_seqlens, plan)
     g_cum = torch.empty(T, H, K, **f32)
     gram = torch.empty(T, H, C, **f32)
     qk = torch.empty(T, H, C, **f32)
@@ -620,19 +662,19 @@ def _kda_forward(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, cu_se
     u = torch.empty(T, H, V, **f32)
     q_decayed = torch.empty(T, H, K, **f32)
     k_to_end = torch.empty(T, H, K, **f32)
-    states = torch.empty(max(G_cap, 1), H, K, V, **f32)
+    states = torch.empty(max(plan.G_cap, 1), H, K, V, **f32)
     final = torch.empty(N, H, K, V, **f32)
-    o = torch.zeros(T, H, V, dtype=q.dtype, device=device)  # rows L .. T - 1 stay zero
-    precision = _precision(q.dtype)
-    if G_cap > 0:
-        grid = (G_cap, H)
+    o = torch.zeros(T, H, V, dtype=q.dtype, device=q.device)  # rows L .. T - 1 stay zero
+    precision = plan.precision
+    if plan.G_cap > 0:
+        grid = (plan.G_cap, H)
         common = (cu_seqlens, offsets, N, H)
         kda_cumsum_kernel[grid](g, g_cum, *common, K=K, C=C, SCHEDULE="flat")
-        kda_intra_kernel[grid](q, k, g_cum, gram, qk, *common, scale, K=K, C=C, BC=_SUB, SCHEDULE="flat",
+        kda_intra_kernel[grid](q, k, g_cum, gram, qk, *common, plan.scale, K=K, C=C, BC=_SUB, SCHEDULE="flat",
                                PRECISION=precision)
-        kda_wy_kernel[grid](q, k, v, g_cum, beta, gram, inverse, w, u, q_decayed, k_to_end, *common, scale,
+        kda_wy_kernel[grid](q, k, v, g_cum, beta, gram, inverse, w, u, q_decayed, k_to_end, *common, plan.scale,
                             K=K, V=V, C=C, SCHEDULE="flat", PRECISION=precision)
-    BV = _value_block(V)
+    BV = plan.value_block
     kda_state_kernel[(N, H, V // BV)](g_cum, q_decayed, k_to_end, qk, w, u, o, states, final, cu_seqlens, offsets,
                                       H, K=K, V=V, C=C, BV=BV, PRECISION=precision, **_SEQUENTIAL)
     saved = dict(offsets=offsets, g_cum=g_cum, gram=gram, qk=qk, inverse=inverse, w=w, u=u, q_decayed=q_decayed,
@@ -641,8 +683,8 @@ def _kda_forward(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, cu_se
 
 
 def _kda_backward(q: Tensor, k: Tensor, v: Tensor, g_dtype: torch.dtype, beta: Tensor, cu_seqlens: Tensor,
-                  saved: dict[str, Tensor], d_o: Tensor | None, d_final: Tensor | None, scale: float,
-                  C: int) -> tuple[Tensor, ...]:
+                  saved: dict[str, Tensor], d_o: Tensor | None, d_final: Tensor | None,
+                  plan: _Plan) -> tuple[Tensor, ...]:
     r"""Gradients of ``(q, k, v, g, beta)`` from those of ``o`` and ``final_state``; three kernels.
 
     Per chunk (one head; ``S_0``, ``S_1`` the states entering and leaving it, ``Q_g = scale Q ⊙
@@ -661,12 +703,9 @@ def _kda_backward(q: Tensor, k: Tensor, v: Tensor, g_dtype: torch.dtype, beta: T
     gradient)``, and the chain through ``G = cumsum(g)``: ``dg`` is the reverse cumulative sum of
     ``dG`` over the chunk.
     """
-    T, H, K = q.shape
-    V = v.shape[2]
-    N = cu_seqlens.numel() - 1
+    T, H, K, V, N, C = plan.T, plan.H, plan.K, plan.V, plan.N, plan.C
     device = q.device
     f32 = dict(dtype=torch.float32, device=device)
-    G_cap = chunk_capacity(T, N, C)
     d_o = torch.zeros(T, H, V, dtype=q.dtype, device=device) if d_o is None else d_o.contiguous()
     d_final = torch.zeros(N, H, K, V, **f32) if d_final is None else d_final.float().contiguous()
     d_u = torch.empty(T, H, V, **f32)
@@ -676,20 +715,20 @@ def _kda_backward(q: Tensor, k: Tensor, v: Tensor, g_dtype: torch.dtype, beta: T
     dq, dk, dv = (torch.zeros_like(x) for x in (q, k, v))  # rows L .. T - 1 stay zero
     # g itself is not needed (its cumulative sum is saved): only its dtype, for its gradient.
     dg, dbeta = torch.zeros(T, H, K, dtype=g_dtype, device=device), torch.zeros_like(beta)
-    precision = _precision(q.dtype)
-    BV = _value_block(V)
+    precision = plan.precision
+    BV = plan.value_block
     offsets = saved["offsets"]
     kda_state_backward_kernel[(N, H, V // BV)](saved["g_cum"], saved["q_decayed"], saved["k_to_end"], saved["qk"],
                                                saved["w"], d_o, d_final, d_u, d_states, cu_seqlens, offsets, H,
                                                K=K, V=V, C=C, BV=BV, PRECISION=precision, **_SEQUENTIAL)
-    if G_cap > 0:
-        kda_chunk_backward_kernel[(G_cap, H)](
+    if plan.G_cap > 0:
+        kda_chunk_backward_kernel[(plan.G_cap, H)](
             q, k, v, saved["g_cum"], beta, saved["gram"], saved["inverse"], saved["w"], saved["u"],
             saved["states"], d_o, d_u, d_states, dv, dbeta, d_qk, d_gram, dq_part, dk_part, dG_part,
-            cu_seqlens, offsets, N, H, scale,
-            K=K, V=V, C=C, BV=_value_block(V, 32), SCHEDULE="flat", PRECISION=precision, **_CHUNK_BACKWARD,
+            cu_seqlens, offsets, N, H, plan.scale,
+            K=K, V=V, C=C, BV=plan.backward_value_block, SCHEDULE="flat", PRECISION=precision, **_CHUNK_BACKWARD,
         )
-        kda_pairwise_backward_kernel[(G_cap, H)](
+        kda_pairwise_backward_kernel[(plan.G_cap, H)](
             q, k, saved["g_cum"], d_qk, d_gram, dq_part, dk_part, dG_part, dq, dk, dg, cu_seqlens, offsets, N, H,
             K=K, C=C, BC=_SUB, SCHEDULE="flat", PRECISION=precision,
         )
@@ -699,21 +738,20 @@ def _kda_backward(q: Tensor, k: Tensor, v: Tensor, g_dtype: torch.dtype, beta: T
 class _KDATriton(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, cu_seqlens: Tensor,
-                scale: float, C: int) -> tuple[Tensor, Tensor]:
-        o, final, saved = _kda_forward(q, k, v, g, beta, cu_seqlens, scale, C)
+                plan: _Plan) -> tuple[Tensor, Tensor]:
+        o, final, saved = _kda_forward(q, k, v, g, beta, cu_seqlens, plan)
         ctx.save_for_backward(q, k, v, beta, cu_seqlens, *saved.values())
         ctx.saved_names = tuple(saved)
         ctx.g_dtype = g.dtype
-        ctx.scale = scale
-        ctx.chunk = C
+        ctx.plan = plan
         return o, final
 
     @staticmethod
     def backward(ctx, d_o: Tensor | None, d_final: Tensor | None):
         q, k, v, beta, cu_seqlens, *rest = ctx.saved_tensors
         saved = dict(zip(ctx.saved_names, rest))
-        grads = _kda_backward(q, k, v, ctx.g_dtype, beta, cu_seqlens, saved, d_o, d_final, ctx.scale, ctx.chunk)
-        return (*grads, None, None, None)
+        grads = _kda_backward(q, k, v, ctx.g_dtype, beta, cu_seqlens, saved, d_o, d_final, ctx.plan)
+        return (*grads, None, None)
 
 
 def kda_triton(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, cu_seqlens: Tensor, *,
@@ -780,17 +818,19 @@ def kda_triton(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, cu_seql
     programs, each looping over its own sequence's chunks. Memory kept for the backward: float32
     ``[T, H, 4K + V + 3C]`` and the entering state of every chunk, ``[G_cap, H, K, V]``; the
     backward adds float32 ``[T, H, 3K + V + 2C]`` and ``[G_cap, H, K, V]`` of scratch.
+    On the host, the argument checks above and the launch plan depend only on metadata (shapes,
+    strides, dtypes, devices, the other arguments): they run once per such signature, and a
+    repeated call costs a dictionary lookup (plus the values check when ``validate`` says so).
 
     Source: Kimi Linear (arXiv:2510.26692), chunkwise KDA; flash-linear-attention
     ``fla/ops/kda`` (``chunk_kda``) for the decomposition. See
     :mod:`attn_gym_lite.ops.kda.chunked_triton`.
     """
-    scale, C = _check_arguments(q, k, v, g, beta, cu_seqlens, scale, chunk_size, output_final_state, validate)
-    if validate is None:
-        # A host tensor's values cost nothing to read; a device tensor's would cost a sync.
-        validate = cu_seqlens.device.type == "cpu"
-    if validate and not (cu_seqlens.is_cuda and torch.cuda.is_current_stream_capturing()):
-        checks.check_cu_seqlens_values(cu_seqlens, token_capacity=q.shape[0])
+    plan = _plan(q, k, v, g, beta, cu_seqlens, scale, chunk_size, output_final_state, validate)
+    # The values change from call to call: read them every call the plan says to, but never while
+    # the stream captures (the read would synchronise with the device and break the capture).
+    if plan.validate and not (cu_seqlens.is_cuda and torch.cuda.is_current_stream_capturing()):
+        checks.check_cu_seqlens_values(cu_seqlens, token_capacity=plan.T)
     q, k, v, g, beta = (x.contiguous() for x in (q, k, v, g, beta))
-    o, final = _KDATriton.apply(q, k, v, g, beta, cu_seqlens, scale, C)
+    o, final = _KDATriton.apply(q, k, v, g, beta, cu_seqlens, plan)
     return o, (final if output_final_state else None)
