@@ -173,11 +173,6 @@ def test_layer_argument_errors():
     (dict(masks=5), TypeError, "masks must be a collection of names .* got int"),
     (dict(dtype=torch.int64), TypeError, "dtype must be a floating torch.dtype or None, got torch.int64"),
     (dict(dtype="float32"), TypeError, "dtype must be a floating torch.dtype or None, got 'float32'"),
-    # What the Triton core refuses is refused when the layer is built, not at its first forward.
-    (dict(head_dim=8), ValueError, r"head_dim must be one of \(16, 32, 64, 128\) with impl='triton'.*got 8"),
-    (dict(head_v_dim=24), ValueError, r"head_v_dim must be one of \(16, 32, 64, 128\) with impl='triton'.*got 24"),
-    (dict(chunk_size=8), ValueError, r"chunk_size must be one of \(16, 32, 64\) with impl='triton', got 8"),
-    (dict(chunk_size=128), ValueError, r"chunk_size must be one of \(16, 32, 64\) with impl='triton', got 128"),
 ])
 def test_layer_configuration_errors_name_the_argument(options, error, match):
     arguments = {"hidden_size": 16, "num_heads": 2, "head_dim": 16, "chunk_size": 16, "impl": "triton", **options}
@@ -185,14 +180,28 @@ def test_layer_configuration_errors_name_the_argument(options, error, match):
         KDAAttention(**arguments)
 
 
+@pytest.mark.parametrize(("options", "match"), [
+    (dict(head_dim=8), r"q must have shape \[T, H, K\] with H >= 1 and K in \(16, 32, 64, 128\).*got shape \(4, 2, 8\)"),
+    (dict(head_v_dim=24), r"v must have shape \[T, H, V\] = \[4, 2, V\] with V in \(16, 32, 64, 128\).*got shape \(4, 2, 24\)"),
+    (dict(chunk_size=8), r"chunk_size must be one of \(16, 32, 64\), got 8"),
+    (dict(chunk_size=128), r"chunk_size must be one of \(16, 32, 64\), got 128"),
+])
+def test_what_the_triton_core_refuses_reaches_the_caller_in_its_words(options, match):
+    """The layer does not restate the kernel's rules: the kernel's own check refuses, at the first
+    forward, with the kernel's message (the layer's head_dim is q's K, head_v_dim v's V)."""
+    layer = KDAAttention(**{"hidden_size": 16, "num_heads": 2, "head_dim": 16, "chunk_size": 16, **options})
+    with pytest.raises(ValueError, match=match):
+        layer(torch.randn(4, 16), torch.tensor([0, 4], dtype=torch.int32))
+
+
 def test_eager_cores_take_any_width_and_chunk_size():
     layer = KDAAttention(16, 2, 8, head_v_dim=12, chunk_size=5, impl="chunked", dtype=torch.float64)
     assert layer(torch.randn(6, 16, dtype=torch.float64), torch.tensor([0, 6], dtype=torch.int32)).shape == (6, 16)
 
 
-def test_a_triton_layer_cast_to_float64_is_refused_by_name():
+def test_a_triton_layer_cast_to_float64_is_refused_by_the_kernel():
     layer = KDAAttention(16, 2, 16, chunk_size=16).double()
-    with pytest.raises(TypeError, match="x must have dtype float16, bfloat16, float32 with impl='triton'"):
+    with pytest.raises(TypeError, match=r"q must have dtype .*got torch.float64"):
         layer(torch.randn(4, 16, dtype=torch.float64), torch.tensor([0, 4], dtype=torch.int32))
 
 

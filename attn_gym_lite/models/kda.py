@@ -148,8 +148,8 @@ class KDAAttention(nn.Module):
     Args:
         hidden_size: model width (int >= 1).
         num_heads: ``H`` (int >= 1).
-        head_dim: ``K``, the key width per head (int >= 1; the Triton kernel wants a power of
-            two, e.g. 64 or 128).
+        head_dim: ``K``, the key width per head (int >= 1; the Triton core takes 16, 32, 64 or
+            128 only, see :func:`attn_gym_lite.ops.kda.kda_triton`).
         head_v_dim: ``V``, the value width per head; default ``head_dim`` (fla's ``expand_v=1``).
         conv_size: width of the short convolution (int >= 1, 4 in Kimi Linear and fla).
         gate_rank: inner width of the low-rank ``f_proj`` and ``g_proj``; default ``head_v_dim``
@@ -158,7 +158,8 @@ class KDAAttention(nn.Module):
         impl: the KDA core: ``"triton"`` (default; :func:`attn_gym_lite.ops.kda.kda_triton`, no
             host read, capturable), ``"chunked"`` or ``"recurrent"`` (the eager references; they
             read ``cu_seqlens`` on the host, so a captured graph cannot hold them).
-        chunk_size: ``C`` of the chunked cores (64, fla's and the kernel's default).
+        chunk_size: ``C`` of the chunked cores (64, fla's and the kernel's default), passed to
+            the core, which checks it (the recurrent core ignores it).
         masks: which of :data:`KDA_MASK_SITES` to apply. All of them (default) is what training
             at padded capacity needs; leave sites out only to see what each one prevents.
         device, dtype: of the parameters. ``A_log`` and ``dt_bias`` are kept in at least float32
@@ -173,16 +174,18 @@ class KDAAttention(nn.Module):
     Raises:
         TypeError / ValueError: a size that is not an int >= 1, an ``impl`` outside
             :data:`KDA_IMPLEMENTATIONS`, ``masks`` given as a string or naming a site not in
-            :data:`KDA_MASK_SITES`, a ``dtype`` that is not floating; with ``impl="triton"``,
-            ``head_dim``/``head_v_dim`` not in 16, 32, 64, 128 or ``chunk_size`` not in 16, 32,
-            64; in ``forward``, ``x`` not ``[T, hidden_size]`` in the parameters' dtype and device
-            (with ``impl="triton"``: float32/bfloat16/float16), or a malformed
-            ``cu_seqlens``. Its values (starts at 0, never decreases, ``L <= T``) are checked when
-            it is a CPU tensor or the core is an eager reference (which reads them on the host
-            anyway); a CUDA ``cu_seqlens`` with ``impl="triton"`` is trusted, so that ``forward``
-            stays capturable: validate those batches where they are built
-            (:func:`attn_gym_lite.ragged.validate_cu_seqlens`), since the kernels index memory
-            with unchecked values.
+            :data:`KDA_MASK_SITES`, a ``dtype`` that is not floating; in ``forward``, ``x`` not
+            ``[T, hidden_size]`` in the parameters' dtype and device, or a malformed
+            ``cu_seqlens``. The values of ``cu_seqlens`` (starts at 0, never decreases, ``L <=
+            T``) are checked when it is a CPU tensor or the core is an eager reference (which
+            reads them on the host anyway); a CUDA ``cu_seqlens`` with ``impl="triton"`` is
+            trusted, so that ``forward`` stays capturable: validate those batches where they are
+            built (:func:`attn_gym_lite.ragged.validate_cu_seqlens`), since the kernels index
+            memory with unchecked values. Also, in the core's words (its rules live there only),
+            whatever the core refuses at the first ``forward``: with ``impl="triton"``, a width
+            outside 16, 32, 64, 128 (named as ``q``'s ``K`` for ``head_dim``, ``v``'s ``V`` for
+            ``head_v_dim``), a ``chunk_size`` outside 16, 32, 64, float64 (named as ``q``; such
+            a layer wants ``impl="chunked"``).
 
     Capturable on CUDA with ``impl="triton"``: nothing in ``forward`` reads the device.
     Source: Kimi Linear report (arXiv:2510.26692); fla ``fla/layers/kda.py``. See
@@ -214,7 +217,7 @@ class KDAAttention(nn.Module):
         conv_size = checks.check_int("conv_size", conv_size, minimum=1)
         self.norm_eps = checks.check_real("norm_eps", norm_eps, minimum=0.0)
         self.impl = checks.check_choice("impl", impl, KDA_IMPLEMENTATIONS)
-        self.chunk_size = checks.check_int("chunk_size", chunk_size, minimum=1)
+        self.chunk_size = chunk_size  # the core checks it (and the recurrent core ignores it)
         if isinstance(masks, str):
             raise TypeError(f"masks must be a collection of names from {KDA_MASK_SITES}, got the string {masks!r}")
         if not isinstance(masks, Iterable):
@@ -225,8 +228,6 @@ class KDAAttention(nn.Module):
             raise ValueError(f"masks must be names from {KDA_MASK_SITES}, got unknown {unknown}")
         if dtype is not None and not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
             raise TypeError(f"dtype must be a floating torch.dtype or None, got {dtype!r}")
-        if self.impl == "triton":
-            self._check_triton_configuration(K, V, self.chunk_size)
         self.hidden_size, self.num_heads, self.head_dim, self.head_v_dim = hidden_size, H, K, V
 
         factory = {"device": device, "dtype": dtype}
@@ -244,19 +245,6 @@ class KDAAttention(nn.Module):
                                     nn.Linear(rank, H * V, bias=True, **factory))
         self.o_norm_weight = nn.Parameter(torch.ones(V, **factory))
         self.o_proj = nn.Linear(H * V, hidden_size, bias=False, **factory)
-
-    @staticmethod
-    def _check_triton_configuration(K: int, V: int, chunk_size: int) -> None:
-        """Refuse at construction what the Triton core would refuse at every forward. (Not the
-        dtype: a layer may be built in float64 and cast; ``forward`` checks the input's.)"""
-        from ..ops.kda.chunked_triton import KDA_TRITON_CHUNK_SIZES, KDA_TRITON_WIDTHS
-
-        for name, width in (("head_dim", K), ("head_v_dim", V)):
-            if width not in KDA_TRITON_WIDTHS:
-                raise ValueError(f"{name} must be one of {KDA_TRITON_WIDTHS} with impl='triton' (the widths the "
-                                 f"kernels tile; the eager impls take any), got {width}")
-        if chunk_size not in KDA_TRITON_CHUNK_SIZES:
-            raise ValueError(f"chunk_size must be one of {KDA_TRITON_CHUNK_SIZES} with impl='triton', got {chunk_size}")
 
     def _core(self, q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, cu_seqlens: Tensor) -> Tensor:
         if self.impl == "triton":
@@ -319,13 +307,6 @@ class KDAAttention(nn.Module):
                             device=weight.device)
         if x.shape[1] != self.hidden_size:
             raise ValueError(f"x must have shape [T, {self.hidden_size}] (hidden_size), got {tuple(x.shape)}")
-        if self.impl == "triton":  # the parameters may have been cast (.double()) since construction
-            from ..ops.kda.chunked_triton import KDA_TRITON_DTYPES
-
-            if x.dtype not in KDA_TRITON_DTYPES:
-                names = ", ".join(str(d).removeprefix("torch.") for d in KDA_TRITON_DTYPES)
-                raise TypeError(f"x must have dtype {names} with impl='triton' (the layer's parameters are "
-                                f"{x.dtype}; use impl='chunked' for float64), got {x.dtype}")
         checks.check_cu_seqlens(cu_seqlens, device=x.device)
         # The values: read where that costs no device sync (a host tensor) or where the core reads
         # them on the host anyway (the eager references), before the short convolution and the

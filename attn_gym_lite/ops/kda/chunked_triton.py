@@ -71,8 +71,8 @@ __all__ = ["KDA_TRITON_CHUNK_SIZES", "KDA_TRITON_DTYPES", "KDA_TRITON_WIDTHS", "
 _DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 _WIDTHS = (16, 32, 64, 128)  # K and V: tl.dot needs >= 16, registers cap the state at 128 x 128
 _CHUNKS = (16, 32, 64)
-#: What :func:`kda_triton` accepts, for callers that check their configuration up front
-#: (:class:`attn_gym_lite.models.kda.KDAAttention`): input dtypes, key/value widths, chunk sizes.
+#: What :func:`kda_triton` accepts, for callers that want to know before they call it (its own
+#: checks are the ones that refuse): input dtypes, key/value widths, chunk sizes.
 KDA_TRITON_DTYPES = _DTYPES
 KDA_TRITON_WIDTHS = _WIDTHS
 KDA_TRITON_CHUNK_SIZES = _CHUNKS
