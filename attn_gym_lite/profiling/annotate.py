@@ -61,7 +61,9 @@ def annotate_trace(trace: Trace, annotations: GraphAnnotations, extra_regions: I
         "events", "reason"}, ...], "labelled_eager_events"}``.
 
     Raises:
-        TypeError: ``trace`` is not a trace dict, or ``annotations`` not a ``GraphAnnotations``.
+        TypeError / ValueError: ``trace`` is not a trace dict: not a dict, ``traceEvents`` missing
+            or not a list (:func:`~attn_gym_lite.profiling.trace.check_trace`).
+        TypeError: ``annotations`` is not a ``GraphAnnotations``.
         ValueError: ``annotations.route`` is not a known route, or ``trace`` is already annotated.
     """
     check_trace(trace, "annotate_trace")

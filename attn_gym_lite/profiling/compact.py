@@ -25,8 +25,9 @@ from typing import Any
 
 from ..checks import check_int, check_real
 from .intervals import busy_and_gaps
+from .record import DEVICE_CATEGORIES
 from .summary import device_events
-from .trace import LANE_TID_BASE, Trace, check_trace
+from .trace import LANE_TID_BASE, Trace, check_slices, check_trace
 
 HOST_OP_CATEGORIES = ("cpu_op", "user_annotation")
 RUNTIME_CATEGORIES = ("cuda_runtime", "cuda_driver")
@@ -90,11 +91,16 @@ def compact_timeline(trace: Trace, *, max_depth: int = 2, max_events: int = 3000
         ``device_busy_us`` is the union of device events.
 
     Raises:
-        TypeError: ``trace`` is not a trace dict.
+        TypeError / ValueError: ``trace`` is not a trace dict: not a dict, ``traceEvents`` missing
+            or not a list, an event not a dict, or a slice it reads whose ``ts`` is not finite or
+            ``dur`` not ``>= 0`` (:func:`~attn_gym_lite.profiling.trace.check_slices`; the message
+            names the event, ``trace['traceEvents'][i]``). A slice without ``ts`` or ``dur`` is
+            skipped.
         ValueError: ``max_depth`` < 0, ``max_events`` < 1 or ``name_chars`` < 8; the trace has no
             host, runtime or device event.
     """
     check_trace(trace, "compact_timeline")
+    check_slices(trace, (*HOST_OP_CATEGORIES, *RUNTIME_CATEGORIES, *DEVICE_CATEGORIES), "compact_timeline")
     check_int("max_depth", max_depth, minimum=0)
     check_int("max_events", max_events, minimum=1)
     check_int("name_chars", name_chars, minimum=8)
@@ -187,11 +193,16 @@ def host_phases(trace: Trace, phases: Sequence[str], *, top_frames: int = 12, fl
         ``stacks`` is False (and the frame lists empty) for a trace without Python frames.
 
     Raises:
-        TypeError: ``trace`` is not a trace dict.
+        TypeError / ValueError: ``trace`` is not a trace dict: not a dict, ``traceEvents`` missing
+            or not a list, an event not a dict, or a slice it reads whose ``ts`` is not finite or
+            ``dur`` not ``>= 0`` (:func:`~attn_gym_lite.profiling.trace.check_slices`; the message
+            names the event, ``trace['traceEvents'][i]``). A slice without ``ts`` or ``dur`` is
+            skipped.
         ValueError: ``phases`` is empty or not strings, or a phase has no range in the trace; a
             count or fraction out of range.
     """
     check_trace(trace, "host_phases")
+    check_slices(trace, (*HOST_OP_CATEGORIES, *RUNTIME_CATEGORIES, PYTHON_CATEGORY, *DEVICE_CATEGORIES), "host_phases")
     if isinstance(phases, str) or not phases or not all(isinstance(p, str) for p in phases):
         raise ValueError(f"host_phases: phases must be a non-empty sequence of range names, got {phases!r}")
     check_int("top_frames", top_frames, minimum=0)

@@ -25,16 +25,40 @@ Source: PyTorch, "Understanding CUDA Memory Usage" (``torch.cuda.memory._record_
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+import math
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import torch
 
-from ..checks import check_bool, check_choice, check_int
+from ..checks import check_bool, check_choice, check_int, check_real
 
 SIZE_ACTIONS = {"alloc": 1, "free_completed": -1}
 SEGMENT_ACTIONS = {"segment_alloc": 1, "segment_map": 1, "segment_free": -1, "segment_unmap": -1}
 ALLOCATION_SITE_PACKAGE = "attn_gym_lite"
+
+
+_DEVICE_EXPECTATION = "a CUDA device: an index (int >= 0), 'cuda', 'cuda:<index>', a CUDA torch.device or None"
+
+
+def _cuda_device_index(device: object) -> int | None:
+    """``device`` as a CUDA device index, or ``None`` for the current device (checked at entry)."""
+    if device is None:
+        return None
+    if isinstance(device, bool) or not isinstance(device, (int, str, torch.device)):
+        raise TypeError(f"device must be {_DEVICE_EXPECTATION}, got {type(device).__name__} {device!r}")
+    if isinstance(device, int):
+        return check_int("device", device, minimum=0)
+    if isinstance(device, str):
+        try:
+            parsed = torch.device(device)
+        except RuntimeError:
+            raise ValueError(f"device must be {_DEVICE_EXPECTATION}, got {device!r}") from None
+    else:
+        parsed = device
+    if parsed.type != "cuda":
+        raise ValueError(f"device must be {_DEVICE_EXPECTATION} (the allocator history is CUDA's), got {device!r}")
+    return parsed.index
 
 
 class record_memory_history:  # noqa: N801 -- a context manager, named like the torch call it wraps
@@ -53,21 +77,28 @@ class record_memory_history:  # noqa: N801 -- a context manager, named like the 
             makes more raises on exit instead of returning a trace whose start was overwritten.
         stacks: ``"python"`` (Python frames only, cheap) or ``"all"`` (C++ frames too, slow to
             symbolize).
-        device: CUDA device index (default: the current device).
+        device: the CUDA device: an index (int >= 0), ``"cuda"`` / ``"cuda:<index>"``, a CUDA
+            ``torch.device``, or ``None`` (default; ``"cuda"`` without an index too): the current
+            device at entry.
 
     Attributes:
         entries: after exit, the entries recorded inside the block (``list[dict]``).
         marks: the indices :meth:`mark` returned.
 
     Raises:
+        TypeError: ``max_entries`` is not an int, ``device`` not an int, str, ``torch.device`` or
+            ``None`` (a ``bool`` or ``float`` included) (at construction).
+        ValueError: ``max_entries`` < 1, an unknown ``stacks``, a negative device index, a device
+            string torch cannot parse, or a device that is not CUDA (``"cpu"``, ``"meta"``) (at
+            construction); a device index past the last GPU (at entry).
         RuntimeError: no CUDA device (at entry); the block overflowed ``max_entries`` (at exit).
-        ValueError: ``max_entries`` < 1 or an unknown ``stacks``.
     """
 
-    def __init__(self, max_entries: int = 100_000, *, stacks: str = "python", device: int | None = None) -> None:
+    def __init__(self, max_entries: int = 100_000, *, stacks: str = "python",
+                 device: int | str | torch.device | None = None) -> None:
         self.max_entries = check_int("max_entries", max_entries, minimum=1)
         self.stacks = check_choice("stacks", stacks, ("python", "all"))
-        self.device = device
+        self.device = _cuda_device_index(device)
         self.entries: list[dict] = []
         self.marks: list[int] = []
         self._start = 0
@@ -80,6 +111,10 @@ class record_memory_history:  # noqa: N801 -- a context manager, named like the 
             raise RuntimeError("record_memory_history: the allocator history needs a CUDA device")
         if self.device is None:
             self.device = torch.cuda.current_device()
+        count = torch.cuda.device_count()
+        if self.device >= count:
+            raise ValueError(f"device must be a CUDA device index in [0, {count - 1}] (this host has {count} "
+                             f"GPU{'s' if count != 1 else ''}), got {self.device}")
         torch.cuda.synchronize()
         torch.cuda.memory._record_memory_history(
             "all", context="all", stacks=self.stacks, max_entries=self.max_entries)
@@ -107,10 +142,43 @@ class record_memory_history:  # noqa: N801 -- a context manager, named like the 
             torch.cuda.memory._record_memory_history(None)
 
 
+#: The fields the reductions read, per action: the rest of an entry is never looked at.
+_ADDRESSED_ACTIONS = ("alloc", "free_requested", "free_completed")
+_SIZED_ACTIONS = ("alloc", "free_completed", *SEGMENT_ACTIONS)
+
+
+def _check_natural(argument: str, value: object) -> int:
+    if type(value) is int and value >= 0:  # the usual case, without a call
+        return value
+    return check_int(argument, value, minimum=0)
+
+
 def _check_entries(entries: object, where: str) -> list[dict]:
-    if not isinstance(entries, Sequence) or not all(isinstance(e, dict) and "action" in e for e in entries):
+    """``entries`` as a list, after checking every field the reductions read.
+
+    Each entry is a dict with an ``action``; ``alloc`` / ``free_requested`` / ``free_completed``
+    entries have an int ``addr >= 0``, ``alloc`` / ``free_completed`` / ``segment_*`` entries an
+    int ``size >= 0`` (bytes); a ``time_us``, where present, is a finite real number.
+    """
+    if isinstance(entries, (str, bytes)) or not isinstance(entries, Sequence):
         raise TypeError(f"{where}: entries must be a list of allocator trace entries (dicts with an 'action'), "
                         f"got {type(entries).__name__}")
+    for index, entry in enumerate(entries):
+        name = f"{where}: entries[{index}]"
+        if not isinstance(entry, dict):
+            raise TypeError(f"{name} must be an allocator trace entry (a dict with an 'action'), "
+                            f"got {type(entry).__name__} {entry!r:.60}")
+        action = entry.get("action")
+        if "action" not in entry:
+            raise ValueError(f"{name} must have an 'action' (an allocator trace entry), got keys {sorted(map(str, entry))}")
+        for key, actions in (("addr", _ADDRESSED_ACTIONS), ("size", _SIZED_ACTIONS)):
+            if action in actions:
+                if key not in entry:
+                    raise ValueError(f"{name} (action {action!r}) must have {key!r}, got keys {sorted(map(str, entry))}")
+                _check_natural(f"{name}[{key!r}]", entry[key])
+        time_us = entry.get("time_us", 0)
+        if not (type(time_us) in (int, float) and math.isfinite(time_us)):  # a call only off the usual case
+            check_real(f"{name}['time_us']", time_us)
     return list(entries)
 
 
@@ -130,11 +198,22 @@ def find_blocks(entries: Sequence[dict], pointers: Iterable[int], alive_at: int,
     Returns: the set of entry indices (one per distinct block).
 
     Raises:
-        TypeError: ``entries`` is not a list of trace entries.
-        ValueError: ``alive_at`` outside ``[0, len(entries)]``; a pointer lies in no block alive at
-            ``alive_at`` (its tensor was allocated before the recording started).
+        TypeError: ``entries`` is not a list (a sequence) of dicts; an ``addr`` or ``size`` that is
+            not an int, a ``time_us`` that is not a real number; ``pointers`` is not an iterable of
+            ints (a tensor instead of its ``data_ptr()``, say), ``alive_at`` not an int, ``strict``
+            not a bool. Messages name the entry (``entries[i]['size']``) or the pointer
+            (``pointers[i]``).
+        ValueError: an entry without ``action``, an ``alloc`` / ``free_*`` entry without
+            ``addr``, an ``alloc`` / ``free_completed`` / ``segment_*`` entry without ``size``;
+            a negative ``addr``, ``size`` or pointer; a NaN or infinite ``time_us``; ``alive_at``
+            outside ``[0, len(entries)]``; a pointer lies in no block alive at ``alive_at`` (its
+            tensor was allocated before the recording started).
     """
     entries = _check_entries(entries, "find_blocks")
+    if isinstance(pointers, (str, bytes)) or not isinstance(pointers, Iterable):
+        raise TypeError(f"pointers must be an iterable of ints (tensor.data_ptr() values), got {type(pointers).__name__} "
+                        f"{pointers!r:.60}")
+    pointers = [_check_natural(f"pointers[{i}]", pointer) for i, pointer in enumerate(pointers)]
     check_int("alive_at", alive_at, minimum=0, maximum=len(entries))
     check_bool("strict", strict)
     live: dict[int, int] = {}  # addr -> index of its alloc entry
@@ -153,6 +232,24 @@ def find_blocks(entries: Sequence[dict], pointers: Iterable[int], alive_at: int,
                              f"alive at entry {alive_at}; was its tensor allocated before the recording started?")
         found.add(max(holders))
     return found
+
+
+def _check_tags(tags: object) -> dict[str, set[int]]:
+    """``tags`` (name -> alloc entry indices, or ``None``) as a dict of sets, types checked."""
+    if tags is None:
+        return {}
+    if not isinstance(tags, Mapping):
+        raise TypeError(f"tags must be a dict of tag name -> indices of alloc entries, or None, got "
+                        f"{type(tags).__name__} {tags!r:.60}")
+    checked = {}
+    for name, indices in tags.items():
+        if not isinstance(name, str):
+            raise TypeError(f"tags' names must be str, got {type(name).__name__} {name!r}")
+        if isinstance(indices, (str, bytes)) or not isinstance(indices, Iterable):
+            raise TypeError(f"tags[{name!r}] must be an iterable of alloc entry indices (find_blocks' result), "
+                            f"got {type(indices).__name__} {indices!r:.60}")
+        checked[name] = {check_int(f"tags[{name!r}][{k}]", i) for k, i in enumerate(indices)}
+    return checked
 
 
 def allocation_timeline(entries: Sequence[dict], tags: dict[str, Iterable[int]] | None = None, *,
@@ -178,17 +275,24 @@ def allocation_timeline(entries: Sequence[dict], tags: dict[str, Iterable[int]] 
         before it is not in them) and can go negative where a block allocated before is freed.
 
     Raises:
-        TypeError: ``entries`` is not a list of trace entries.
-        ValueError: no ``alloc`` or ``free_completed`` entry; a tag index that is not an ``alloc``
-            entry; ``max_points`` < 3.
+        TypeError: ``entries`` is not a list of trace entries, or a field read is of the wrong
+            type (as in :func:`find_blocks`); ``tags`` is not a dict (or ``None``), a tag name not
+            a ``str``, a tag's indices not an iterable of ints; ``max_points`` not an int.
+        ValueError: a malformed entry (as in :func:`find_blocks`); no ``alloc`` or
+            ``free_completed`` entry; a tag index that is not that of an ``alloc`` entry;
+            ``max_points`` < 3.
     """
     entries = _check_entries(entries, "allocation_timeline")
     check_int("max_points", max_points, minimum=3)
-    tags = {name: set(indices) for name, indices in (tags or {}).items()}
+    tags = _check_tags(tags)
     for name, indices in tags.items():
         bad = [i for i in indices if not (0 <= i < len(entries) and entries[i]["action"] == "alloc")]
         if bad:
-            raise ValueError(f"allocation_timeline: tag {name!r} must list indices of alloc entries, got {sorted(bad)}")
+            first = sorted(bad)[0]
+            found = (f"entry {first} is a {entries[first]['action']!r}" if 0 <= first < len(entries)
+                     else f"entries has {len(entries)} entries")
+            raise ValueError(f"allocation_timeline: tags[{name!r}] must list indices of alloc entries, got "
+                             f"{sorted(bad)} ({found})")
     timed = all(isinstance(e.get("time_us"), (int, float)) for e in entries)
     origin = entries[0].get("time_us", 0) if timed and entries else 0
     allocated = reserved = 0
@@ -265,8 +369,9 @@ def allocation_sites(entries: Sequence[dict], *, top: int = 10, package: str = A
     as autograd's backward worker, whose allocations may carry no Python frame).
 
     Raises:
-        TypeError: ``entries`` is not a list of trace entries.
-        ValueError: ``top`` < 1.
+        TypeError: ``entries`` is not a list of trace entries, or a field read is of the wrong
+            type (as in :func:`find_blocks`); ``top`` is not an int.
+        ValueError: a malformed entry (as in :func:`find_blocks`); ``top`` < 1.
     """
     entries = _check_entries(entries, "allocation_sites")
     check_int("top", top, minimum=1)

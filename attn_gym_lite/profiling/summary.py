@@ -16,9 +16,10 @@ from typing import Any
 
 from .intervals import busy_and_gaps
 from .record import DEVICE_CATEGORIES
-from .trace import Trace, check_trace
+from .trace import Trace, check_slices, check_trace
 
 _NO_GPU_HINT = " (a trace recorded without a GPU has none)"
+_STEP_CATEGORIES = ("cpu_op", "user_annotation")  # where ProfilerStep# ranges and the work they hold are
 
 
 def device_events(trace: Trace) -> list[dict]:
@@ -48,11 +49,16 @@ def trace_summary(trace: Trace, steps: int | None = None, min_gap_us: float = 0.
         ``args["region"]`` (unlabelled events under ``"(unlabelled)"``).
 
     Raises:
-        TypeError: ``trace`` is not a trace dict.
+        TypeError / ValueError: ``trace`` is not a trace dict: not a dict, ``traceEvents`` missing
+            or not a list, an event not a dict, or a slice it reads whose ``ts`` is not finite or
+            ``dur`` not ``>= 0`` (:func:`~attn_gym_lite.profiling.trace.check_slices`; the message
+            names the event, ``trace['traceEvents'][i]``). A slice without ``ts`` or ``dur`` is
+            skipped.
         ValueError: the trace has no device events, ``steps`` is not an int >= 1, or
             ``min_gap_us`` is negative.
     """
     check_trace(trace, "trace_summary")
+    check_slices(trace, (*DEVICE_CATEGORIES, *_STEP_CATEGORIES), "trace_summary")
     if steps is not None and (not isinstance(steps, int) or isinstance(steps, bool) or steps < 1):
         raise ValueError(f"trace_summary: steps must be an int >= 1 or None, got {steps!r}")
     if not isinstance(min_gap_us, (int, float)) or min_gap_us < 0:
@@ -89,7 +95,7 @@ def _profiler_steps(trace: Trace) -> int:
     starts: dict = defaultdict(list)
     steps = []
     for e in trace.get("traceEvents", []):
-        if e.get("ph") != "X" or e.get("cat") not in ("cpu_op", "user_annotation") or "dur" not in e:
+        if e.get("ph") != "X" or e.get("cat") not in _STEP_CATEGORIES or "dur" not in e or "ts" not in e:
             continue
         if str(e.get("name", "")).startswith("ProfilerStep#"):
             steps.append(e)
@@ -124,13 +130,18 @@ def replay_idle(trace: Trace) -> dict[str, Any]:
         is no boundary).
 
     Raises:
-        TypeError: ``trace`` is not a trace dict.
+        TypeError / ValueError: ``trace`` is not a trace dict: not a dict, ``traceEvents`` missing
+            or not a list, an event not a dict, or a slice it reads whose ``ts`` is not finite or
+            ``dur`` not ``>= 0`` (:func:`~attn_gym_lite.profiling.trace.check_slices`; the message
+            names the event, ``trace['traceEvents'][i]``). A slice without ``ts`` or ``dur`` is
+            skipped.
         ValueError: the trace has no ``cudaGraphLaunch`` with device events (an eager trace, or
             one recorded without a GPU).
 
     Source: chapter "Profiling" (replayed step's idle time between graph nodes).
     """
     check_trace(trace, "replay_idle")
+    check_slices(trace, DEVICE_CATEGORIES, "replay_idle")
     launches = {
         e["args"]["correlation"]
         for e in trace.get("traceEvents", [])

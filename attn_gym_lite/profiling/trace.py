@@ -19,20 +19,25 @@ from __future__ import annotations
 import copy
 import gzip
 import json
+import math
 import os
 import tempfile
 import warnings
 from collections import defaultdict
+from collections.abc import Collection
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch.profiler import ProfilerActivity
 
+from ..checks import check_real
+
 Trace = dict[str, Any]
 SUFFIXES = (".json", ".json.gz", ".pftrace")
 LANE_TID_BASE = 1_000_000  # extra lanes of track ``tid`` get tid ``LANE_TID_BASE * lane + tid``
 TOLERANCE_US = 1e-3  # slices that overlap by less than this (float rounding) count as touching
+_PLAIN_NUMBERS = (int, float)  # bool is its own type: it takes the slow path and is refused
 
 
 class profile:  # noqa: N801 -- a context manager named like the torch.profiler.profile it wraps
@@ -176,7 +181,8 @@ def split_overlapping_lanes(trace: Trace) -> Trace:
     ``"<name> (lane k)"``. Non-slice events and the input are left unchanged.
 
     Raises:
-        TypeError: ``trace`` is not a trace dict.
+        TypeError / ValueError: ``trace`` is not a trace dict: not a dict, ``traceEvents`` missing
+            or not a list (:func:`~attn_gym_lite.profiling.trace.check_trace`).
     """
     check_trace(trace, "split_overlapping_lanes")
     out = copy.deepcopy(trace)
@@ -233,6 +239,8 @@ def perfetto_protobuf(trace: Trace) -> bytes:
     slices should be split onto lanes first (:func:`split_overlapping_lanes`).
 
     Raises:
+        TypeError / ValueError: ``trace`` is not a trace dict: not a dict, ``traceEvents`` missing
+            or not a list (:func:`~attn_gym_lite.profiling.trace.check_trace`).
         ImportError: the ``perfetto`` package is not installed.
     """
     check_trace(trace, "perfetto_protobuf")
@@ -280,10 +288,60 @@ def _perfetto_builder():
 
 
 def check_trace(trace: object, where: str) -> None:
-    """Raise ``TypeError`` unless ``trace`` is a Chrome trace dict (``{"traceEvents": [...]}``)."""
-    if not isinstance(trace, dict) or not isinstance(trace.get("traceEvents"), list):
+    """Raise unless ``trace`` is a Chrome trace dict (``{"traceEvents": [...]}``).
+
+    Messages start with ``where`` (the public function's name), then
+    ``trace must be <expectation>, got <value>``.
+
+    Raises:
+        TypeError: ``trace`` is not a dict (a path gets a hint to :func:`load_trace` it first), or
+            its ``"traceEvents"`` is not a list.
+        ValueError: a dict without ``"traceEvents"``.
+    """
+    if not isinstance(trace, dict):
         hint = " (a path? load it with load_trace(path) first)" if isinstance(trace, (str, os.PathLike)) else ""
         raise TypeError(
             f"{where}: trace must be a Chrome trace dict with a 'traceEvents' list, got "
             f"{type(trace).__name__}{hint}"
         )
+    if "traceEvents" not in trace:
+        keys = sorted(map(str, trace))
+        shown = f"keys {keys[:8]}" + (f" and {len(keys) - 8} more" if len(keys) > 8 else "") if keys else "no keys"
+        raise ValueError(
+            f"{where}: trace must be a Chrome trace dict with a 'traceEvents' list, got a dict without "
+            f"'traceEvents' ({shown})"
+        )
+    if not isinstance(trace["traceEvents"], list):
+        raise TypeError(
+            f"{where}: trace['traceEvents'] must be a list of trace events, got {type(trace['traceEvents']).__name__}"
+        )
+
+
+def check_slices(trace: Trace, categories: Collection[str], where: str) -> None:
+    """Raise unless every event of ``trace`` is a dict and every complete slice (``"ph": "X"``)
+    of one of ``categories`` that has a ``"ts"`` and a ``"dur"`` has a finite ``ts`` and a
+    ``dur >= 0`` (µs), and ``"args"``, if present, a dict. Call :func:`check_trace` first.
+
+    A slice without ``ts`` or ``dur`` is incomplete, not malformed: every reader here skips it
+    (it cannot be placed on a timeline), as it always has; a value that is present but wrong is
+    an error.
+
+    Raises:
+        TypeError: an event is not a dict; a ``ts`` or ``dur`` that is not a real number
+            (``None``, a string, a ``bool``); ``args`` that is not a dict. Messages name the event
+            by its index, ``trace['traceEvents'][i]``.
+        ValueError: a NaN or infinite ``ts``; a negative, NaN or infinite ``dur``.
+    """
+    for index, event in enumerate(trace["traceEvents"]):
+        name = f"{where}: trace['traceEvents'][{index}]"
+        if not isinstance(event, dict):
+            raise TypeError(f"{name} must be a dict (a trace event), got {type(event).__name__} {event!r:.60}")
+        if event.get("ph") != "X" or event.get("cat") not in categories or "ts" not in event or "dur" not in event:
+            continue
+        ts, dur = event["ts"], event["dur"]
+        if not (type(ts) in _PLAIN_NUMBERS and math.isfinite(ts)):  # fast path for the usual floats
+            check_real(f"{name}['ts']", ts)
+        if not (type(dur) in _PLAIN_NUMBERS and 0 <= dur < math.inf):
+            check_real(f"{name}['dur']", dur, minimum=0.0)
+        if "args" in event and not isinstance(event["args"], dict):
+            raise TypeError(f"{name}['args'] must be a dict, got {type(event['args']).__name__} {event['args']!r:.60}")
