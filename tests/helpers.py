@@ -170,26 +170,11 @@ def naive_short_conv(x, weight, cu_seqlens):
 
 
 # ---------------------------------------------------------------------------------------------
-# KDA inputs, shared by the reference and the Triton kernel tests.
+# KDA layouts, shared by the reference and the Triton kernel tests (their inputs come from
+# attn_gym_lite.bench.linear_attention.kda_inputs, the suite's builder).
 
 
 def kda_bounds(*bounds: int, device: str = "cpu") -> torch.Tensor:
     """``cu_seqlens`` from its entries (int32)."""
     return torch.tensor(bounds, dtype=torch.int32, device=device)
-
-
-def kda_inputs(T: int, H: int, K: int, V: int, L: int, seed: int, *, min_log_decay: float,
-               fill: float = float("nan"), device: str = "cpu") -> list[torch.Tensor]:
-    """float64 ``q``, ``k`` (L2-normalised, as Kimi Linear feeds the core), ``v``, ``g`` in
-    ``[min_log_decay, 0]`` and ``beta`` in ``(0.05, 0.95)``; rows ``L .. T - 1`` hold ``fill``, which
-    neither the references nor the kernels may read."""
-    gen = torch.Generator().manual_seed(seed)
-    q = torch.randn(T, H, K, generator=gen, dtype=torch.float64)
-    k = torch.nn.functional.normalize(torch.randn(T, H, K, generator=gen, dtype=torch.float64), dim=-1)
-    v = torch.randn(T, H, V, generator=gen, dtype=torch.float64)
-    g = min_log_decay * torch.rand(T, H, K, generator=gen, dtype=torch.float64)
-    beta = 0.05 + 0.9 * torch.rand(T, H, generator=gen, dtype=torch.float64)
-    for x in (q, k, v, g, beta):
-        x[L:] = fill
-    return [x.to(device) for x in (q, k, v, g, beta)]
 

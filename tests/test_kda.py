@@ -8,23 +8,26 @@ import math
 
 import pytest
 import torch
-from helpers import kda_bounds, kda_inputs
+from helpers import kda_bounds
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from attn_gym_lite.bench.linear_attention import kda_inputs
 from attn_gym_lite.ops.kda import kda_chunked, kda_recurrent
 
 F64 = torch.float64
 TOLERANCE = 1e-10
+DECAY = -2.0  # g uniform in [DECAY, 0]: decays strong enough that a missed or misplaced one shows
 
 
 cu = kda_bounds
 
 
-def random_inputs(T: int, H: int, K: int, V: int, L: int, seed: int, dtype=F64, fill=float("nan"),
-                  min_log_decay: float = -2.0):
-    """:func:`kda_inputs` in ``dtype``, each a leaf that requires grad."""
-    return [x.to(dtype).requires_grad_() for x in kda_inputs(T, H, K, V, L, seed, min_log_decay=min_log_decay, fill=fill)]
+def leaves(inputs: dict[str, torch.Tensor]) -> list[torch.Tensor]:
+    """``q, k, v, g, beta`` of :func:`kda_inputs` (the suite's builder, in float64 here), as
+    leaves that require grad."""
+    q, k, v, g, beta, _ = inputs.values()
+    return [x.requires_grad_() for x in (q, k, v, g, beta)]
 
 
 @st.composite
@@ -56,7 +59,7 @@ def run_with_gradients(fn, inputs, cu_seqlens, weights, **kwargs):
 def test_chunked_equals_recurrent_forward_and_gradients(layout, H, K, V, C, seed):
     T, cu_seqlens = layout
     L, N = int(cu_seqlens[-1]), cu_seqlens.numel() - 1
-    inputs = random_inputs(T, H, K, V, L, seed)
+    inputs = leaves(kda_inputs(T, H, K, V, dtype=F64, device="cpu", seed=seed, active_tokens=L, min_log_decay=DECAY))
     gen = torch.Generator().manual_seed(seed + 1)
     weights = (torch.randn(T, H, V, generator=gen, dtype=F64), torch.randn(N, H, K, V, generator=gen, dtype=F64))
 
@@ -108,7 +111,7 @@ def test_hand_computed_case():
 
 
 def test_default_scale_is_inverse_sqrt_k():
-    q, k, v, g, beta = random_inputs(7, 2, 4, 3, 7, seed=3)
+    q, k, v, g, beta, _ = kda_inputs(7, 2, 4, 3, dtype=F64, device="cpu", seed=3, min_log_decay=DECAY).values()
     for fn in (kda_recurrent, kda_chunked):
         o_default, s_default = fn(q, k, v, g, beta, cu(0, 3, 7), output_final_state=True)
         o_one, s_one = fn(q, k, v, g, beta, cu(0, 3, 7), scale=1.0, output_final_state=True)
@@ -124,7 +127,8 @@ def test_packed_batch_equals_each_sequence_alone(lengths, C, seed):
     for length in lengths:
         bounds.append(bounds[-1] + length)
     T, H, K, V = max(bounds[-1], 1), 2, 3, 2
-    inputs = [x.detach() for x in random_inputs(T, H, K, V, bounds[-1], seed)]
+    *inputs, _ = kda_inputs(T, H, K, V, dtype=F64, device="cpu", seed=seed, active_tokens=bounds[-1],
+                            min_log_decay=DECAY).values()
     for fn, kwargs in ((kda_recurrent, {}), (kda_chunked, {"chunk_size": C})):
         o, s = fn(*inputs, torch.tensor(bounds, dtype=torch.int32), output_final_state=True, **kwargs)
         for n, (start, end) in enumerate(zip(bounds[:-1], bounds[1:])):
@@ -139,7 +143,7 @@ def test_packed_batch_equals_each_sequence_alone(lengths, C, seed):
 
 def test_no_reset_would_differ():
     """The reset is observable: sequence 1 run after sequence 0 without a boundary gives another output."""
-    inputs = [x.detach() for x in random_inputs(6, 1, 2, 2, 6, seed=5, min_log_decay=-0.1)]
+    *inputs, _ = kda_inputs(6, 1, 2, 2, dtype=F64, device="cpu", seed=5, min_log_decay=-0.1).values()
     for fn in (kda_recurrent, kda_chunked):
         split, _ = fn(*inputs, cu(0, 3, 6))
         joined, _ = fn(*inputs, cu(0, 6))
@@ -150,7 +154,7 @@ def test_no_reset_would_differ():
 def test_strong_decay_over_a_long_chunk_stays_finite():
     """g = -40 per step over a 64-token chunk: the cumulative decay reaches exp(-2560); the chunked
     form keeps every exponent <= 0, so nothing overflows and it still matches the recurrence."""
-    inputs = random_inputs(64, 1, 3, 2, 64, seed=7, min_log_decay=-80.0)
+    inputs = leaves(kda_inputs(64, 1, 3, 2, dtype=F64, device="cpu", seed=7, min_log_decay=-80.0))
     o_ref, s_ref = kda_recurrent(*inputs, cu(0, 64), output_final_state=True)
     o, s = kda_chunked(*inputs, cu(0, 64), chunk_size=64, output_final_state=True)
     assert torch.isfinite(o).all() and torch.isfinite(s).all()
@@ -162,7 +166,8 @@ def test_strong_decay_over_a_long_chunk_stays_finite():
 
 def test_chunked_gradients_match_finite_differences():
     """An autograd-independent check of the chunked backward (torch.autograd.gradcheck)."""
-    inputs = random_inputs(6, 1, 2, 2, 5, seed=11, fill=0.0)
+    inputs = leaves(kda_inputs(6, 1, 2, 2, dtype=F64, device="cpu", seed=11, active_tokens=5, fill=0.0,
+                               min_log_decay=DECAY))
     cu_seqlens = cu(0, 2, 5)
     assert torch.autograd.gradcheck(
         lambda *x: kda_chunked(*x, cu_seqlens, chunk_size=2, output_final_state=True), inputs
@@ -171,7 +176,8 @@ def test_chunked_gradients_match_finite_differences():
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_low_precision_inputs(dtype):
-    inputs = random_inputs(20, 2, 4, 3, 17, seed=13, fill=0.0)
+    *inputs, _ = kda_inputs(20, 2, 4, 3, dtype=F64, device="cpu", seed=13, active_tokens=17, fill=0.0,
+                            min_log_decay=DECAY).values()
     o64, s64 = kda_recurrent(*inputs, cu(0, 9, 17), output_final_state=True)
     low = [x.detach().to(dtype) for x in inputs]
     tolerance = 1e-5 if dtype == torch.float32 else 5e-2
@@ -183,7 +189,7 @@ def test_low_precision_inputs(dtype):
 
 
 def good_arguments():
-    q, k, v, g, beta = (x.detach() for x in random_inputs(5, 2, 3, 4, 5, seed=0))
+    q, k, v, g, beta, _ = kda_inputs(5, 2, 3, 4, dtype=F64, device="cpu", seed=0, min_log_decay=DECAY).values()
     return {"q": q, "k": k, "v": v, "g": g, "beta": beta, "cu_seqlens": cu(0, 2, 5)}
 
 
@@ -228,7 +234,8 @@ def test_a_chunk_size_beyond_the_longest_sequence_costs_one_chunk_per_sequence()
     """Before: chunk_size=10**5 at T = 20 tried to allocate the [G, H, C, C, K] decays at C = 10**5
     (hundreds of GB) and died in the allocator; no chunk is longer than its sequence, so the
     result is the recurrence's whatever C."""
-    inputs = random_inputs(20, 2, 3, 2, 17, seed=4)
+    *inputs, _ = kda_inputs(20, 2, 3, 2, dtype=F64, device="cpu", seed=4, active_tokens=17,
+                            min_log_decay=DECAY).values()
     cu_seqlens = cu(0, 5, 5, 17)
     expected, state = kda_recurrent(*inputs, cu_seqlens, output_final_state=True)
     o, s = kda_chunked(*inputs, cu_seqlens, chunk_size=10**5, output_final_state=True)

@@ -18,23 +18,21 @@ from __future__ import annotations
 
 import pytest
 import torch
-from helpers import kda_bounds, kda_inputs
+from helpers import kda_bounds
 
+from attn_gym_lite.bench.linear_attention import kda_inputs
 from attn_gym_lite.ops.kda import chunked_triton, kda_chunked, kda_recurrent, kda_triton
 
 F64 = torch.float64
 TOLERANCE = 2e-4
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+# Inputs come from the suite's kda_inputs (its last entry, grad_o, unused here), NaN in rows
+# L .. T - 1, with g uniform in [DECAY, 0]: milder than the references' tests, as the kernel runs
+# in float32.
+DECAY = -1.0
 
 
 cu = kda_bounds
-
-
-def random_inputs(T: int, H: int, K: int, V: int, L: int, seed: int, *, min_log_decay: float = -1.0,
-                  fill: float = float("nan"), device: str = "cpu"):
-    """:func:`kda_inputs` with this file's default decay (milder than the references' tests: the
-    kernel runs in float32)."""
-    return kda_inputs(T, H, K, V, L, seed, min_log_decay=min_log_decay, fill=fill, device=device)
 
 
 def gradients(fn, inputs, cu_seqlens, weights, **kwargs):
@@ -65,7 +63,8 @@ def test_matches_recurrence_forward_and_gradients(bounds, T, C, K, V):
     cu_seqlens = cu(*bounds)
     L, N = bounds[-1], len(bounds) - 1
     seed = sum(bounds) + T
-    inputs = random_inputs(T, H, K, V, L, seed=seed)
+    *inputs, _ = kda_inputs(T, H, K, V, dtype=F64, device="cpu", seed=seed, active_tokens=L,
+                            min_log_decay=DECAY).values()
     gen = torch.Generator().manual_seed(seed + 1)
     weights = (torch.randn(T, H, V, generator=gen, dtype=F64), torch.randn(N, H, K, V, generator=gen, dtype=F64))
     o_ref, s_ref, d_ref = gradients(kda_recurrent, inputs, cu_seqlens, weights)
@@ -85,7 +84,9 @@ def test_matches_recurrence_forward_and_gradients(bounds, T, C, K, V):
 def test_gradient_of_the_output_alone():
     """No final state requested: the backward gets no state gradient (None) and must treat it as 0."""
     cu_seqlens = cu(0, 20, 37)
-    inputs = [x.requires_grad_() for x in random_inputs(40, 2, 16, 16, 37, seed=9)]
+    *inputs, _ = kda_inputs(40, 2, 16, 16, dtype=F64, device="cpu", seed=9, active_tokens=37,
+                            min_log_decay=DECAY).values()
+    inputs = [x.requires_grad_() for x in inputs]
     weight = torch.randn(40, 2, 16, generator=torch.Generator().manual_seed(10), dtype=F64)
     expected = torch.autograd.grad((kda_recurrent(*inputs, cu_seqlens)[0] * weight).sum(), inputs)
     leaves = [x.detach().float().requires_grad_() for x in inputs]
@@ -102,7 +103,7 @@ def test_strong_decay_stays_finite():
     exp(-1280), far below float32's range; every exponent the kernels form (forward and backward)
     is <= 0, so nothing overflows and the result still matches the recurrence."""
     cu_seqlens = cu(0, 45)
-    inputs = random_inputs(45, 2, 16, 16, 45, seed=3, min_log_decay=-40.0)
+    *inputs, _ = kda_inputs(45, 2, 16, 16, dtype=F64, device="cpu", seed=3, min_log_decay=-40.0).values()
     weights = (torch.ones(45, 2, 16, dtype=F64), torch.ones(1, 2, 16, 16, dtype=F64))
     o_ref, s_ref, d_ref = gradients(kda_recurrent, inputs, cu_seqlens, weights)
     o, s, d = gradients(kda_triton, [x.float() for x in inputs], cu_seqlens, weights, chunk_size=32)
@@ -116,7 +117,7 @@ def test_strong_decay_stays_finite():
 
 
 def test_final_state_optional_and_default_scale():
-    inputs = [x.float() for x in random_inputs(20, 2, 16, 16, 20, seed=5)]
+    *inputs, _ = kda_inputs(20, 2, 16, 16, dtype=torch.float32, device="cpu", seed=5, min_log_decay=DECAY).values()
     o, s = kda_triton(*inputs, cu(0, 20), chunk_size=16)
     assert s is None
     o_one, _ = kda_triton(*inputs, cu(0, 20), chunk_size=16, scale=1.0)
@@ -128,7 +129,8 @@ def test_final_state_optional_and_default_scale():
 
 
 def good_arguments():
-    q, k, v, g, beta = (x.float() for x in random_inputs(5, 2, 16, 16, 5, seed=0))
+    q, k, v, g, beta, _ = kda_inputs(5, 2, 16, 16, dtype=torch.float32, device="cpu", seed=0,
+                                     min_log_decay=DECAY).values()
     return {"q": q, "k": k, "v": v, "g": g, "beta": beta, "cu_seqlens": cu(0, 2, 5)}
 
 
@@ -215,7 +217,7 @@ def test_meta_tensors_are_refused_before_any_kernel():
 def test_g_and_beta_outside_their_ranges_are_computed_as_the_recurrence_says():
     """The values of g and beta are documented as unchecked: mild g > 0 and beta up to 1.5 are
     still the same function as the float64 recurrence."""
-    q, k, v, g, beta = random_inputs(20, 1, 16, 16, 20, seed=11)
+    q, k, v, g, beta, _ = kda_inputs(20, 1, 16, 16, dtype=F64, device="cpu", seed=11, min_log_decay=DECAY).values()
     gen = torch.Generator().manual_seed(12)
     g = g + 0.05 * torch.rand(g.shape, generator=gen, dtype=F64)  # some entries > 0
     beta = 1.5 * torch.rand(beta.shape, generator=gen, dtype=F64)
@@ -254,7 +256,9 @@ def test_gpu_bfloat16_matches_chunked_reference():
     bounds, T, H, K, V = (0, 300, 300, 301, 1000, 1129), 1200, 4, 128, 128
     N, L = len(bounds) - 1, bounds[-1]
     cu_seqlens = cu(*bounds, device="cuda")
-    inputs = [x.to(torch.bfloat16) for x in random_inputs(T, H, K, V, L, seed=17, device="cuda")]
+    *inputs, _ = kda_inputs(T, H, K, V, dtype=F64, device="cuda", seed=17, active_tokens=L,
+                            min_log_decay=DECAY).values()
+    inputs = [x.to(torch.bfloat16) for x in inputs]  # g too, as before
     _, weights = leaves_and_weights(inputs, N, seed=18)
     o_ref, s_ref, d_ref = gradients(kda_chunked, [x.to(F64) for x in inputs], cu_seqlens, weights, chunk_size=64)
     o, s, d = gradients(kda_triton, inputs, cu_seqlens, weights, chunk_size=64)
@@ -272,7 +276,8 @@ def test_gpu_graph_replays_two_layouts():
     atomics), and the float64 reference up to bfloat16 rounding."""
     T, N, H, K, V = 512, 4, 2, 128, 128
     layouts = [(0, 100, 100, 101, 400), (0, 0, 250, 330, 331)]
-    inputs = [x.to(torch.bfloat16) for x in random_inputs(T, H, K, V, T, seed=23, fill=0.0, device="cuda")]
+    *inputs, _ = kda_inputs(T, H, K, V, dtype=F64, device="cuda", seed=23, min_log_decay=DECAY).values()
+    inputs = [x.to(torch.bfloat16) for x in inputs]
     leaves, weights = leaves_and_weights(inputs, N, seed=24)
     static_cu = cu(*layouts[0], device="cuda")
 

@@ -57,6 +57,20 @@ def test_kda_inputs_are_reproducible_and_nan_past_L():
     assert a["g"].dtype == torch.float32
 
 
+def test_kda_inputs_with_a_chosen_decay_and_fill():
+    """The options the kernel tests use: g uniform in [min_log_decay, 0] (q, k, v are drawn before
+    it, so the same seed gives the same ones) and rows past L holding ``fill``."""
+    plain = la.kda_inputs(64, 2, 8, 4, dtype=torch.float64, device="cpu", seed=2)
+    mild = la.kda_inputs(64, 2, 8, 4, dtype=torch.float64, device="cpu", seed=2, active_tokens=50, fill=0.0,
+                         min_log_decay=-3.0)
+    g = mild["g"][:50]
+    assert (g <= 0).all() and (g >= -3.0).all() and g.min() < -2.0 and g.max() > -1.0
+    for name in ("q", "k", "v"):
+        assert torch.equal(mild[name][:50], plain[name][:50]), name
+    assert all(torch.equal(x[50:], torch.zeros_like(x[50:])) for x in mild.values())
+    assert list(mild) == ["q", "k", "v", "g", "beta", "grad_o"]  # the order callers unpack
+
+
 def test_exactness_harness_passes_a_correct_implementation_on_cpu():
     result = la.exactness(64, 6, 2, 16, 8, dtypes=("float32",), layouts=3, modes=("eager",), device="cpu",
                           implementation="recurrent")

@@ -136,14 +136,19 @@ def exactness_layouts(token_capacity: int, sequence_capacity: int, count: int = 
 
 
 def kda_inputs(token_capacity: int, heads: int, key_dim: int, value_dim: int, *, dtype: torch.dtype,
-               device: torch.device | str, seed: int, active_tokens: int | None = None) -> dict[str, Tensor]:
+               device: torch.device | str, seed: int, active_tokens: int | None = None,
+               fill: float = float("nan"), min_log_decay: float | None = None) -> dict[str, Tensor]:
     """Random KDA inputs ``q, k, g`` ``[T, H, K]``, ``v`` ``[T, H, V]``, ``beta`` ``[T, H]`` and an
-    output gradient ``grad_o`` ``[T, H, V]``, drawn on the CPU (the same seed gives the same values on
-    any device).
+    output gradient ``grad_o`` ``[T, H, V]``, drawn on the CPU in float64 (the same seed gives the
+    same values on any device, rounded to ``dtype``), in that order:
+    ``q, k, v, g, beta, grad_o = kda_inputs(...).values()``.
 
-    ``q, k`` are L2-normalised per head, ``g = logsigmoid(N(0, 1))`` (float32, or float64 when
-    ``dtype`` is), ``beta = sigmoid(N(0, 1))``, ``v`` and ``grad_o`` standard normal; all but ``g``
-    in ``dtype``. With ``active_tokens = L``, rows ``L .. T - 1`` of every tensor are NaN.
+    ``q, k`` are L2-normalised per head (as Kimi Linear feeds the core), ``beta = sigmoid(N(0,
+    1))``, ``v`` and ``grad_o`` standard normal; ``g = logsigmoid(N(0, 1))`` (fla's test inputs), or
+    uniform in ``[min_log_decay, 0]`` when ``min_log_decay`` is given (a chosen decay strength:
+    mild for float32 kernels, extreme to test that nothing overflows). All but ``g`` in ``dtype``;
+    ``g`` in float32, or float64 when ``dtype`` is. With ``active_tokens = L``, rows ``L .. T - 1``
+    of every tensor hold ``fill`` (NaN by default: no implementation may read them).
     """
     generator = torch.Generator().manual_seed(seed)
     gate_dtype = torch.promote_types(dtype, torch.float32)
@@ -151,17 +156,22 @@ def kda_inputs(token_capacity: int, heads: int, key_dim: int, value_dim: int, *,
     def normal(*shape: int) -> Tensor:
         return torch.randn(*shape, generator=generator, dtype=torch.float64)
 
+    def log_decay(*shape: int) -> Tensor:
+        if min_log_decay is None:
+            return F.logsigmoid(normal(*shape))
+        return min_log_decay * torch.rand(*shape, generator=generator, dtype=torch.float64)
+
     values = {
         "q": F.normalize(normal(token_capacity, heads, key_dim), dim=-1).to(dtype),
         "k": F.normalize(normal(token_capacity, heads, key_dim), dim=-1).to(dtype),
         "v": normal(token_capacity, heads, value_dim).to(dtype),
-        "g": F.logsigmoid(normal(token_capacity, heads, key_dim)).to(gate_dtype),
+        "g": log_decay(token_capacity, heads, key_dim).to(gate_dtype),
         "beta": torch.sigmoid(normal(token_capacity, heads)).to(dtype),
         "grad_o": normal(token_capacity, heads, value_dim).to(dtype),
     }
     if active_tokens is not None:
         for x in values.values():
-            x[active_tokens:] = float("nan")
+            x[active_tokens:] = fill
     return {name: x.to(device) for name, x in values.items()}
 
 
