@@ -10,6 +10,7 @@ import torch
 
 from attn_gym_lite.bench import linear_attention as la
 from attn_gym_lite.ops.kda import kda_chunked
+from attn_gym_lite.testing.exactness import error_stats
 
 
 @pytest.mark.parametrize(("T", "N", "C"), [(64, 6, 16), (1024, 16, 64), (200, 5, 64)])
@@ -36,14 +37,29 @@ def test_exactness_layouts_refuse_tiny_capacities():
 def test_error_stats_against_direct_computation():
     reference = torch.tensor([[1.0, -4.0], [0.5, 2.0]], dtype=torch.float64)
     ours = reference + torch.tensor([[0.0, 0.25], [-0.5, 0.0]], dtype=torch.float64)
-    stats = la.error_stats(ours.float(), reference)
+    stats = error_stats(ours.float(), reference)
     assert stats["nonfinite"] == 0
     assert stats["max_abs_diff"] == pytest.approx(float((ours - reference).abs().max()))
     assert stats["max_abs_ref"] == float(reference.abs().max())
     assert stats["rel_err"] == pytest.approx(stats["max_abs_diff"] / stats["max_abs_ref"])
     ours[0, 0] = float("nan")
-    broken = la.error_stats(ours, reference)
+    broken = error_stats(ours, reference)
     assert broken["nonfinite"] == 1 and broken["max_abs_diff"] is None and broken["rel_err"] is None
+    assert broken["max_abs_ref"] == float(reference.abs().max())
+
+
+def test_error_stats_edge_cases():
+    """A non-finite reference gives None, not NaN (JSON has none); empty tensors give zeros; a
+    shape mismatch is refused rather than broadcast."""
+    reference = torch.tensor([1.0, float("inf")], dtype=torch.float64)
+    stats = error_stats(torch.tensor([1.0, 2.0]), reference)
+    assert stats == {"nonfinite": 0, "max_abs_diff": None, "max_abs_ref": None, "rel_err": None}
+    empty = torch.zeros(0, 3)
+    assert error_stats(empty, empty) == {"nonfinite": 0, "max_abs_diff": 0.0, "max_abs_ref": 0.0, "rel_err": 0.0}
+    with pytest.raises(ValueError, match="one shape"):
+        error_stats(torch.zeros(2, 1), torch.zeros(2))
+    with pytest.raises(TypeError, match="reference must be a torch.Tensor"):
+        error_stats(torch.zeros(2), [0.0, 0.0])
 
 
 def test_kda_inputs_are_reproducible_and_nan_past_L():

@@ -38,7 +38,6 @@ report (arXiv:2510.26692); flash-linear-attention (fla-org/flash-linear-attentio
 
 from __future__ import annotations
 
-import math
 import time
 from collections.abc import Callable, Sequence
 
@@ -49,6 +48,7 @@ from .. import checks
 from ..isolation import run_isolated
 from ..ops.kda import kda_chunked, kda_recurrent
 from ..ragged import cu_seqlens_from_lengths, pad_cu_seqlens, zipf_lengths
+from ..testing.exactness import error_stats
 from .timing import cuda_event_us, median
 
 Tensor = torch.Tensor
@@ -214,20 +214,6 @@ def kda_function(implementation: str, num_sequences: int | None = None) -> Calla
     raise ValueError(f"implementation must be one of {('chunked', 'recurrent', *IMPLEMENTATIONS)}, got {implementation!r}")
 
 
-def error_stats(ours: Tensor, reference: Tensor) -> dict:
-    """``{"nonfinite", "max_abs_diff", "max_abs_ref", "rel_err"}`` of ``ours`` against ``reference``
-    (same shape; compared in float64). ``max_abs_diff`` and ``rel_err`` are ``None`` when ``ours``
-    has a non-finite entry (JSON has no NaN); ``rel_err`` is the difference over the reference's
-    largest magnitude (floored at 1e-12)."""
-    ours, reference = ours.double(), reference.double()
-    nonfinite = int((~torch.isfinite(ours)).sum())
-    max_ref = float(reference.abs().max()) if reference.numel() else 0.0
-    if nonfinite:
-        return {"nonfinite": nonfinite, "max_abs_diff": None, "max_abs_ref": max_ref, "rel_err": None}
-    diff = float((ours - reference).abs().max()) if ours.numel() else 0.0
-    return {"nonfinite": 0, "max_abs_diff": diff, "max_abs_ref": max_ref, "rel_err": diff / max(max_ref, 1e-12)}
-
-
 def reference_outputs(inputs: dict[str, Tensor], cu_seqlens: Tensor) -> dict[str, Tensor]:
     """The float64 ground truth: :func:`kda_chunked` on ``inputs`` upcast (the rounded values ours
     sees, so only the computation is compared), ``o`` and the gradients of ``q, k, v, g, beta``
@@ -242,18 +228,14 @@ def reference_outputs(inputs: dict[str, Tensor], cu_seqlens: Tensor) -> dict[str
 
 
 def compare_outputs(ours: dict[str, Tensor], reference: dict[str, Tensor], active_tokens: int, dtype: str) -> dict:
-    """One exactness entry: :func:`error_stats` of ``o`` and every gradient on rows ``0 .. L-1``,
-    the largest |value| of ``o`` in rows ``L..T-1`` (``None`` if not finite; should be 0), and ``ok``:
-    every entry finite and within :data:`TOLERANCE` for ``dtype``."""
+    """One exactness entry: :func:`~attn_gym_lite.testing.exactness.error_stats` of ``o`` and every
+    gradient on rows ``0 .. L-1``, the largest |value| of ``o`` in rows ``L..T-1`` (``None`` if not
+    finite; should be 0), and ``ok``: every entry finite and within :data:`TOLERANCE` for
+    ``dtype``."""
     L = active_tokens
     stats = {name: error_stats(ours[name][:L], reference[name][:L]) for name in ("o", *GRADIENTS)}
-    tail = ours["o"][L:].double()
-    if not tail.numel():
-        inactive = 0.0
-    elif bool(torch.isfinite(tail).all()):
-        inactive = float(tail.abs().max())
-    else:
-        inactive = None
+    tail = ours["o"][L:]
+    inactive = error_stats(tail, torch.zeros_like(tail))["max_abs_diff"]  # the largest |value|, None if not finite
     bound = TOLERANCE[dtype]
     ok = inactive == 0.0 and all(s["rel_err"] is not None and s["rel_err"] <= bound for s in stats.values())
     return {"errors": stats, "inactive_output_max_abs": inactive, "ok": ok}
@@ -489,11 +471,9 @@ def overcapture(token_capacity: int = SHAPE["T"], sequence_capacity: int = SHAPE
                 exact.capture()
                 exact_us = exact.time_us(iters)
                 at_exact = exact.run()
-                diff = {name: float((at_capacity[name].double() - at_exact[name].double()).abs().max())
-                        for name in at_capacity}
+                diff = {name: error_stats(at_capacity[name], at_exact[name])["max_abs_diff"] for name in at_capacity}
                 del exact
-                rows.append(overcapture_point(L, M, captured_us, exact_us,
-                                              {k: (v if math.isfinite(v) else None) for k, v in diff.items()}))
+                rows.append(overcapture_point(L, M, captured_us, exact_us, diff))
             series[implementation] = rows
             del captured
         except Exception as exc:

@@ -35,7 +35,7 @@ from ..ragged import validate_cu_seqlens
 
 Tensor = torch.Tensor
 
-__all__ = ["capacity_loss", "compare_gradients", "exact_gradients", "gradients_at_capacity"]
+__all__ = ["capacity_loss", "compare_gradients", "error_stats", "exact_gradients", "gradients_at_capacity"]
 
 
 def capacity_loss(y: Tensor, target: Tensor, active: Tensor) -> Tensor:
@@ -150,8 +150,43 @@ def exact_gradients(
     return loss, {"input": zeros[0], **grads}
 
 
-def _max_abs(t: Tensor) -> float:
-    return float(t.abs().max()) if t.numel() else 0.0
+def error_stats(ours: Tensor, reference: Tensor) -> dict:
+    """How far ``ours`` is from ``reference``, as JSON-ready numbers (JSON has no NaN).
+
+    Args:
+        ours, reference: tensors of one shape on one device, any dtypes; compared in float64 on
+            that device (only the four numbers are read back).
+
+    Returns:
+        ``{"nonfinite": int, "max_abs_diff": float | None, "max_abs_ref": float | None,
+        "rel_err": float | None}``: the count of non-finite entries of ``ours``; the largest
+        ``|ours - reference|``, ``None`` when it is not a number (a non-finite entry on either
+        side); the largest ``|reference|``, ``None`` if not finite; ``max_abs_diff`` over
+        ``max(max_abs_ref, 1e-12)``, ``None`` when either is. Empty tensors give 0 and 0.0s.
+
+    Raises:
+        TypeError: an argument is not a tensor.
+        ValueError: the shapes differ (broadcasting would compare other entries).
+
+    Eager only (reads values on the host).
+    """
+    for name, x in (("ours", ours), ("reference", reference)):
+        if not isinstance(x, Tensor):
+            raise TypeError(f"error_stats: {name} must be a torch.Tensor, got {type(x).__name__}")
+    if ours.shape != reference.shape:
+        raise ValueError(f"error_stats: ours and reference must have one shape, got {tuple(ours.shape)} and "
+                         f"{tuple(reference.shape)}")
+    ours, reference = ours.detach().double(), reference.detach().double()
+
+    def largest(t: Tensor) -> float | None:
+        value = float(t.abs().max()) if t.numel() else 0.0
+        return value if math.isfinite(value) else None
+
+    nonfinite = int((~torch.isfinite(ours)).sum())
+    diff = largest(ours - reference)  # max propagates NaN: any non-finite entry gives None
+    max_ref = largest(reference)
+    rel_err = None if diff is None or max_ref is None else diff / max(max_ref, 1e-12)
+    return {"nonfinite": nonfinite, "max_abs_diff": diff, "max_abs_ref": max_ref, "rel_err": rel_err}
 
 
 def compare_gradients(
@@ -165,9 +200,10 @@ def compare_gradients(
 
     Returns:
         JSON-ready ``{"loss_at_capacity": float, "loss_exact": float, "gradients": {name:
-        {"nonfinite": int, "max_abs_diff": float | None, "max_abs_exact": float}}}``.
-        ``max_abs_diff`` is ``None`` when the gradient at capacity has non-finite entries (the
-        difference is then not a number); differences are computed in float64, on the CPU.
+        {"nonfinite": int, "max_abs_diff": float | None, "max_abs_exact": float | None}}}``:
+        :func:`error_stats` of each gradient at capacity against the exact one, on the CPU
+        (``max_abs_exact`` is its ``max_abs_ref``). ``max_abs_diff`` is ``None`` when the gradient
+        at capacity has non-finite entries (the difference is then not a number).
 
     Raises:
         ValueError: the two results do not name the same gradients with the same shapes.
@@ -184,13 +220,9 @@ def compare_gradients(
         )
     report = {}
     for name, grad in grads.items():
-        grad, reference = grad.detach().double().cpu(), exact_grads[name].detach().double().cpu()
-        nonfinite = int((~grad.isfinite()).sum())
-        report[name] = {
-            "nonfinite": nonfinite,
-            "max_abs_diff": None if nonfinite else _max_abs(grad - reference),
-            "max_abs_exact": _max_abs(reference),
-        }
+        stats = error_stats(grad.cpu(), exact_grads[name].cpu())
+        report[name] = {key: stats[key] for key in ("nonfinite", "max_abs_diff")}
+        report[name]["max_abs_exact"] = stats["max_abs_ref"]
     loss_value = float(loss.detach())
     return {
         "loss_at_capacity": loss_value if math.isfinite(loss_value) else None,
