@@ -155,7 +155,7 @@ def test_packed_batch_properties_and_frozen():
         (
             {"cu_seqlens": torch.zeros(4, dtype=torch.int64)},
             TypeError,
-            r"cu_seqlens must be a 1-D torch.int32",
+            r"PackedBatch.cu_seqlens must have dtype torch.int32 .*got torch.int64",
         ),
         (
             {"labels": torch.zeros(3, dtype=torch.int64)},
@@ -165,7 +165,7 @@ def test_packed_batch_properties_and_frozen():
         (
             {"cu_seqlens": torch.zeros(1, dtype=torch.int32)},
             ValueError,
-            r"N \+ 1 >= 2 entries, got 1",
+            r"PackedBatch.cu_seqlens must have at least 2 entries .*got shape \(1,\)",
         ),
         ({"active_tokens": 5}, ValueError, r"active_tokens must be an int in \[0, 4\], got 5"),
         ({"active_sequences": 4}, ValueError, r"active_sequences must be an int in \[0, 3\], got 4"),

@@ -80,17 +80,17 @@ def test_documents_never_see_the_previous_document():
 def test_bad_arguments_are_named():
     x, w = torch.zeros(4, 3), torch.zeros(3, 4)
     cu = torch.tensor([0, 4], dtype=torch.int32)
-    with pytest.raises(TypeError, match="cu_seqlens must have dtype torch.int32, got torch.int64"):
+    with pytest.raises(TypeError, match=r"cu_seqlens must have dtype torch.int32 .*got torch.int64"):
         short_conv(x, w, cu.long())
     with pytest.raises(ValueError, match=r"weight must have shape \[D, W\] = \[3, W >= 1\], got \(4, 4\)"):
         short_conv(x, torch.zeros(4, 4), cu)
-    with pytest.raises(TypeError, match="weight must have x's dtype torch.float32, got torch.float64"):
+    with pytest.raises(TypeError, match="weight must have dtype float32, got torch.float64"):
         short_conv(x, w.double(), cu)
-    with pytest.raises(ValueError, match=r"x must have shape \[T, D\], got \(4,\)"):
+    with pytest.raises(ValueError, match=r"x must have shape \[T, D\], got shape \(4,\)"):
         short_conv(torch.zeros(4), w, cu)
-    with pytest.raises(TypeError, match="x must have a floating dtype, got torch.int64"):
+    with pytest.raises(TypeError, match="x must have dtype float16, bfloat16, float32, float64, got torch.int64"):
         short_conv(torch.zeros(4, 3, dtype=torch.int64), w, cu)
-    with pytest.raises(ValueError, match="cu_seqlens must be on x's device cpu, got meta"):
+    with pytest.raises(ValueError, match="cu_seqlens must be on device cpu, got meta"):
         short_conv(x, w, cu.to("meta"))
     with pytest.raises(ValueError, match="kernel_size must be an int >= 1, got 0"):
         ShortConv(3, 0)

@@ -16,7 +16,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from ..checks import check_capacities, check_int
+from ..checks import check_capacities, check_cu_seqlens, check_int
 from ..ragged import cu_seqlens_from_lengths, packed_to_padded, pad_cu_seqlens
 
 __all__ = ["PackedBatch", "batch_from_pieces"]
@@ -45,7 +45,9 @@ class PackedBatch:
 
     Raises:
         TypeError: a field has the wrong type or dtype.
-        ValueError: a field has the wrong shape or an out-of-range size.
+        ValueError: a field has the wrong shape or an out-of-range size; ``cu_seqlens`` not
+            contiguous or not on ``input_ids``' device (the layout rules of
+            :func:`attn_gym_lite.checks.check_cu_seqlens`).
 
     Source: seed article, "A More Realistic Training Loop" (``PackedBatch``).
     """
@@ -65,8 +67,10 @@ class PackedBatch:
             "input_ids": torch.int64,
             "labels": torch.int64,
             "loss_mask": torch.bool,
-            "cu_seqlens": torch.int32,
         }
+        # cu_seqlens by the layout rules every consumer shares, on input_ids' device.
+        device = self.input_ids.device if isinstance(self.input_ids, Tensor) else None
+        check_cu_seqlens(self.cu_seqlens, device=device, argument="PackedBatch.cu_seqlens")
         for name, dtype in expected.items():
             tensor = getattr(self, name)
             if not isinstance(tensor, Tensor):
@@ -83,11 +87,6 @@ class PackedBatch:
                     f"PackedBatch.{name} must have T={token_capacity} rows like input_ids, "
                     f"got {getattr(self, name).shape[0]}"
                 )
-        if self.cu_seqlens.shape[0] < 2:
-            raise ValueError(
-                "PackedBatch.cu_seqlens must have N + 1 >= 2 entries, "
-                f"got {self.cu_seqlens.shape[0]}"
-            )
         check_int(
             "PackedBatch.active_tokens", self.active_tokens, minimum=0, maximum=token_capacity
         )

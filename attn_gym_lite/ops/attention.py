@@ -214,11 +214,19 @@ def varlen_attention_reference(
 
     Same contract as :func:`varlen_attention` (softmax scale ``1/sqrt(D)``), any dtype and device,
     differentiable. Inactive rows ``L..T-1`` of the output are zero and receive zero gradient. It
-    reads ``cu_seqlens`` on the host, so it cannot run inside a CUDA graph capture. It trusts its
-    arguments: :func:`varlen_attention` with ``impl="reference"`` checks them first.
+    reads ``cu_seqlens`` on the host, so it cannot run inside a CUDA graph capture.
+
+    Raises:
+        TypeError / ValueError: ``q, k, v`` not ``[T, H, D]`` tensors of one floating dtype and
+            device (:func:`attn_gym_lite.checks.check_qkv`); ``cu_seqlens`` breaking the layout
+            or value rules (:func:`attn_gym_lite.checks.check_cu_seqlens_values`, with ``T``).
+        RuntimeError: called while a CUDA stream is capturing.
 
     Source: the FlashAttention varlen convention (``cu_seqlens`` prefix sums).
     """
+    checks.check_qkv(q, k, v, _DTYPES)
+    checks.check_cu_seqlens(cu_seqlens, device=q.device)
+    checks.check_cu_seqlens_values(cu_seqlens, token_capacity=q.shape[0])
     bounds = cu_seqlens.tolist()
     out = torch.zeros_like(q)
     for start, end in zip(bounds[:-1], bounds[1:]):

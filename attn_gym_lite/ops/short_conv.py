@@ -37,7 +37,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .. import checks
 from ..ragged import positions_in_sequence
+
+_FLOATING = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
 Tensor = torch.Tensor
 
@@ -45,34 +48,14 @@ __all__ = ["ShortConv", "short_conv", "short_conv_reference"]
 
 
 def _check_short_conv_arguments(x: object, weight: object, cu_seqlens: object) -> None:
-    """Metadata checks only (types, dtypes, shapes, devices), so they are safe inside capture."""
-    if not isinstance(x, Tensor):
-        raise TypeError(f"short_conv: x must be a torch.Tensor of shape [T, D], got {type(x).__name__}")
-    if not isinstance(weight, Tensor):
-        raise TypeError(f"short_conv: weight must be a torch.Tensor of shape [D, W], got {type(weight).__name__}")
-    if not isinstance(cu_seqlens, Tensor):
-        raise TypeError(
-            f"short_conv: cu_seqlens must be an int32 torch.Tensor of shape [N + 1], got {type(cu_seqlens).__name__}"
-        )
-    if not x.dtype.is_floating_point:
-        raise TypeError(f"short_conv: x must have a floating dtype, got {x.dtype}")
-    if weight.dtype != x.dtype:
-        raise TypeError(f"short_conv: weight must have x's dtype {x.dtype}, got {weight.dtype}")
-    if cu_seqlens.dtype != torch.int32:
-        raise TypeError(f"short_conv: cu_seqlens must have dtype torch.int32, got {cu_seqlens.dtype}")
-    if x.ndim != 2:
-        raise ValueError(f"short_conv: x must have shape [T, D], got {tuple(x.shape)}")
-    if weight.ndim != 2 or weight.shape[0] != x.shape[1] or weight.shape[1] < 1:
-        raise ValueError(
-            f"short_conv: weight must have shape [D, W] = [{x.shape[1]}, W >= 1], got {tuple(weight.shape)}"
-        )
-    if cu_seqlens.ndim != 1 or cu_seqlens.numel() < 2:
-        raise ValueError(
-            f"short_conv: cu_seqlens must be 1-D with shape [N + 1], N >= 1, got {tuple(cu_seqlens.shape)}"
-        )
-    for name, tensor in (("weight", weight), ("cu_seqlens", cu_seqlens)):
-        if tensor.device != x.device:
-            raise ValueError(f"short_conv: {name} must be on x's device {x.device}, got {tensor.device}")
+    """Metadata checks only (types, dtypes, shapes, devices), so they are safe inside capture;
+    ``cu_seqlens`` by the layout rules every consumer shares (:func:`attn_gym_lite.checks.check_cu_seqlens`)."""
+    x = checks.check_tensor("x", x, ndim=2, shape="[T, D]", dtypes=_FLOATING)
+    checks.check_tensor("weight", weight, ndim=2, shape=f"[D, W] = [{x.shape[1]}, W >= 1]", dtypes=(x.dtype,),
+                        device=x.device)
+    if weight.shape[0] != x.shape[1] or weight.shape[1] < 1:
+        raise ValueError(f"weight must have shape [D, W] = [{x.shape[1]}, W >= 1], got {tuple(weight.shape)}")
+    checks.check_cu_seqlens(cu_seqlens, device=x.device)
 
 
 def _shift_down(x: Tensor, rows: int) -> Tensor:
@@ -169,11 +152,14 @@ def short_conv_reference(x: Tensor, weight: Tensor, cu_seqlens: Tensor) -> Tenso
     ``cu_seqlens`` on the host. Differentiable in ``x`` and ``weight``.
 
     Raises:
-        The errors of :func:`short_conv`.
+        The errors of :func:`short_conv`, and a ValueError for ``cu_seqlens`` values that break
+        the layout (:func:`attn_gym_lite.checks.check_cu_seqlens_values`: first entry not 0, a
+        decrease, ``L > T``).
 
     Source: ``torch.nn.Conv1d`` with ``groups=D`` and ``padding=W-1``, truncated to the causal part.
     """
     _check_short_conv_arguments(x, weight, cu_seqlens)
+    checks.check_cu_seqlens_values(cu_seqlens, token_capacity=x.shape[0])
     channels, width = weight.shape
     out = torch.zeros_like(x)
     bounds = cu_seqlens.tolist()
