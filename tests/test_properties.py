@@ -21,9 +21,16 @@ from hypothesis import strategies as st
 
 from attn_gym_lite import ragged, schedule
 from attn_gym_lite.data import plan_buckets, select_bucket
-from attn_gym_lite.ops.attention import varlen_attention
+from attn_gym_lite.data.batch import PackedBatch
+from attn_gym_lite.models.attention import VarLenAttention
+from attn_gym_lite.models.block import ShortConvAttentionBlock
+from attn_gym_lite.models.kda import KDAAttention
+from attn_gym_lite.models.lm import PackedLM, PackedTransformer, TransformerBlock
+from attn_gym_lite.ops.attention import varlen_attention, varlen_attention_reference
+from attn_gym_lite.ops.kda import kda_chunked, kda_recurrent, kda_triton
+from attn_gym_lite.ops.kda.reference import check_kda_metadata
 from attn_gym_lite.ops.kernels import INTERPRETED, varlen_attention_triton
-from attn_gym_lite.ops.short_conv import short_conv
+from attn_gym_lite.ops.short_conv import ShortConv, short_conv, short_conv_reference
 from attn_gym_lite.ragged import cu_seqlens_from_lengths, pad_cu_seqlens
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -147,15 +154,118 @@ if KERNELS_RUN:
             return cu
         return torch.empty_strided(cu.shape, cu.stride(), dtype=cu.dtype, device=DEVICE).copy_(cu)
 
-    CONSUMERS["ops.kernels.varlen_attention_triton (rect)"] = (
+    CONSUMERS["ops.kernels.varlen.varlen_attention_triton (rect)"] = (
         lambda cu: varlen_attention_triton(*_qkv(), _on_device(cu), schedule="rect", max_seqlen=T), True)
-    CONSUMERS["ops.kernels.varlen_attention_triton (dynamic)"] = (
+    CONSUMERS["ops.kda.chunked_triton.kda_triton"] = (
+        lambda cu: kda_triton(*_kda_inputs(DEVICE, DTYPE, 16), _on_device(cu)), False)
+    CONSUMERS["ops.kernels.varlen.varlen_attention_triton (dynamic)"] = (
         lambda cu: varlen_attention_triton(*_qkv(), _on_device(cu), schedule="dynamic"), False)
+
+
+
+def _module_call(module, *inputs):
+    """``module(*inputs, cu)`` in float32 on the CPU (the reference attention: it reads values)."""
+    return lambda cu: module(*inputs, cu)
+
+
+_DIM, _HEADS = 8, 2
+
+
+def _kda_inputs(device="cpu", dtype=torch.float32, width=4):
+    """Valid KDA ``q, k, v, g, beta`` for ``T`` rows (the layout is what each rule breaks)."""
+    q, k, v, g = (torch.randn(T, _HEADS, width, device=device, dtype=dtype) for _ in range(4))
+    return q, k, v, -g.abs(), torch.rand(T, _HEADS, device=device, dtype=dtype)
+
+
+_VALID = torch.tensor([0, 3, 5], dtype=torch.int32)
+_BLOCK = TransformerBlock(_DIM, _HEADS, 16, impl="reference", schedule="auto")
+CONSUMERS.update({
+    "ops.attention.varlen_attention_reference": (
+        lambda cu: varlen_attention_reference(*[torch.randn(T, 2, 4) for _ in range(3)], cu), True),
+    "ops.short_conv.short_conv_reference": (lambda cu: short_conv_reference(_x(), torch.randn(4, 3), cu), True),
+    "ops.short_conv.ShortConv.forward": (_module_call(ShortConv(4, 3), torch.randn(T, 4)), False),
+    "models.attention.VarLenAttention.forward": (
+        _module_call(VarLenAttention(_DIM, _HEADS, causal=True, impl="reference"), torch.randn(T, _DIM)), True),
+    "models.attention.VarLenAttention.rotary_tables": (
+        lambda cu: VarLenAttention(_DIM, _HEADS, rotary=True, impl="reference").rotary_tables(cu, T, torch.float32),
+        False),
+    "models.block.ShortConvAttentionBlock.forward": (
+        _module_call(ShortConvAttentionBlock(_DIM, _HEADS, impl="reference"), torch.randn(T, _DIM)), True),
+    "models.lm.TransformerBlock.forward": (
+        lambda cu: _BLOCK(torch.randn(T, _DIM), cu, None, _BLOCK.attention.rotary_tables(_VALID, T, torch.float32)),
+        True),
+    "models.lm.PackedLM.forward": (
+        _module_call(PackedLM(11, _DIM, _HEADS, impl="reference"), torch.randint(0, 11, (T,))), True),
+    "models.lm.PackedTransformer.forward": (
+        _module_call(PackedTransformer(11, _DIM, _HEADS, 1, impl="reference"), torch.randint(0, 11, (T,))), True),
+    "ops.kda.reference.kda_recurrent": (lambda cu: kda_recurrent(*_kda_inputs(), cu), True),
+    "ops.kda.reference.kda_chunked": (lambda cu: kda_chunked(*_kda_inputs(), cu, chunk_size=2), True),
+    "ops.kda.reference.check_kda_metadata": (lambda cu: check_kda_metadata(*_kda_inputs(), cu), False),
+    "models.kda.KDAAttention.forward": (
+        _module_call(KDAAttention(_DIM, _HEADS, 4, impl="chunked", chunk_size=2), torch.randn(T, _DIM)), True),
+    "models.kda.KDAAttention.core_inputs": (
+        lambda cu: KDAAttention(_DIM, _HEADS, 4, impl="chunked").core_inputs(torch.randn(T, _DIM), cu), False),
+    "data.batch.PackedBatch": (
+        lambda cu: PackedBatch(torch.zeros(T, dtype=torch.int64), torch.zeros(T, dtype=torch.int64),
+                               torch.zeros(T, dtype=torch.bool), cu, 0, 0, 0), False),
+})
+
+#: Consumers tested only where the Triton kernels run (compiled on a GPU, or the interpreter).
+KERNEL_CONSUMERS = {"ops.kernels.varlen.varlen_attention_triton", "ops.kda.chunked_triton.kda_triton"}
+
+#: Public callables that take ``cu_seqlens`` but are no consumers to test, each with the reason.
+NOT_CONSUMERS = {
+    "checks.check_cu_seqlens": "the metadata check itself (every consumer above calls it)",
+    "checks.check_cu_seqlens_values": "the value check itself (every eager consumer above calls it)",
+    "schedule.decode_chunk": "a CPU oracle of one kernel index computation, for tests; takes lists",
+    "testing.exactness.gradients_at_capacity": "a test utility: hands cu_seqlens to the module under test",
+    "testing.exactness.exact_gradients": "a test utility: hands cu_seqlens to the module under test",
+}
+
+
+def _public_cu_seqlens_callables():
+    """Dotted names (under ``attn_gym_lite.``) of every public function, class and public method
+    (``forward`` included) of layers 0-6 that takes ``cu_seqlens``; a class counts by its
+    ``__init__``."""
+    import importlib
+    import inspect
+    import pkgutil
+
+    import attn_gym_lite
+
+    found = set()
+    for info in pkgutil.walk_packages(attn_gym_lite.__path__, "attn_gym_lite."):
+        if info.name.split(".")[1] in ("bench", "book", "results"):
+            continue
+        module = importlib.import_module(info.name)
+        for name, obj in vars(module).items():
+            if name.startswith("_") or getattr(obj, "__module__", None) != module.__name__:
+                continue
+            short = f"{module.__name__.removeprefix('attn_gym_lite.')}.{name}"
+            if inspect.isfunction(obj) and "cu_seqlens" in inspect.signature(obj).parameters:
+                found.add(short)
+            elif inspect.isclass(obj):
+                for method, function in vars(obj).items():
+                    private = method.startswith("_") and method != "__init__"
+                    if private or not inspect.isfunction(function):
+                        continue
+                    if "cu_seqlens" not in inspect.signature(function).parameters:
+                        continue
+                    found.add(short if method == "__init__" else f"{short}.{method}")
+    return found
+
+
+def test_every_public_cu_seqlens_callable_is_a_tested_consumer():
+    """New public API that takes cu_seqlens joins CONSUMERS (or NOT_CONSUMERS, with a reason)."""
+    tested = {name.split(" (")[0] for name in CONSUMERS} | set(NOT_CONSUMERS) | KERNEL_CONSUMERS
+    missing = _public_cu_seqlens_callables() - tested
+    assert not missing, f"public callables taking cu_seqlens with no malformed-layout test: {sorted(missing)}"
 
 
 #: Consumers that take cu_seqlens alone have no other tensor whose device it could contradict.
 ALONE = {"ragged.validate_cu_seqlens", "ragged.max_seqlen", "ragged.lengths_from_cu_seqlens", "ragged.pad_cu_seqlens",
-         "ragged.active_token_mask", "ragged.positions_in_sequence", "schedule.chunk_offsets"}
+         "ragged.active_token_mask", "ragged.positions_in_sequence", "schedule.chunk_offsets",
+         "models.attention.VarLenAttention.rotary_tables"}
 
 
 @pytest.mark.parametrize("rule", LAYOUT_RULES)
