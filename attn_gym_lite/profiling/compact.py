@@ -91,11 +91,8 @@ def compact_timeline(trace: Trace, *, max_depth: int = 2, max_events: int = 3000
         ``device_busy_us`` is the union of device events.
 
     Raises:
-        TypeError / ValueError: ``trace`` is not a trace dict: not a dict, ``traceEvents`` missing
-            or not a list, an event not a dict, or a slice it reads whose ``ts`` is not finite or
-            ``dur`` not ``>= 0`` (:func:`~attn_gym_lite.profiling.trace.check_slices`; the message
-            names the event, ``trace['traceEvents'][i]``). A slice without ``ts`` or ``dur`` is
-            skipped.
+        TypeError / ValueError: a malformed trace, by the rules of :func:`~attn_gym_lite.profiling.trace.check_trace` and
+            :func:`~attn_gym_lite.profiling.trace.check_slices` (the message names the event).
         ValueError: ``max_depth`` < 0, ``max_events`` < 1 or ``name_chars`` < 8; the trace has no
             host, runtime or device event.
     """
@@ -193,11 +190,8 @@ def host_phases(trace: Trace, phases: Sequence[str], *, top_frames: int = 12, fl
         ``stacks`` is False (and the frame lists empty) for a trace without Python frames.
 
     Raises:
-        TypeError / ValueError: ``trace`` is not a trace dict: not a dict, ``traceEvents`` missing
-            or not a list, an event not a dict, or a slice it reads whose ``ts`` is not finite or
-            ``dur`` not ``>= 0`` (:func:`~attn_gym_lite.profiling.trace.check_slices`; the message
-            names the event, ``trace['traceEvents'][i]``). A slice without ``ts`` or ``dur`` is
-            skipped.
+        TypeError / ValueError: a malformed trace, by the rules of :func:`~attn_gym_lite.profiling.trace.check_trace` and
+            :func:`~attn_gym_lite.profiling.trace.check_slices` (the message names the event).
         ValueError: ``phases`` is empty or not strings, or a phase has no range in the trace; a
             count or fraction out of range.
     """

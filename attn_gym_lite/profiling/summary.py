@@ -49,11 +49,8 @@ def trace_summary(trace: Trace, steps: int | None = None, min_gap_us: float = 0.
         ``args["region"]`` (unlabelled events under ``"(unlabelled)"``).
 
     Raises:
-        TypeError / ValueError: ``trace`` is not a trace dict: not a dict, ``traceEvents`` missing
-            or not a list, an event not a dict, or a slice it reads whose ``ts`` is not finite or
-            ``dur`` not ``>= 0`` (:func:`~attn_gym_lite.profiling.trace.check_slices`; the message
-            names the event, ``trace['traceEvents'][i]``). A slice without ``ts`` or ``dur`` is
-            skipped.
+        TypeError / ValueError: a malformed trace, by the rules of :func:`~attn_gym_lite.profiling.trace.check_trace` and
+            :func:`~attn_gym_lite.profiling.trace.check_slices` (the message names the event).
         ValueError: the trace has no device events, ``steps`` is not an int >= 1, or
             ``min_gap_us`` is negative.
     """
@@ -130,11 +127,8 @@ def replay_idle(trace: Trace) -> dict[str, Any]:
         is no boundary).
 
     Raises:
-        TypeError / ValueError: ``trace`` is not a trace dict: not a dict, ``traceEvents`` missing
-            or not a list, an event not a dict, or a slice it reads whose ``ts`` is not finite or
-            ``dur`` not ``>= 0`` (:func:`~attn_gym_lite.profiling.trace.check_slices`; the message
-            names the event, ``trace['traceEvents'][i]``). A slice without ``ts`` or ``dur`` is
-            skipped.
+        TypeError / ValueError: a malformed trace, by the rules of :func:`~attn_gym_lite.profiling.trace.check_trace` and
+            :func:`~attn_gym_lite.profiling.trace.check_slices` (the message names the event).
         ValueError: the trace has no ``cudaGraphLaunch`` with device events (an eager trace, or
             one recorded without a GPU).
 
