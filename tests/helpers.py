@@ -57,6 +57,14 @@ def fill_inactive(x, cu_seqlens, fill):
     return out
 
 
+def filled_input_and_target(tokens, cu_seqlens, fill, width_in, width_out, seed):
+    """Float64 ``x [T, width_in]`` and ``target [T, width_out]`` drawn after ``manual_seed(seed)``,
+    their rows ``L..T-1`` set by :func:`fill_inactive`."""
+    torch.manual_seed(seed)
+    x = fill_inactive(torch.randn(tokens, width_in, dtype=torch.float64), cu_seqlens, fill)
+    return x, fill_inactive(torch.randn(tokens, width_out, dtype=torch.float64), cu_seqlens, fill)
+
+
 def padded_and_exact(module, x, target, cu_seqlens, max_seqlen):
     """``compare_gradients`` of one step at capacity against the exact step on the L real rows."""
     return compare_gradients(

@@ -15,6 +15,7 @@ from helpers import (
     calling,
     contaminated,
     fill_inactive,
+    filled_input_and_target,
     naive_short_conv,
     padded_and_exact,
     ragged_layouts,
@@ -60,9 +61,7 @@ def test_block_computes_the_documented_composition_per_document():
 @given(layout=ragged_layouts(max_tokens=14), fill=st.sampled_from(FILLS))
 def test_padded_capacity_gives_the_exact_gradients(layout, fill):
     tokens, cu = layout
-    torch.manual_seed(1)
-    x = fill_inactive(torch.randn(tokens, 8, dtype=torch.float64), cu, fill)
-    target = fill_inactive(torch.randn(tokens, 8, dtype=torch.float64), cu, fill)
+    x, target = filled_input_and_target(tokens, cu, fill, 8, 8, seed=1)
     with TORCH_CONTRACT, uninitialized_memory_as_nan():
         assert_exact(padded_and_exact(block(), x, target, cu, tokens), rtol=1e-10)
         if int(cu[-1]) < tokens:  # the same test without the masks shows the contamination
@@ -73,9 +72,7 @@ def test_padded_capacity_gives_the_exact_gradients(layout, fill):
 @pytest.mark.parametrize("fill", FILLS)
 def test_edge_layouts_are_exact(layout, fill):
     tokens, cu = layout
-    torch.manual_seed(2)
-    x = fill_inactive(torch.randn(tokens, 8, dtype=torch.float64), cu, fill)
-    target = fill_inactive(torch.randn(tokens, 8, dtype=torch.float64), cu, fill)
+    x, target = filled_input_and_target(tokens, cu, fill, 8, 8, seed=2)
     with TORCH_CONTRACT, uninitialized_memory_as_nan():
         report = padded_and_exact(block(), x, target, cu, tokens)
     assert_exact(report, rtol=1e-10)
@@ -92,9 +89,7 @@ WITHOUT_ONE_MASK = {
 @pytest.mark.parametrize("dropped", MASK_SITES)
 def test_every_mask_is_necessary(dropped):
     tokens, cu = EDGE_LAYOUTS["M<N"]
-    torch.manual_seed(3)
-    x = fill_inactive(torch.randn(tokens, 8, dtype=torch.float64), cu, "nan")
-    target = fill_inactive(torch.randn(tokens, 8, dtype=torch.float64), cu, "nan")
+    x, target = filled_input_and_target(tokens, cu, "nan", 8, 8, seed=3)
     with TORCH_CONTRACT, uninitialized_memory_as_nan():
         report = padded_and_exact(block(masks=set(MASK_SITES) - {dropped}), x, target, cu, tokens)
     assert contaminated(report, rtol=1e-10) == WITHOUT_ONE_MASK[dropped]

@@ -21,6 +21,7 @@ from helpers import (
     calling,
     contaminated,
     fill_inactive,
+    filled_input_and_target,
     padded_and_exact,
     ragged_layouts,
 )
@@ -147,9 +148,7 @@ class _Projection(nn.Module):
 @given(layout=ragged_layouts(), fill=st.sampled_from(FILLS))
 def test_value_mask_makes_a_projection_exact_at_capacity(layout, fill):
     tokens, cu = layout
-    torch.manual_seed(0)
-    x = fill_inactive(torch.randn(tokens, 4, dtype=torch.float64), cu, fill)
-    target = fill_inactive(torch.randn(tokens, 3, dtype=torch.float64), cu, fill)
+    x, target = filled_input_and_target(tokens, cu, fill, 4, 3, seed=0)
     module = _Projection(masked=True)
     assert_exact(padded_and_exact(module, x, target, cu, tokens), rtol=1e-12)
     # Without the value mask ∇W = Xᵀ∇Y sums the inactive rows; ∇Y is exactly 0 there (the loss
@@ -181,9 +180,7 @@ class _ProjectionIntoShortConv(nn.Module):
 @given(layout=ragged_layouts(), fill=st.sampled_from(FILLS))
 def test_gradient_barrier_stops_undefined_short_conv_gradients(layout, fill):
     tokens, cu = layout
-    torch.manual_seed(0)
-    x = fill_inactive(torch.randn(tokens, 4, dtype=torch.float64), cu, fill)
-    target = fill_inactive(torch.randn(tokens, 6, dtype=torch.float64), cu, fill)
+    x, target = filled_input_and_target(tokens, cu, fill, 4, 6, seed=0)
     module = _ProjectionIntoShortConv(barrier=True)
     with uninitialized_memory_as_nan():  # undefined rows read as NaN, deterministically
         assert_exact(padded_and_exact(module, x, target, cu, tokens), rtol=1e-12)
@@ -196,9 +193,7 @@ def test_gradient_barrier_stops_undefined_short_conv_gradients(layout, fill):
 @given(layout=ragged_layouts(max_tokens=10), fill=st.sampled_from(FILLS), causal=st.booleans())
 def test_varlen_attention_module_is_exact_at_capacity(layout, fill, causal):
     tokens, cu = layout
-    torch.manual_seed(0)
-    x = fill_inactive(torch.randn(tokens, 8, dtype=torch.float64), cu, fill)
-    target = fill_inactive(torch.randn(tokens, 8, dtype=torch.float64), cu, fill)
+    x, target = filled_input_and_target(tokens, cu, fill, 8, 8, seed=0)
     module = VarLenAttention(8, 2, causal=causal, mask_inactive_capacity=True).double()
     assert_exact(padded_and_exact(module, x, target, cu, tokens), rtol=1e-10)
     undefined = calling(attention_with_undefined_capacity)
@@ -215,9 +210,7 @@ def test_varlen_attention_module_is_exact_at_capacity(layout, fill, causal):
 @pytest.mark.parametrize("fill", FILLS)
 def test_edge_layouts_through_the_projection_and_short_conv(layout, fill):
     tokens, cu = layout
-    torch.manual_seed(0)
-    x = fill_inactive(torch.randn(tokens, 4, dtype=torch.float64), cu, fill)
-    target = fill_inactive(torch.randn(tokens, 6, dtype=torch.float64), cu, fill)
+    x, target = filled_input_and_target(tokens, cu, fill, 4, 6, seed=0)
     with uninitialized_memory_as_nan():
         report = padded_and_exact(_ProjectionIntoShortConv(barrier=True), x, target, cu, tokens)
     assert_exact(report, rtol=1e-12)
