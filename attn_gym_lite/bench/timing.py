@@ -5,15 +5,23 @@
   is not inflated the way a profiler inflates each launch call.
 * ``cuda_event_us``: device time of each call between two CUDA events on the stream; when the
   host cannot launch fast enough this includes the GPU's idle gaps between kernels.
+
+And for a training loop, whose every step takes another input: ``step_intervals_us``, the time
+from one step's start to the next's, per step; ``percentiles`` summarises per-step samples.
 """
 
 from __future__ import annotations
 
+import math
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Sequence
+from typing import TypeVar
 
 import torch
+
+_Input = TypeVar("_Input")
+_Output = TypeVar("_Output")
 
 
 def wall_clock_us(fn: Callable[[], object], iters: int, warmup: int = 5) -> float:
@@ -65,3 +73,72 @@ def cuda_event_us(fn: Callable[[], object], iters: int, warmup: int = 5) -> list
 def median(values: list[float]) -> float:
     """Median of a non-empty list (the statistic every recorded timing uses)."""
     return statistics.median(values)
+
+
+def step_intervals_us(step: Callable[[_Input], _Output], inputs: Iterable[_Input], *,
+                      cuda: bool) -> tuple[list[float], list[_Output]]:
+    """Run ``step(x)`` for each ``x`` of ``inputs``; the time from each step's start to the next's.
+
+    The interval between consecutive step starts is what a training loop's throughput sees: the
+    step's own work plus whatever the host or the device does between steps (copying the next
+    batch in, idle gaps). The last step's interval ends at a mark after it.
+
+    Args:
+        step: called once per input, in order.
+        inputs: the steps' inputs (e.g. one batch per step).
+        cuda: clock by CUDA events recorded on the current stream at each step start and after the
+            last step, with no synchronisation until every step is issued (device time; one
+            ``torch.cuda.synchronize()`` at the end); ``False``: the host's ``time.perf_counter``
+            (for work that runs synchronously on the CPU).
+
+    Returns:
+        ``(intervals_us, outputs)``: one interval (µs) and one return value per input.
+    """
+    marks: list = []
+
+    def mark() -> None:
+        if cuda:
+            event = torch.cuda.Event(enable_timing=True)
+            event.record()
+            marks.append(event)
+        else:
+            marks.append(time.perf_counter())
+
+    outputs = []
+    for item in inputs:
+        mark()
+        outputs.append(step(item))
+    mark()
+    if cuda:
+        torch.cuda.synchronize()
+        return [a.elapsed_time(b) * 1e3 for a, b in zip(marks, marks[1:])], outputs
+    return [(b - a) * 1e6 for a, b in zip(marks, marks[1:])], outputs
+
+
+def percentiles(values: Sequence[float], qs: Sequence[float] = (10, 50, 90)) -> dict[str, float]:
+    """Percentiles of a non-empty list, linearly interpolated between the closest ranks (numpy's
+    default ``"linear"`` method; ``p50`` is :func:`median`).
+
+    Args:
+        values: the samples (any unit; the result has the same).
+        qs: percentiles to compute, each in ``[0, 100]``.
+
+    Returns:
+        ``{"p<q>": value}`` for each ``q`` (``"p10"``, ``"p50"``, ``"p90"`` by default; a
+        fractional ``q`` keeps its decimals, ``"p99.9"``).
+
+    Raises:
+        ValueError: ``values`` is empty, or a ``q`` is outside ``[0, 100]``.
+    """
+    ordered = sorted(float(v) for v in values)
+    if not ordered:
+        raise ValueError("values must hold at least one sample, got none")
+    result = {}
+    for q in qs:
+        if not 0 <= q <= 100:
+            raise ValueError(f"qs must be percentiles in [0, 100], got {q!r}")
+        position = q / 100 * (len(ordered) - 1)
+        low = math.floor(position)
+        high = min(low + 1, len(ordered) - 1)
+        result[f"p{q:g}"] = ordered[low] + (ordered[high] - ordered[low]) * (position - low)
+    return result
