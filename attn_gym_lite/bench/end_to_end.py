@@ -35,8 +35,9 @@ import time
 
 import torch
 
-from ..data import BestFit, PackedLoader, fixed_count_loader, load_tokenizer, plan_buckets, python_stdlib_corpus
+from ..data import BestFit, fixed_count_loader, load_tokenizer, plan_buckets, python_stdlib_corpus
 from ..data.batch import padded_batch
+from ..data.sharding import ShardedPackedLoader, shard_corpus
 from ..graph.training import FixedCapacityTrainer
 from ..isolation import IsolatedRunError, run_isolated
 from ..models import PackedTransformer
@@ -53,20 +54,52 @@ CONFIG = {"T": 4096, "dim": 512, "num_heads": 8, "num_layers": 4, "lr": 1e-3, "s
           "seed": 0, "device": "cuda"}
 
 
-def workload_batches(workload: str, steps: int, config: dict = CONFIG) -> list:
-    """The batches of one workload, on the CPU (deterministic: same seed, same batches)."""
-    tokenizer = load_tokenizer()
+#: Documents of the standard-library corpus the ``sft`` workload draws from (a config may set
+#: ``"sft_corpus_documents"``; recordings made before that key existed used this many).
+SFT_CORPUS_DOCUMENTS = 200
+
+
+def workload_batches(workload: str, steps: int, config: dict = CONFIG, *, rank: int = 0, world_size: int = 1,
+                     tokenizer=None) -> list:
+    """``steps`` packed batches of one workload for rank ``rank`` of ``world_size``, on the CPU.
+
+    ``pretraining``: best-fit packing (``config["pretraining_buffer"]`` documents to choose from)
+    of the rank's shard of the standard-library corpus
+    (:class:`~attn_gym_lite.data.sharding.ShardedPackedLoader`, repeating it as needed); ``sft``:
+    :func:`~attn_gym_lite.data.fixed_count_loader` with ``config["sft_documents"]`` documents per
+    batch and ``L >= config["sft_min_fill"] * T``, drawn from the rank's shard
+    (:func:`~attn_gym_lite.data.sharding.shard_corpus`) of the first
+    ``config.get("sft_corpus_documents", SFT_CORPUS_DOCUMENTS)`` documents, seed
+    ``config["seed"] + rank``. The single-GPU suites use ``rank = 0, world_size = 1``, the whole
+    corpus; the ``scale-out`` suite gives every rank its own shard. Deterministic: the same
+    arguments give the same batches.
+
+    Args:
+        workload: one of :data:`WORKLOADS`.
+        steps: batches to make (int >= 1).
+        config: ``T``, ``seed`` and the workload's keys above (e.g. :data:`CONFIG`).
+        rank, world_size: which shard (``0 <= rank < world_size``).
+        tokenizer: the tokenizer to use (default: :func:`~attn_gym_lite.data.load_tokenizer`).
+
+    Returns:
+        A list of ``steps`` :class:`~attn_gym_lite.data.PackedBatch` es of capacity ``T``.
+
+    Raises:
+        ValueError: unknown ``workload``; a ``rank`` or ``world_size`` the sharding refuses.
+    """
+    tokenizer = tokenizer or load_tokenizer()
     token_capacity = config["T"]
     if workload == "pretraining":
-        loader = PackedLoader(token_capacity, corpus=python_stdlib_corpus, tokenizer=tokenizer,
-                              policy=BestFit(config["pretraining_buffer"]), seed=config["seed"], epochs=None,
-                              prefetch=0, pin_memory=False)
+        loader = ShardedPackedLoader(token_capacity, corpus=python_stdlib_corpus, tokenizer=tokenizer,
+                                     policy=BestFit(config["pretraining_buffer"]), seed=config["seed"], epochs=None,
+                                     prefetch=0, pin_memory=False, rank=rank, world_size=world_size)
         return list(itertools.islice(loader, steps))
     if workload == "sft":
-        ids = tokenizer.encode_batch(list(python_stdlib_corpus(limit=200)))
+        documents = list(python_stdlib_corpus(limit=config.get("sft_corpus_documents", SFT_CORPUS_DOCUMENTS)))
+        ids = tokenizer.encode_batch(list(shard_corpus(documents, rank, world_size)()))
         stream = torch.tensor([t for doc in ids for t in doc], dtype=torch.int64)
         return list(fixed_count_loader(stream, steps, token_capacity, config["sft_documents"],
-                                       min_fill=config["sft_min_fill"], seed=config["seed"]))
+                                       min_fill=config["sft_min_fill"], seed=config["seed"] + rank))
     raise ValueError(f"workload must be one of {WORKLOADS}, got {workload!r}")
 
 
@@ -219,4 +252,4 @@ def end_to_end_suite(stacks: tuple[str, ...] = STACKS, workloads: tuple[str, ...
             "workloads": workload_info, "runs": runs, "errors": errors}
 
 
-__all__ = ["CONFIG", "STACKS", "WORKLOADS", "end_to_end_suite", "run_stack", "workload_batches"]
+__all__ = ["CONFIG", "SFT_CORPUS_DOCUMENTS", "STACKS", "WORKLOADS", "end_to_end_suite", "run_stack", "workload_batches"]
