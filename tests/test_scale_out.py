@@ -7,24 +7,32 @@ process, overlap, and the graph training like eager DDP).
 
 from __future__ import annotations
 
+import math
+import re
 import statistics
 import time
+from pathlib import Path
 
 import matplotlib.pyplot as plt
+import numpy as np
 import pytest
 import torch
 import torch.distributed as dist
 
+from attn_gym_lite.bench import scale_out
+from attn_gym_lite.bench.end_to_end import workload_batches
 from attn_gym_lite.bench.scale_out import (
     CONFIG,
     CPU_CONFIG,
     GRADIENT_TOLERANCE,
+    TWO_GPU_SPEEDUP_GOAL,
     communication_overlap,
+    goals,
     launch,
-    rank_batches,
     relative_differences,
     scale_out_suite,
     scaling,
+    throughput,
 )
 from attn_gym_lite.book.plots import plot_scale_out
 from attn_gym_lite.data import batch_from_pieces, load_tokenizer
@@ -57,13 +65,17 @@ def test_the_suite_launches_torchrun_on_cpu_and_hands_back_every_run():
     config = {**TINY, "vocab_size": tokenizer.vocab_size}
     for (workload, world_size, _), run in runs.items():
         # The global tokens of each step, rebuilt here from every rank's batches.
-        per_rank = [rank_batches(workload, r, world_size, TINY["steps"], config, tokenizer) for r in range(world_size)]
+        per_rank = [workload_batches(workload, TINY["steps"], config, rank=r, world_size=world_size, tokenizer=tokenizer)
+                    for r in range(world_size)]
         tokens = [sum(batches[i].active_tokens for batches in per_rank) for i in range(TINY["steps"])]
         assert result["workloads"][f"W={world_size}"][workload]["global_active_tokens"] == tokens
         warm = TINY["timed_warmup"]
         assert run["timed_steps"] == len(run["step_ms"]) == TINY["steps"] - warm
-        expected = statistics.median(t / (ms / 1e3) for t, ms in zip(tokens[warm:], run["step_ms"]))
-        assert run["tokens_per_s"] == pytest.approx(expected, rel=1e-12)
+        rates = [t / (ms / 1e3) for t, ms in zip(tokens[warm:], run["step_ms"])]
+        assert run["tokens_per_s_steps"] == pytest.approx(rates, rel=1e-12)
+        assert run["tokens_per_s"] == pytest.approx(statistics.median(rates), rel=1e-12)
+        assert [run["tokens_per_s_spread"][p] for p in ("p10", "p50", "p90")] == pytest.approx(
+            np.percentile(rates, [10, 50, 90]), rel=1e-12)
         assert len(run["losses"]) == TINY["steps"] and all(0 < loss < 20 for loss in run["losses"])
 
     # Two ranks against one process on the global batch: the right loss passes, the wrong one does not.
@@ -73,14 +85,24 @@ def test_the_suite_launches_torchrun_on_cpu_and_hands_back_every_run():
     assert check["comparisons"]["eager"]["max_normwise"] < 1e-5
     assert not check["comparisons"]["mean of rank means"]["within_tolerance"]
     assert check["comparisons"]["mean of rank means"]["max_normwise"] > 1e-2
+    assert result["scaling"] == scaling(result["runs"])
     assert {row["workload"] for row in result["scaling"]} == {"pretraining", "sft"}
     assert elapsed < 45
 
-    # The chapter's figure draws one bar per run at its measured height (no traces on a CPU: one panel).
+    # The chapter's figure draws one bar per run at its measured height, its whiskers at the run's
+    # p10 and p90, and the suite's efficiencies (no traces on a CPU: one panel).
     figure = plot_scale_out(result)
     assert len(figure.axes) == 1
     heights = sorted(patch.get_height() for patch in figure.axes[0].patches)
     assert heights == pytest.approx(sorted(r["tokens_per_s"] / 1e6 for r in result["runs"]))
+    whiskers = sorted((s[0][1], s[1][1]) for c in figure.axes[0].collections for s in c.get_segments())
+    expected = sorted((r["tokens_per_s_spread"]["p10"] / 1e6, r["tokens_per_s_spread"]["p90"] / 1e6)
+                      for r in result["runs"])
+    assert [v for w in whiskers for v in w] == pytest.approx([v for w in expected for v in w])
+    notes = {t.get_text() for t in figure.axes[0].texts}
+    for row in result["scaling"]:
+        if "efficiency" in row:
+            assert f"W=2\n{row['efficiency']:.0%}" in notes
     plt.close(figure)
 
 
@@ -94,6 +116,14 @@ def test_a_launch_past_its_timeout_is_stopped_and_reported(tmp_path):
     assert "log_tail" in info
     assert time.monotonic() - start < 25
     assert data is None  # killed before rank 0 wrote anything
+
+
+def test_launches_left_without_budget_are_not_started():
+    result = scale_out_suite(world_sizes=(1, 2), config=TINY, modes=("eager",), fsdp2=False, budget_s=10)
+    assert result["launches"] == {} and result["runs"] == []
+    for key in ("W=1", "W=2"):
+        assert result["errors"][key].startswith("not run: 10 s left of the budget of 10 s")
+    assert result["config"]["budget_s"] == 10
 
 
 def test_the_global_batch_is_the_concatenation_of_the_ranks_sequences():
@@ -141,6 +171,37 @@ def test_communication_overlap_against_a_grid_count():
         communication_overlap({"traceEvents": events}, steps=0)
 
 
+def test_throughput_goals_and_the_suites_budget():
+    # Hand-computed: rates 1000/0.002 = 500k, 3000/0.004 = 750k, 1000/0.001 = 1M, 2000/0.008 = 250k tokens/s.
+    row = throughput([1000, 3000, 1000, 2000], [2.0, 4.0, 1.0, 8.0])
+    assert row["tokens_per_s_steps"] == [500e3, 750e3, 1e6, 250e3]
+    assert row["tokens_per_s"] == 625e3 and row["median_step_ms"] == 3.0 and row["timed_steps"] == 4
+    # linear percentiles of [250k, 500k, 750k, 1M]: p10 at rank 0.3, p90 at rank 2.7
+    assert row["tokens_per_s_spread"] == pytest.approx({"p10": 325e3, "p50": 625e3, "p90": 925e3})
+    assert row["tokens_per_s_overall"] == pytest.approx(7000 / 0.015)
+    with pytest.raises(ValueError, match="one entry per timed step"):
+        throughput([1, 2], [1.0])
+    with pytest.raises(ValueError, match="step_ms must be > 0"):
+        throughput([1], [0.0])
+
+    runs = [{"workload": w, "world_size": n, "mode": m, "tokens_per_s": rate}
+            for w, n, m, rate in (("pretraining", 1, "graph", 100.0), ("pretraining", 2, "graph", 195.0),
+                                  ("pretraining", 2, "eager", 200.0), ("sft", 1, "graph", 100.0))]
+    table = {(g["workload"], g["goal"]): g for g in goals({"scaling": scaling(runs)})}
+    speedup = f"captured DDP on 2 GPUs >= {TWO_GPU_SPEEDUP_GOAL}x captured on 1"
+    assert table["pretraining", speedup]["value"] == 1.95 and table["pretraining", speedup]["met"] is True
+    ahead = table["pretraining", "captured DDP ahead of eager DDP on 2 GPUs"]
+    assert ahead["value"] == 0.975 and ahead["met"] is False and ahead["target"] == 1.0
+    assert math.isnan(table["sft", speedup]["value"]) and table["sft", speedup]["met"] is None  # no W=2 run
+    assert len(table) == 4
+
+    # The launches' budget fits the recording script's limit for the suite, with a hung last launch
+    # stopped (SIGTERM, then SIGKILL) and the tokenizer loaded.
+    script = (Path(__file__).resolve().parents[1] / "scripts" / "gpu_record.sh").read_text()
+    limit = int(re.search(r"record scale-out (\d+)", script).group(1))
+    assert scale_out.SUITE_BUDGET_S + 2 * scale_out.STOP_GRACE_S + 30 <= limit
+
+
 def test_relative_differences_and_scaling():
     reference = {"a": torch.tensor([3.0, 4.0]), "b": torch.tensor([1.0, -1.0, 0.0])}
     grads = {"a": torch.tensor([3.0, 4.5]), "b": torch.tensor([1.0, -1.0, 0.0])}
@@ -165,8 +226,7 @@ def test_relative_differences_and_scaling():
 
 #: Small enough for a test, big enough that the kernels run as in the suite.
 GPU_SMALL = {**CONFIG, "T": 1024, "dim": 128, "num_heads": 2, "num_layers": 2, "steps": 14, "timed_warmup": 4,
-             "sft_documents": 8, "sft_corpus_documents": 60, "profile_steps": 1,
-             "exact_check": {"dim": 32, "num_heads": 2, "num_layers": 1}, "fsdp2_steps": 6}
+             "sft_documents": 8, "sft_corpus_documents": 60, "profile_steps": 1, "fsdp2_steps": 6}
 
 
 def _close_losses(runs, world_size, workload):
@@ -198,7 +258,6 @@ def test_captured_ddp_on_two_gpus_gets_the_global_gradient_and_overlaps_its_all_
     check = result["gradient_check"]["comparisons"]
     assert check["eager"]["within_tolerance"] and check["graph"]["within_tolerance"], check
     assert not check["mean of rank means"]["within_tolerance"]
-    assert result["exact_check"]["within_tolerance"], result["exact_check"]
     for workload in ("pretraining", "sft"):
         _close_losses(result["runs"], 2, workload)
     for mode in ("eager", "graph"):

@@ -5,7 +5,8 @@ The model and the two workloads are those of the end-to-end suite
 (:mod:`attn_gym_lite.bench.end_to_end`): a :class:`~attn_gym_lite.models.PackedTransformer` in
 bfloat16 with this package's kernels, ``T`` tokens per rank and step, ``pretraining`` (best-fit
 packing, ``L`` close to ``T``) and ``sft`` (a fixed number of documents, ``L`` anywhere in 10-100 %
-of ``T``). Every rank reads its own shard of the corpus
+of ``T``), from the same builder (:func:`~attn_gym_lite.bench.end_to_end.workload_batches`). Every
+rank reads its own shard of the corpus
 (:class:`~attn_gym_lite.data.sharding.ShardedPackedLoader`; for ``sft`` a shard of the documents
 and a seed per rank), so ``W`` GPUs train on ``W`` times the tokens per step (weak scaling). The
 training step is :class:`~attn_gym_lite.graph.distributed.DataParallelTrainer`: the loss is the
@@ -21,22 +22,29 @@ parts it finished; any error becomes a string under ``"errors"``, never a crash 
 Reported:
 
 * ``runs``: per (workload, ``W``, mode) the step times (CUDA events between consecutive step
-  starts, after ``timed_warmup`` steps), tokens per second (the step's active tokens over all
-  ranks divided by its time; median over the timed steps), losses, set-up time, peak memory;
+  starts, after ``timed_warmup`` steps), tokens per second of every timed step (the step's active
+  tokens over all ranks divided by its time) with their median and p10/p50/p90
+  (:func:`throughput`), losses, set-up time, peak memory;
 * ``scaling``: tokens/s at ``W = 2`` over twice that at ``W = 1`` (scaling efficiency) per
-  workload and mode, and captured against eager DDP;
+  workload and mode, and captured against eager DDP (:func:`scaling`; the chapter's goals read
+  these ratios through :func:`goals`);
 * ``gradient_check`` (``W = 2``): the gradient of the first step, eager and captured, against one
   process that trains on both ranks' batches packed together
   (:func:`~attn_gym_lite.data.sharding.global_batch`), as norm-wise relative differences with a
   tolerance set by the dtype; beside it, the same difference for the mean of the ranks' own
-  means (the wrong loss), to show the check can fail; and an exact float64 check (a small model,
-  reference attention, eager DDP);
+  means (the wrong loss), to show the check can fail. (That two ``gloo`` ranks give one process's
+  gradient to float64 rounding is a unit test, ``tests/test_distributed.py``.);
 * ``traces``: per rank, a profiled step of each mode reduced to numbers by
   :func:`communication_overlap`: how long NCCL kernels ran and how much of that time other
   kernels (the backward) ran beside them;
 * ``fsdp2``: whether ``torch.distributed.fsdp.fully_shard`` (FSDP2) trains under the same
   whole-step capture, with its eager step time, or the error that stopped it;
 * ``gpu_count``, the launches (command, seconds, exit status) and the environment they got.
+
+The launches run one after another within :data:`SUITE_BUDGET_S` seconds
+(:func:`~attn_gym_lite.isolation.run_within_budget`); each is a process group of its own that a
+timeout ends whole, torchrun and its workers
+(:func:`~attn_gym_lite.isolation.run_process_group`).
 
 Source: PyTorch's CUDA semantics notes ("CUDA Graphs" -> "Usage with DistributedDataParallel"),
 ``torchrun`` (torch.distributed.elastic), FSDP2's ``fully_shard`` API reference.
@@ -48,14 +56,13 @@ import argparse
 import datetime
 import gc
 import json
+import math
 import os
-import signal
-import statistics
-import subprocess
 import sys
 import tempfile
 import time
 import traceback
+from collections.abc import Sequence
 from pathlib import Path
 
 import torch
@@ -63,12 +70,15 @@ import torch.distributed as dist
 
 import attn_gym_lite
 
-from ..data import BestFit, fixed_count_loader, load_tokenizer, python_stdlib_corpus
-from ..data.sharding import ShardedPackedLoader, global_batch, shard_corpus
+from ..data import load_tokenizer
+from ..data.sharding import global_batch
 from ..graph.capture import StaticInputs
 from ..graph.distributed import CAPTURE_ENVIRONMENT, DataParallelTrainer, global_token_mean_loss, token_loss_sum
+from ..isolation import run_process_group, run_within_budget
 from ..models import PackedTransformer
 from ..profiling import device_events, profile
+from .end_to_end import workload_batches
+from .timing import median, percentiles, step_intervals_us
 
 MIB = 2**20
 WORKLOADS = ("pretraining", "sft")
@@ -81,7 +91,6 @@ CONFIG = {
     "sft_documents": 16, "sft_min_fill": 0.1, "sft_corpus_documents": 200, "pretraining_buffer": 32, "seed": 0,
     "device": "cuda", "dtype": "bfloat16", "impl": "auto", "bucket_cap_mb": None,
     "gradient_workload": "sft", "profile_workload": "pretraining", "profile_steps": 2,
-    "exact_check": {"dim": 64, "num_heads": 2, "num_layers": 2},
     "fsdp2_workload": "pretraining", "fsdp2_steps": 12,
 }
 
@@ -90,8 +99,21 @@ CONFIG = {
 CPU_CONFIG = {
     **CONFIG, "T": 128, "dim": 32, "num_heads": 2, "num_layers": 1, "steps": 5, "timed_warmup": 2,
     "sft_documents": 4, "sft_corpus_documents": 40, "pretraining_buffer": 8, "device": "cpu", "dtype": "float32",
-    "impl": "reference", "profile_workload": None, "exact_check": None, "fsdp2_workload": None,
+    "impl": "reference", "profile_workload": None, "fsdp2_workload": None,
 }
+
+#: The chapter's goal for captured DDP: tokens/s on two GPUs at least this many times those of one.
+TWO_GPU_SPEEDUP_GOAL = 1.9
+
+#: Seconds for all of a suite's launches, their batch building included (the recording script
+#: gives the suite 480 s: this, a hung last launch's :data:`STOP_GRACE_S` twice, and the start).
+SUITE_BUDGET_S = 420.0
+#: A launch with less than this left of the budget is not started (seconds).
+MIN_LAUNCH_S = 30.0
+#: Seconds from a timed-out launch's SIGTERM to its SIGKILL (and from that to giving up on it).
+STOP_GRACE_S = 10.0
+#: Steps of each FSDP2 run (eager, then captured) that are not timed: the first, which warm up.
+FSDP2_UNTIMED_STEPS = 2
 
 #: Norm-wise relative tolerance of the gradient check, by the dtype the model trains in. bfloat16
 #: keeps 8 significant bits (unit roundoff 2^-8): both gradients compared carry a rounding of every
@@ -104,37 +126,7 @@ _DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torc
 
 
 # ---------------------------------------------------------------------------------------------
-# Batches: every rank's shard, built once in the parent.
-
-
-def rank_batches(workload: str, rank: int, world_size: int, steps: int, config: dict, tokenizer=None) -> list:
-    """Rank ``rank`` of ``world_size``'s ``steps`` batches of ``workload``, on the CPU.
-
-    ``pretraining``: :class:`~attn_gym_lite.data.sharding.ShardedPackedLoader` over the standard
-    library (best-fit, as in the end-to-end suite); ``sft``: :func:`~attn_gym_lite.data.fixed_count_loader`
-    over the rank's shard of the first ``sft_corpus_documents`` documents, seed ``seed + rank``.
-    With ``world_size = 1`` both are the end-to-end suite's batches. Deterministic.
-
-    Raises:
-        ValueError: unknown ``workload``.
-    """
-    tokenizer = tokenizer or load_tokenizer()
-    if workload == "pretraining":
-        loader = ShardedPackedLoader(config["T"], corpus=python_stdlib_corpus, tokenizer=tokenizer,
-                                     policy=BestFit(config["pretraining_buffer"]), seed=config["seed"], epochs=None,
-                                     prefetch=0, pin_memory=False, rank=rank, world_size=world_size)
-        batches = []
-        for batch in loader:
-            batches.append(batch)
-            if len(batches) == steps:
-                return batches
-    if workload == "sft":
-        documents = list(python_stdlib_corpus(limit=config["sft_corpus_documents"]))
-        ids = tokenizer.encode_batch(list(shard_corpus(documents, rank, world_size)()))
-        stream = torch.tensor([t for doc in ids for t in doc], dtype=torch.int64)
-        return list(fixed_count_loader(stream, steps, config["T"], config["sft_documents"],
-                                       min_fill=config["sft_min_fill"], seed=config["seed"] + rank))
-    raise ValueError(f"workload must be one of {WORKLOADS}, got {workload!r}")
+# Batches: every rank's shard (end_to_end.workload_batches), built once in the parent.
 
 
 def _batch_file(folder: Path | str, workload: str, rank: int, world_size: int) -> Path:
@@ -259,6 +251,92 @@ def relative_differences(grads: dict[str, torch.Tensor], reference: dict[str, to
 
 
 # ---------------------------------------------------------------------------------------------
+# Throughput and its ratios: computed once, here, for the record, the figure and the chapter.
+
+
+def throughput(global_active_tokens: Sequence[int], step_ms: Sequence[float]) -> dict:
+    """A run's timed steps as throughput: per step and summarised.
+
+    Args:
+        global_active_tokens: each timed step's active tokens ``L`` summed over all ranks.
+        step_ms: each timed step's time (ms, > 0; see
+            :func:`~attn_gym_lite.bench.timing.step_intervals_us`), as many as tokens.
+
+    Returns:
+        ``{"timed_steps", "step_ms", "median_step_ms", "tokens_per_s_steps" (each step's tokens
+        over its time, tokens/s), "tokens_per_s" (their median), "tokens_per_s_spread" ({"p10",
+        "p50", "p90"} of them, :func:`~attn_gym_lite.bench.timing.percentiles`),
+        "tokens_per_s_overall" (all the tokens over all the time)}``.
+
+    Raises:
+        ValueError: no steps, the two lengths differ, or a step time is not > 0.
+    """
+    tokens, step_ms = [int(t) for t in global_active_tokens], [float(ms) for ms in step_ms]
+    if not step_ms or len(tokens) != len(step_ms):
+        raise ValueError(f"global_active_tokens and step_ms must hold one entry per timed step (at least one), "
+                         f"got {len(tokens)} and {len(step_ms)}")
+    if min(step_ms) <= 0:
+        raise ValueError(f"step_ms must be > 0, got {min(step_ms)}")
+    rates = [t / (ms / 1e3) for t, ms in zip(tokens, step_ms)]
+    return {"timed_steps": len(rates), "step_ms": step_ms, "median_step_ms": median(step_ms),
+            "tokens_per_s_steps": rates, "tokens_per_s": median(rates),
+            "tokens_per_s_spread": percentiles(rates), "tokens_per_s_overall": sum(tokens) / (sum(step_ms) / 1e3)}
+
+
+def scaling(runs: list[dict]) -> list[dict]:
+    """Per workload and mode: tokens/s at each ``W > 1`` over ``W`` times that at ``W = 1``
+    (scaling efficiency, 1.0 is perfect), and per workload and ``W`` captured over eager DDP.
+
+    Args:
+        runs: the suite's ``runs`` (each with ``workload``, ``world_size``, ``mode`` and
+            ``tokens_per_s``, the median over its timed steps).
+
+    Returns:
+        Rows ``{"workload", "mode", "world_size", "speedup_over_one_gpu", "efficiency"}`` and
+        ``{"workload", "world_size", "mode": "graph over eager", "speedup"}``: the suite stores
+        them as ``"scaling"``; :func:`goals`, the chapter and its figure read them from there.
+    """
+    rate = {(r["workload"], r["world_size"], r["mode"]): r["tokens_per_s"] for r in runs}
+    rows = []
+    for workload, world_size, mode in sorted(rate):
+        if world_size > 1 and (workload, 1, mode) in rate:
+            single = rate[workload, 1, mode]
+            rows.append({"workload": workload, "mode": mode, "world_size": world_size,
+                         "speedup_over_one_gpu": rate[workload, world_size, mode] / single,
+                         "efficiency": rate[workload, world_size, mode] / (world_size * single)})
+        if mode == "graph" and (workload, world_size, "eager") in rate:
+            rows.append({"workload": workload, "world_size": world_size, "mode": "graph over eager",
+                         "speedup": rate[workload, world_size, "graph"] / rate[workload, world_size, "eager"]})
+    return rows
+
+
+def goals(record: dict) -> list[dict]:
+    """The chapter's goals, per workload, read from a suite result's ``"scaling"`` rows.
+
+    Captured DDP on two GPUs at least :data:`TWO_GPU_SPEEDUP_GOAL` times the tokens/s of one
+    captured GPU, and ahead of eager DDP on two GPUs.
+
+    Returns:
+        One ``{"workload", "goal" (words), "value" (the ratio; NaN where a run it needs is
+        missing), "target", "met" (bool, or None when the value is NaN)}`` per goal and workload
+        of :data:`WORKLOADS`.
+    """
+    rows = {(r["workload"], r["mode"], r["world_size"]): r for r in record.get("scaling") or []}
+    wanted = (
+        (f"captured DDP on 2 GPUs >= {TWO_GPU_SPEEDUP_GOAL}x captured on 1", "graph", "speedup_over_one_gpu",
+         TWO_GPU_SPEEDUP_GOAL),
+        ("captured DDP ahead of eager DDP on 2 GPUs", "graph over eager", "speedup", 1.0),
+    )
+    result = []
+    for workload in WORKLOADS:
+        for goal, mode, key, target in wanted:
+            value = rows.get((workload, mode, 2), {}).get(key, math.nan)
+            result.append({"workload": workload, "goal": goal, "value": value, "target": target,
+                           "met": None if math.isnan(value) else value >= target})
+    return result
+
+
+# ---------------------------------------------------------------------------------------------
 # The worker: one rank, started by torchrun.
 
 
@@ -283,27 +361,6 @@ class _Results:
         os.replace(partial, self.path)
 
 
-class _Clock:
-    """Step start times: CUDA events on the GPU (no synchronisation between steps), wall clock on a CPU."""
-
-    def __init__(self, cuda: bool) -> None:
-        self.cuda, self.marks = cuda, []
-
-    def mark(self) -> None:
-        if self.cuda:
-            event = torch.cuda.Event(enable_timing=True)
-            event.record()
-            self.marks.append(event)
-        else:
-            self.marks.append(time.perf_counter())
-
-    def intervals_ms(self) -> list[float]:
-        if self.cuda:
-            torch.cuda.synchronize()
-            return [a.elapsed_time(b) for a, b in zip(self.marks, self.marks[1:])]
-        return [(b - a) * 1e3 for a, b in zip(self.marks, self.marks[1:])]
-
-
 def _model(config: dict, device: torch.device, **overrides) -> PackedTransformer:
     sizes = {"dim": config["dim"], "num_heads": config["num_heads"], "num_layers": config["num_layers"],
              "impl": config["impl"], "dtype": _DTYPES[config["dtype"]], **overrides}
@@ -312,8 +369,8 @@ def _model(config: dict, device: torch.device, **overrides) -> PackedTransformer
                              impl=sizes["impl"], device=device, dtype=sizes["dtype"])
 
 
-def _grads(model: torch.nn.Module, dtype: torch.dtype = torch.float32) -> dict[str, torch.Tensor]:
-    return {name: p.grad.detach().to(dtype, copy=True) for name, p in model.named_parameters()}
+def _grads(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    return {name: p.grad.detach().to(torch.float32, copy=True) for name, p in model.named_parameters()}
 
 
 def _free(cuda: bool) -> None:
@@ -353,24 +410,19 @@ def _train(workload: str, mode: str, batches: list, spec: dict, device: torch.de
         (total / count.clamp_min(1)).backward()
         if rank == 0:
             results.gradients["mean of rank means"] = _grads(model)
-    clock, losses = _Clock(cuda), []
-    for index, batch in enumerate(batches):
-        clock.mark()
-        losses.append(trainer.step(batch))
+
+    def step(indexed: tuple[int, object]) -> torch.Tensor:
+        index, batch = indexed
+        loss = trainer.step(batch)
         if index == 0 and keep_gradient and rank == 0:
             results.gradients[mode] = _grads(model)
-    clock.mark()
-    step_ms = clock.intervals_ms()
+        return loss
+
+    step_us, losses = step_intervals_us(step, enumerate(batches), cuda=cuda)
     warm = config["timed_warmup"]
-    global_tokens = spec["global_tokens"][workload]
-    rates = [tokens / (ms / 1e3) for tokens, ms in zip(global_tokens[warm:], step_ms[warm:])]
     run = {
         "workload": workload, "world_size": world_size, "mode": mode,
-        "timed_steps": len(rates),
-        "step_ms": step_ms[warm:],
-        "median_step_ms": statistics.median(step_ms[warm:]),
-        "tokens_per_s": statistics.median(rates),
-        "tokens_per_s_overall": sum(global_tokens[warm:]) / (sum(step_ms[warm:]) / 1e3),
+        **throughput(spec["global_tokens"][workload][warm:], [us / 1e3 for us in step_us[warm:]]),
         "losses": [float(x) for x in torch.stack(losses).float().cpu()],
         "setup_s": setup_s,
         "peak_allocated_mib": torch.cuda.max_memory_allocated() / MIB if cuda else None,
@@ -386,7 +438,7 @@ def _train(workload: str, mode: str, batches: list, spec: dict, device: torch.de
         dist.all_gather_object(gathered, summary)
         results.data["traces"][f"W={world_size} / {mode}"] = {f"rank {r}": s for r, s in enumerate(gathered)}
         results.save()
-    del trainer, model
+    trainer = model = None  # dropped before freeing (the step above reads these names too)
     _free(cuda)
 
 
@@ -415,38 +467,6 @@ def _gradient_check(spec: dict, device: torch.device, results: _Results) -> None
     results.data["gradient_check"] = check
     results.gradients = {}
     del model, logits
-    _free(device.type == "cuda")
-
-
-def _exact_check(spec: dict, device: torch.device, results: _Results) -> None:
-    """Every rank: eager DDP in float64 (reference attention) against one process; rank 0 compares."""
-    config, world_size, rank = spec["config"], dist.get_world_size(), dist.get_rank()
-    small = {**config, **config["exact_check"], "dtype": "float64", "impl": "reference"}
-    workload = config["gradient_workload"]
-    batches = [torch.load(_batch_file(spec["batches"], workload, r, world_size), weights_only=False)[0]
-               for r in range(world_size)]
-    model = _model(small, device)
-    trainer = DataParallelTrainer(model, batches[rank], lr=config["lr"])
-    loss = trainer.forward_backward(batches[rank])
-    grads = _grads(model, torch.float64)
-    del trainer, model
-    if rank == 0:
-        both = global_batch(batches)
-        reference_model = _model(small, device)
-        fields = {name: getattr(both, name).to(device) for name in ("input_ids", "labels", "loss_mask", "cu_seqlens")}
-        logits = reference_model(fields["input_ids"], fields["cu_seqlens"], both.max_seqlen)
-        total, count = token_loss_sum(logits, fields["labels"], fields["loss_mask"])
-        reference_loss = total / count
-        reference_loss.backward()
-        diff = relative_differences(grads, _grads(reference_model, torch.float64))
-        results.data["exact_check"] = {
-            "dtype": "float64", "attention": "reference", "sizes": config["exact_check"], "workload": workload,
-            "tolerance_normwise": GRADIENT_TOLERANCE["float64"],
-            "loss_difference": abs(float(loss) - float(reference_loss)),
-            **{k: v for k, v in diff.items() if k != "normwise"},
-            "within_tolerance": diff["max_normwise"] <= GRADIENT_TOLERANCE["float64"],
-        }
-        results.save()
     _free(device.type == "cuda")
 
 
@@ -483,14 +503,14 @@ def _fsdp2(spec: dict, device: torch.device, results: _Results) -> None:
         return loss.detach()
 
     def timed(run) -> dict:
-        clock, losses = _Clock(True), []
-        for batch in batches:
-            clock.mark()
+        def on(batch) -> torch.Tensor:
             static.copy_(batch)
-            losses.append(run())
-        clock.mark()
-        step_ms = clock.intervals_ms()[2:]
-        return {"median_step_ms": statistics.median(step_ms), "losses": [float(x) for x in torch.stack(losses).float().cpu()]}
+            return run()
+
+        step_us, losses = step_intervals_us(on, batches, cuda=True)
+        step_ms = [us / 1e3 for us in step_us[FSDP2_UNTIMED_STEPS:]]
+        return {"step_ms": step_ms, "median_step_ms": median(step_ms),
+                "losses": [float(x) for x in torch.stack(losses).float().cpu()]}
 
     report["eager"] = timed(step)
     results.save()
@@ -519,7 +539,7 @@ def _fsdp2(spec: dict, device: torch.device, results: _Results) -> None:
     results.save()
 
 
-_PARTS = {"exact": _exact_check, "fsdp2": _fsdp2}
+_PARTS = {"fsdp2": _fsdp2}
 
 
 def worker_main(argv: list[str] | None = None) -> None:
@@ -598,33 +618,27 @@ def _child_environment(cuda: bool) -> dict[str, str]:
     return env
 
 
-def _stop(process: subprocess.Popen) -> None:
-    """End torchrun and its workers: the launch runs in its own session, one process group."""
-    for sig, wait in ((signal.SIGTERM, 10), (signal.SIGKILL, 10)):
-        try:
-            os.killpg(process.pid, sig)
-        except ProcessLookupError:
-            return
-        try:
-            process.wait(timeout=wait)
-            return
-        except subprocess.TimeoutExpired:
-            continue
-
-
 def launch(world_size: int, spec: dict, folder: Path | str, tag: str, timeout_s: float) -> tuple[dict | None, dict]:
     """Run one launch: ``torchrun --standalone --nproc_per_node=W`` on :func:`worker_main`.
+
+    torchrun runs as the leader of its own process group
+    (:func:`~attn_gym_lite.isolation.run_process_group`): a timeout ends it and its workers
+    (``SIGTERM``, then ``SIGKILL`` :data:`STOP_GRACE_S` later).
 
     Args:
         world_size: ``W``, processes (one per GPU in CUDA mode).
         spec: the launch's spec (its ``"result"`` is set here).
         folder: where the spec, the result and the launch's log go.
         tag: a name for this launch's files.
-        timeout_s: seconds before torchrun and its workers are stopped (SIGTERM, then SIGKILL).
+        timeout_s: seconds before torchrun and its workers are stopped (> 0).
 
     Returns:
         ``(result, info)``: what rank 0 wrote (``None`` if nothing), and ``{"command", "seconds",
-        "returncode", "timed_out"}`` plus ``"log_tail"`` when the launch did not exit with 0.
+        "returncode", "timed_out", "timeout_s"}`` plus ``"log_tail"`` when the launch did not exit
+        with 0.
+
+    Raises:
+        TypeError, ValueError: ``timeout_s`` is not a finite number > 0.
     """
     folder = Path(folder)
     result_path, spec_path, log_path = (folder / f"{tag}.{suffix}" for suffix in ("result.json", "spec.json", "log"))
@@ -633,44 +647,24 @@ def launch(world_size: int, spec: dict, folder: Path | str, tag: str, timeout_s:
     module = "attn_gym_lite.bench.scale_out"
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={world_size}",
                "-m", module, "--spec", str(spec_path)]
-    began = time.perf_counter()
-    with open(log_path, "w") as log:
-        process = subprocess.Popen(command, env=_child_environment(spec["config"]["device"] == "cuda"), stdout=log,
-                                   stderr=subprocess.STDOUT, start_new_session=True)
-        try:
-            returncode, timed_out = process.wait(timeout=timeout_s), False
-        except subprocess.TimeoutExpired:
-            _stop(process)
-            returncode, timed_out = process.returncode, True
+    run = run_process_group(command, timeout_s=timeout_s, env=_child_environment(spec["config"]["device"] == "cuda"),
+                            log=log_path, grace_s=STOP_GRACE_S)
     info = {"command": f"torchrun --standalone --nproc_per_node={world_size} -m {module} --spec <spec>",
-            "seconds": time.perf_counter() - began, "returncode": returncode, "timed_out": timed_out,
-            "timeout_s": timeout_s}
-    if returncode != 0:
+            "seconds": run.seconds, "returncode": run.returncode, "timed_out": run.timed_out, "timeout_s": timeout_s}
+    if run.returncode != 0:
         info["log_tail"] = log_path.read_text(errors="replace")[-3000:]
     result = json.loads(result_path.read_text()) if result_path.is_file() else None
     return result, info
 
 
-def scaling(runs: list[dict]) -> list[dict]:
-    """Per workload and mode: tokens/s at the largest ``W`` over ``W`` times that at ``W = 1``
-    (scaling efficiency, 1.0 is perfect), and per workload and ``W`` captured over eager DDP."""
-    rate = {(r["workload"], r["world_size"], r["mode"]): r["tokens_per_s"] for r in runs}
-    rows = []
-    for workload, world_size, mode in sorted(rate):
-        if world_size > 1 and (workload, 1, mode) in rate:
-            single = rate[workload, 1, mode]
-            rows.append({"workload": workload, "mode": mode, "world_size": world_size,
-                         "speedup_over_one_gpu": rate[workload, world_size, mode] / single,
-                         "efficiency": rate[workload, world_size, mode] / (world_size * single)})
-        if mode == "graph" and (workload, world_size, "eager") in rate:
-            rows.append({"workload": workload, "world_size": world_size, "mode": "graph over eager",
-                         "speedup": rate[workload, world_size, "graph"] / rate[workload, world_size, "eager"]})
-    return rows
+def _traceback(error: BaseException) -> str:
+    return "".join(traceback.format_exception(error))[-3000:]
 
 
 def scale_out_suite(world_sizes: tuple[int, ...] = (1, 2), workloads: tuple[str, ...] = WORKLOADS,
                     modes: tuple[str, ...] = MODES, config: dict = CONFIG, timeout_s: float = 150.0,
-                    fsdp2: bool = True, fsdp2_timeout_s: float = 90.0) -> dict:
+                    fsdp2: bool = True, fsdp2_timeout_s: float = 90.0,
+                    budget_s: float | None = SUITE_BUDGET_S) -> dict:
     """Eager and captured DDP at each world size on each workload, one torchrun launch per world
     size (and one for FSDP2); see the module docstring for what is reported.
 
@@ -679,14 +673,17 @@ def scale_out_suite(world_sizes: tuple[int, ...] = (1, 2), workloads: tuple[str,
             recorded as an error, not run).
         workloads, modes: subsets of :data:`WORKLOADS` and :data:`MODES` (``"graph"`` needs CUDA).
         config: :data:`CONFIG` (GPU) or :data:`CPU_CONFIG` (``gloo``, eager, tiny; for CI).
-        timeout_s: per launch, seconds.
+        timeout_s: per launch, seconds, building its batches included.
         fsdp2: also try FSDP2 under capture (GPU, ``W = 2``).
         fsdp2_timeout_s: that launch's timeout.
+        budget_s: seconds for all the launches (:data:`SUITE_BUDGET_S`), or ``None`` for no bound:
+            a launch's timeout is cut to what is left, and one with less than
+            :data:`MIN_LAUNCH_S` left is not started (an entry of ``errors`` says so).
 
     Returns:
         A JSON-ready dict: ``config``, ``gpu_count``, ``environment``, ``workloads`` (per ``W``: the
         global active tokens of every step), ``runs``, ``scaling``, ``gradient_check``,
-        ``exact_check``, ``traces``, ``fsdp2``, ``launches`` and ``errors`` (strings).
+        ``traces``, ``fsdp2``, ``launches`` and ``errors`` (strings).
     """
     cuda = config["device"] == "cuda"
     gpu_count = torch.cuda.device_count() if torch.cuda.is_available() else 0
@@ -699,49 +696,62 @@ def scale_out_suite(world_sizes: tuple[int, ...] = (1, 2), workloads: tuple[str,
         result["errors"]["tokenizer"] = f"{type(error).__name__}: {error}"
         return {"config": dict(config), **result}
     result["config"] = {**config, "world_sizes": list(world_sizes), "workloads": list(workloads), "modes": list(modes),
+                        "budget_s": budget_s,
                         "timing": "tokens/s of a step = active tokens over all ranks / time between consecutive step "
-                                  "starts (CUDA events on rank 0); median over the timed steps"}
+                                  "starts (CUDA events on rank 0); median and p10/p50/p90 over the timed steps"}
     with tempfile.TemporaryDirectory(prefix="scale_out.") as folder:
         built: set[tuple[str, int]] = set()
 
         def build(workload: str, world_size: int) -> list[int]:
-            per_rank = [rank_batches(workload, r, world_size, config["steps"], config, tokenizer) for r in range(world_size)]
+            per_rank = [workload_batches(workload, config["steps"], config, rank=r, world_size=world_size,
+                                         tokenizer=tokenizer) for r in range(world_size)]
             for rank, batches in enumerate(per_rank):
                 torch.save(batches, _batch_file(folder, workload, rank, world_size))
             built.add((workload, world_size))
             return [sum(step) for step in zip(*[[b.active_tokens for b in batches] for batches in per_rank])]
 
-        for world_size in world_sizes:
-            key = f"W={world_size}"
-            if cuda and gpu_count < world_size:
-                result["errors"][key] = f"needs {world_size} GPUs, this host has {gpu_count}: not run"
-                continue
-            try:
-                tokens = {workload: build(workload, world_size) for workload in workloads}
-            except Exception as error:  # recorded, not raised
-                result["errors"][f"batches / {key}"] = "".join(traceback.format_exception(error))[-3000:]
-                continue
-            result["workloads"][key] = {w: {"global_active_tokens": t, "mean_fill": sum(t) / (len(t) * world_size * config["T"])}
-                                        for w, t in tokens.items()}
-            parts = ["train"] + (["exact"] if world_size > 1 and cuda and config.get("exact_check") else [])
-            spec = {"config": config, "workloads": list(workloads), "modes": list(modes), "parts": parts,
-                    "batches": folder, "global_tokens": tokens, "collective_timeout_s": timeout_s}
-            data, result["launches"][key] = launch(world_size, spec, folder, f"w{world_size}", timeout_s)
+        def launch_within(limit: float, began: float, world_size: int, spec: dict, key: str, tag: str) -> None:
+            left = limit - (time.monotonic() - began)
+            if left < MIN_LAUNCH_S:
+                raise TimeoutError(f"building the batches took {limit - left:.0f} s of the launch's {limit:.0f} s: "
+                                   f"not launched")
+            data, result["launches"][key] = launch(world_size, {**spec, "collective_timeout_s": left}, folder, tag, left)
             _merge(result, data, key)
+
+        def train_at(world_size: int):
+            def part(limit: float) -> None:
+                began, key = time.monotonic(), f"W={world_size}"
+                tokens = {workload: build(workload, world_size) for workload in workloads}
+                result["workloads"][key] = {w: {"global_active_tokens": t,
+                                                "mean_fill": sum(t) / (len(t) * world_size * config["T"])}
+                                            for w, t in tokens.items()}
+                spec = {"config": config, "workloads": list(workloads), "modes": list(modes), "parts": ["train"],
+                        "batches": folder, "global_tokens": tokens}
+                launch_within(limit, began, world_size, spec, key, f"w{world_size}")
+            return part
+
+        def try_fsdp2(limit: float) -> None:
+            began, workload = time.monotonic(), config["fsdp2_workload"]
+            if (workload, 2) not in built:
+                build(workload, 2)
+            spec = {"config": config, "workloads": [], "modes": [], "parts": ["fsdp2"], "batches": folder,
+                    "global_tokens": {}}
+            launch_within(limit, began, 2, spec, "fsdp2", "fsdp2")
+
+        parts, timeouts = {}, {}
+        for world_size in world_sizes:
+            if cuda and gpu_count < world_size:
+                result["errors"][f"W={world_size}"] = f"needs {world_size} GPUs, this host has {gpu_count}: not run"
+            else:
+                parts[f"W={world_size}"], timeouts[f"W={world_size}"] = train_at(world_size), timeout_s
         if fsdp2 and cuda and config.get("fsdp2_workload"):
             if gpu_count < 2:
                 result["fsdp2"] = {"not run": f"needs 2 GPUs, this host has {gpu_count}"}
             else:
-                try:
-                    workload = config["fsdp2_workload"]
-                    if (workload, 2) not in built:
-                        build(workload, 2)
-                    spec = {"config": config, "workloads": [], "modes": [], "parts": ["fsdp2"], "batches": folder,
-                            "global_tokens": {}, "collective_timeout_s": fsdp2_timeout_s}
-                    data, result["launches"]["fsdp2"] = launch(2, spec, folder, "fsdp2", fsdp2_timeout_s)
-                    _merge(result, data, "fsdp2")
-                except Exception as error:  # recorded, not raised
-                    result["errors"]["fsdp2"] = "".join(traceback.format_exception(error))[-3000:]
+                parts["fsdp2"], timeouts["fsdp2"] = try_fsdp2, fsdp2_timeout_s
+        _, errors = run_within_budget(parts, timeout_s=timeouts, budget_s=budget_s, min_part_s=MIN_LAUNCH_S,
+                                      describe=_traceback)
+        result["errors"].update(errors)
     for key, info in result["launches"].items():
         if info["timed_out"] or info["returncode"] != 0:
             reason = f"timed out after {info['timeout_s']:.0f} s" if info["timed_out"] else f"exited with {info['returncode']}"
@@ -757,14 +767,15 @@ def _merge(result: dict, data: dict | None, key: str) -> None:
     result["runs"] += data.get("runs", [])
     result["traces"].update(data.get("traces", {}))
     result["errors"].update(data.get("errors", {}))
-    for name in ("gradient_check", "exact_check", "fsdp2"):
+    for name in ("gradient_check", "fsdp2"):
         if name in data:
             result[name] = data[name]
     result["launches"][key]["ranks"] = {k: data.get(k) for k in ("world_size", "backend", "device", "nccl")}
 
 
-__all__ = ["CONFIG", "CPU_CONFIG", "GRADIENT_TOLERANCE", "MODES", "WORKLOADS", "communication_overlap", "launch",
-           "rank_batches", "relative_differences", "scale_out_suite", "scaling", "worker_main"]
+__all__ = ["CONFIG", "CPU_CONFIG", "FSDP2_UNTIMED_STEPS", "GRADIENT_TOLERANCE", "MIN_LAUNCH_S", "MODES",
+           "STOP_GRACE_S", "SUITE_BUDGET_S", "TWO_GPU_SPEEDUP_GOAL", "WORKLOADS", "communication_overlap", "goals",
+           "launch", "relative_differences", "scale_out_suite", "scaling", "throughput", "worker_main"]
 
 
 if __name__ == "__main__":
