@@ -18,6 +18,7 @@ import torch
 
 from attn_gym_lite.bench.linear_attention import amdahl_point, amdahl_summary, overcapture_point
 from attn_gym_lite.bench.masking import ablation_verdicts
+from attn_gym_lite.bench.scale_out import scaling, throughput
 from attn_gym_lite.book import plots
 from attn_gym_lite.book.results import RESULTS_ROOT, load_result
 from attn_gym_lite.data import BestFit, FirstFit, InOrder
@@ -30,8 +31,9 @@ matplotlib.use("Agg")
 
 
 def _scale_out_record() -> dict:
-    """A ``scale-out`` result in the suite's format (no recording ships yet: the values are made up,
-    the structure is what ``scale_out_suite`` writes): two workloads, W = 1 and 2, both modes."""
+    """A ``scale-out`` result in the suite's format, built by its own row builders (``throughput``,
+    ``scaling``; no recording ships yet: the step times are made up): two workloads, W = 1 and 2,
+    both modes."""
     rng = random.Random(0)
     warm, steps = 2, 8
     record = {"config": {"timed_warmup": warm, "steps": steps}, "workloads": {}, "runs": [], "traces": {}, "errors": {}}
@@ -42,9 +44,9 @@ def _scale_out_record() -> dict:
             for mode, base in (("eager", 9.0), ("graph", 4.0)):
                 step_ms = [base * (1 + 0.2 * rng.random()) for _ in range(steps - warm)]
                 tokens = record["workloads"][f"W={size}"][workload]["global_active_tokens"][warm:]
-                rates = sorted(t / (ms / 1e3) for t, ms in zip(tokens, step_ms))
-                record["runs"].append({"workload": workload, "world_size": size, "mode": mode, "step_ms": step_ms,
-                                       "tokens_per_s": (rates[2] + rates[3]) / 2})
+                record["runs"].append({"workload": workload, "world_size": size, "mode": mode,
+                                       **throughput(tokens, step_ms)})
+    record["scaling"] = scaling(record["runs"])
     return record
 
 

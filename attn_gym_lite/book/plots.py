@@ -1203,28 +1203,15 @@ def plot_kda_amdahl(recorded: dict, live: dict | None = None):
 SCALE_OUT_COLOURS = {"eager": SERIES_COLOURS["eager"], "graph": SERIES_COLOURS["graph replay"]}
 
 
-def _step_rate_spread(record: dict, run: dict) -> tuple[float, float] | None:
-    """p10 and p90 of a ``scale-out`` run's per-step tokens/s (all ranks), rebuilt from what the
-    record holds: the run's ``step_ms`` (timed steps) and the global active tokens of every step
-    (``record["workloads"]["W=<W>"][workload]``), the first ``config["timed_warmup"]`` untimed.
-    ``None`` when the record lacks either (an older recording: the bar alone is drawn)."""
-    step_ms = run.get("step_ms")
-    tokens = (record.get("workloads") or {}).get(f"W={run['world_size']}", {}).get(run["workload"], {})
-    tokens = tokens.get("global_active_tokens")
-    warm = (record.get("config") or {}).get("timed_warmup")
-    if not step_ms or tokens is None or warm is None or len(tokens) - warm != len(step_ms):
-        return None
-    rates = [t / (ms / 1e3) for t, ms in zip(tokens[warm:], step_ms)]
-    return float(np.percentile(rates, 10)), float(np.percentile(rates, 90))
-
-
 @_styled
 def plot_scale_out(record: dict):
     """The ``scale-out`` suite as a figure: throughput per workload, and where the all-reduce ran.
 
     Left: tokens per second over all ranks (millions) for each workload, one bar per (mode,
-    ``W``): eager DDP red, captured DDP blue, the single-GPU bar lighter; bars at ``W > 1`` carry
-    their scaling efficiency (tokens/s over ``W`` times the single-GPU figure). Right, when the
+    ``W``) at the median over the timed steps, whiskers from p10 to p90 of the per-step rates
+    (the run's ``tokens_per_s_spread``): eager DDP red, captured DDP blue, the single-GPU bar
+    lighter; bars at ``W > 1`` carry their scaling efficiency as the suite computed it (the
+    record's ``"scaling"`` rows, :func:`attn_gym_lite.bench.scale_out.scaling`). Right, when the
     record holds profiled steps (``"traces"``): each rank's NCCL time per step, split into the part
     that ran beside other kernels (overlapped with the backward) and the part that ran alone.
 
@@ -1244,7 +1231,9 @@ def plot_scale_out(record: dict):
     sizes = sorted({r["world_size"] for r in runs})
     modes = [m for m in ("eager", "graph") if any(r["mode"] == m for r in runs)]
     rate = {(r["workload"], r["world_size"], r["mode"]): r["tokens_per_s"] for r in runs}
-    spread = {(r["workload"], r["world_size"], r["mode"]): _step_rate_spread(record, r) for r in runs}
+    spread = {(r["workload"], r["world_size"], r["mode"]): r.get("tokens_per_s_spread") for r in runs}
+    efficiency = {(row["workload"], row["world_size"], row["mode"]): row["efficiency"]
+                  for row in record.get("scaling") or [] if "efficiency" in row}
     traces = {key: ranks for key, ranks in (record.get("traces") or {}).items()
               if all("error" not in summary for summary in ranks.values())}
     fig, axes = _figure(1, 2 if traces else 1, height=4.2, squeeze=False)
@@ -1262,12 +1251,12 @@ def plot_scale_out(record: dict):
                      label=f"{mode} DDP, {size} GPU{'s' if size > 1 else ''}" if i == 0 else None)
             top = value
             if spread[workload, size, mode] is not None:
-                low, high = (v / 1e6 for v in spread[workload, size, mode])
+                low, high = (spread[workload, size, mode][p] / 1e6 for p in ("p10", "p90"))
                 _spread_bars(bars, [x], [low], [high])
                 top = max(value, high)
             note = f"W={size}"
-            if size > 1 and (workload, 1, mode) in rate:
-                note += f"\n{rate[workload, size, mode] / (size * rate[workload, 1, mode]):.0%}"
+            if (workload, size, mode) in efficiency:
+                note += f"\n{efficiency[workload, size, mode]:.0%}"
             bars.text(x, top, note, ha="center", va="bottom", fontsize="x-small")
     has_spread = any(v is not None for v in spread.values())
     bars.set(xticks=range(len(workloads)), xticklabels=workloads, xlabel="workload",
