@@ -44,8 +44,7 @@ from collections.abc import Callable, Sequence
 import torch
 import torch.nn.functional as F
 
-from .. import checks
-from ..isolation import run_isolated
+from ..isolation import run_isolated, run_within_budget
 from ..ops.kda import kda_chunked, kda_recurrent
 from ..ragged import cu_seqlens_from_lengths, pad_cu_seqlens, zipf_lengths
 from ..testing.exactness import error_stats
@@ -579,33 +578,20 @@ def linear_attention_suite(parts: Sequence[str] = PARTS, *, isolate: bool = True
         its own, only its error.
 
     Raises:
-        ValueError: a part not in :data:`PARTS`; a negative ``timeout_s`` or ``budget_s``.
+        ValueError: a part not in :data:`PARTS`; a ``timeout_s`` or ``budget_s`` that is not > 0.
         TypeError: ``timeout_s`` or ``budget_s`` is not a real number.
     """
-    began = _clock()
     unknown = [p for p in parts if p not in PARTS]
     if unknown:
         raise ValueError(f"parts must be names from {PARTS}, got unknown {unknown}")
-    checks.check_real("timeout_s", timeout_s, minimum=0.0)
-    if budget_s is not None:
-        checks.check_real("budget_s", budget_s, minimum=0.0)
-    result: dict = {"config": {"fla": _fla_version(), "parts": list(parts), "budget_s": budget_s}}
-    errors = {}
-    for name in parts:
-        limit = timeout_s
-        if budget_s is not None:
-            left = budget_s - (_clock() - began)
-            if left < MIN_PART_S:
-                errors[name] = (f"not run: {max(left, 0.0):.0f} s left of the suite's budget of {budget_s:.0f} s "
-                                f"(the parts before it used the rest)")
-                continue
-            limit = min(timeout_s, left)
-        try:
-            if isolate:
-                result[name] = run_isolated(PART_FUNCTIONS[name], timeout_s=limit)
-            else:
-                result[name] = PART_FUNCTIONS[name]()
-        except Exception as exc:  # one part's failure is a result, not a crash
-            errors[name] = _error(exc)
+
+    def part(name: str) -> Callable[[float], dict]:
+        function = PART_FUNCTIONS[name]
+        return (lambda limit: run_isolated(function, timeout_s=limit)) if isolate else (lambda limit: function())
+
+    # One harness for the budget (attn_gym_lite.isolation), as the scale-out suite uses.
+    done, errors = run_within_budget({name: part(name) for name in parts}, timeout_s=timeout_s,
+                                     budget_s=budget_s, min_part_s=MIN_PART_S, clock=_clock, describe=_error)
+    result: dict = {"config": {"fla": _fla_version(), "parts": list(parts), "budget_s": budget_s}, **done}
     result["errors"] = errors
     return result
