@@ -337,7 +337,9 @@ def plot_timeline(
         The matplotlib ``Axes``.
 
     Raises:
-        TypeError: ``trace`` is not a trace dict.
+        TypeError / ValueError: ``trace`` is not a trace dict, by the rules of
+            :func:`~attn_gym_lite.profiling.trace.check_trace` (a dict without ``traceEvents`` is
+            a ValueError).
         ValueError: the trace has no device events, or ``start_us >= end_us``.
     """
     check_trace(trace, "plot_timeline")
