@@ -221,3 +221,22 @@ def test_the_plan_cache_is_not_consulted_while_compiling():
     for i in range(3):  # bounded: a full cache starts again, so the first key is gone
         cache.put(cache.key((torch.zeros(i + 4),), "x"), i)
     assert cache.get(key) is None and len(cache._entries) <= 2
+
+
+def test_reference_takes_host_cu_seqlens_for_meta_inputs():
+    """The reference reads cu_seqlens on the host, so a CPU cu_seqlens serves q on any device: on
+    "meta" it runs every op with real shapes (chapter 1 counts FLOPs so); a cu_seqlens on a device
+    that is neither the CPU nor q's is refused, naming it."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from attn_gym_lite.ops.attention import varlen_attention_reference
+
+    q = k = v = torch.empty(9, 2, 4, device="meta")
+    cu = torch.tensor([0, 5, 9], dtype=torch.int32)
+    with FlopCounterMode(display=False) as counter:
+        out = varlen_attention_reference(q, k, v, cu)
+    assert out.shape == (9, 2, 4) and out.device.type == "meta"
+    # Two matmuls per sequence and head: 2 * (2 * S * S * D) FLOPs, S = 5 and 4, H = 2, D = 4.
+    assert counter.get_total_flops() == sum(2 * 2 * 2 * s * s * 4 for s in (5, 4))
+    with pytest.raises(ValueError, match="cu_seqlens must be on device cpu, got meta"):
+        varlen_attention_reference(*(torch.randn(9, 2, 4) for _ in range(3)), cu.to("meta"))

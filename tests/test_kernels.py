@@ -238,10 +238,11 @@ def test_offsets_past_int32_are_refused_whatever_the_layout():
 
 def test_strided_cu_seqlens_is_refused():
     # values [0, 5, 17, 30] read through their data pointer would be [0, 7, 5, 7]
-    cu = torch.tensor([[0, 7], [5, 7], [17, 7], [30, 7]], dtype=torch.int32)[:, 0]
+    # Built on DEVICE: .to("cuda") would copy it into a contiguous tensor and hide the stride.
+    cu = torch.tensor([[0, 7], [5, 7], [17, 7], [30, 7]], dtype=torch.int32, device=DEVICE)[:, 0]
     q, k, v, _, _ = make_inputs([5, 12, 13], 3, rows=32)
     with pytest.raises(ValueError, match=r"cu_seqlens must be contiguous .*got stride \(2,\)"):
-        varlen_attention_triton(q, k, v, cu.to(DEVICE))
+        varlen_attention_triton(q, k, v, cu)
     out = varlen_attention_triton(q, k, v, cu.contiguous().to(DEVICE))
     ref = varlen_attention_reference(q.double(), k.double(), v.double(), cu.contiguous().to(DEVICE))
     assert (out[:30].double() - ref[:30]).abs().max() <= RTOL * ref.abs().max()

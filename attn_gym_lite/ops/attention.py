@@ -219,13 +219,17 @@ def varlen_attention_reference(
     Raises:
         TypeError / ValueError: ``q, k, v`` not ``[T, H, D]`` tensors of one floating dtype and
             device (:func:`attn_gym_lite.checks.check_qkv`); ``cu_seqlens`` breaking the layout
-            or value rules (:func:`attn_gym_lite.checks.check_cu_seqlens_values`, with ``T``).
+            or value rules (:func:`attn_gym_lite.checks.check_cu_seqlens_values`, with ``T``), or
+            on a device other than the CPU and ``q``'s.
         RuntimeError: called while a CUDA stream is capturing.
 
     Source: the FlashAttention varlen convention (``cu_seqlens`` prefix sums).
     """
     checks.check_qkv(q, k, v, _DTYPES)
-    checks.check_cu_seqlens(cu_seqlens, device=q.device)
+    # cu_seqlens is read on the host, so the CPU is as good as q's device (and lets q live on the
+    # "meta" device, e.g. to count FLOPs).
+    on_host = isinstance(cu_seqlens, torch.Tensor) and cu_seqlens.device.type == "cpu"
+    checks.check_cu_seqlens(cu_seqlens, device=None if on_host else q.device)
     checks.check_cu_seqlens_values(cu_seqlens, token_capacity=q.shape[0])
     bounds = cu_seqlens.tolist()
     out = torch.zeros_like(q)
