@@ -170,7 +170,11 @@ def test_exactness_on_the_gpu_eager_and_replayed():
 
 
 @pytest.mark.gpu
-def test_overcapture_graphs_agree_with_exact_graphs():
+def test_overcapture_graphs_agree_with_exact_graphs(monkeypatch):
+    # Ours only: on a fresh H200 (2026-12-01) this test, with fla too, used the rest of a 180 s GPU
+    # test run twice; fla's first-call autotuning is the likely cause (not yet confirmed). The
+    # suite, not this test, measures fla.
+    monkeypatch.setattr(la, "CAPTURABLE", ("ours",))
     result = la.overcapture(1024, 16, 4, (256, 1024), heads=2, key_dim=64, value_dim=64, iters=3)
     assert "ours" in result["series"], result["errors"]
     for point in result["series"]["ours"]:
