@@ -223,9 +223,9 @@ NOT_CONSUMERS = {
 }
 
 
-def _public_cu_seqlens_callables():
+def _public_callables_taking(parameter):
     """Dotted names (under ``attn_gym_lite.``) of every public function, class and public method
-    (``forward`` included) of layers 0-6 that takes ``cu_seqlens``; a class counts by its
+    (``forward`` included) of layers 0-6 that takes ``parameter``; a class counts by its
     ``__init__``."""
     import importlib
     import inspect
@@ -242,14 +242,14 @@ def _public_cu_seqlens_callables():
             if name.startswith("_") or getattr(obj, "__module__", None) != module.__name__:
                 continue
             short = f"{module.__name__.removeprefix('attn_gym_lite.')}.{name}"
-            if inspect.isfunction(obj) and "cu_seqlens" in inspect.signature(obj).parameters:
+            if inspect.isfunction(obj) and parameter in inspect.signature(obj).parameters:
                 found.add(short)
             elif inspect.isclass(obj):
                 for method, function in vars(obj).items():
                     private = method.startswith("_") and method != "__init__"
                     if private or not inspect.isfunction(function):
                         continue
-                    if "cu_seqlens" not in inspect.signature(function).parameters:
+                    if parameter not in inspect.signature(function).parameters:
                         continue
                     found.add(short if method == "__init__" else f"{short}.{method}")
     return found
@@ -258,7 +258,7 @@ def _public_cu_seqlens_callables():
 def test_every_public_cu_seqlens_callable_is_a_tested_consumer():
     """New public API that takes cu_seqlens joins CONSUMERS (or NOT_CONSUMERS, with a reason)."""
     tested = {name.split(" (")[0] for name in CONSUMERS} | set(NOT_CONSUMERS) | KERNEL_CONSUMERS
-    missing = _public_cu_seqlens_callables() - tested
+    missing = _public_callables_taking("cu_seqlens") - tested
     assert not missing, f"public callables taking cu_seqlens with no malformed-layout test: {sorted(missing)}"
 
 
@@ -307,9 +307,27 @@ def test_capacity_consumers_refuse_malformed_capacities(capacities, error):
             plan_buckets(capacities, 2)
     if torch.cuda.is_available():
         from attn_gym_lite.graph.buckets import GraphBuckets
+        from attn_gym_lite.graph.training import FixedCapacityTrainer
 
         with pytest.raises(error, match="capacities"):
             GraphBuckets(lambda inputs: inputs["x"] * 2, capacities, token_inputs={"x": torch.zeros(8, 2)})
+        model = PackedLM(11, _DIM, _HEADS, device="cuda")
+        batch = PackedBatch(torch.zeros(8, dtype=torch.int64), torch.zeros(8, dtype=torch.int64),
+                            torch.ones(8, dtype=torch.bool), torch.tensor([0, 8], dtype=torch.int32), 8, 1, 8)
+        with pytest.raises(error, match="capacities"):
+            FixedCapacityTrainer(model, batch, use_graph=True, capacities=capacities)
+
+
+#: Public callables of layers 0-6 that take ``capacities``: tested above (GraphBuckets and
+#: FixedCapacityTrainer where CUDA is), or listed here with the reason.
+CAPACITY_CONSUMERS = {"data.capacity.select_bucket", "graph.buckets.GraphBuckets",
+                      "graph.training.FixedCapacityTrainer"}
+NOT_CAPACITY_CONSUMERS = {"data.capacity.BucketPlan": "the record plan_buckets returns, its capacities already checked"}
+
+
+def test_every_public_capacities_callable_is_tested():
+    missing = _public_callables_taking("capacities") - CAPACITY_CONSUMERS - set(NOT_CAPACITY_CONSUMERS)
+    assert not missing, f"public callables taking capacities with no malformed-capacities test: {sorted(missing)}"
 
 
 # ---------------------------------------------------------------------------------------------
