@@ -18,3 +18,13 @@ def pytest_collection_modifyitems(items):
     for item in items:
         if item.get_closest_marker("gpu") and not torch.cuda.is_available():
             item.add_marker(pytest.mark.skip(reason="needs a CUDA device"))
+
+
+@pytest.fixture(autouse=True)
+def _close_figures():
+    """Close the figures a test drew (pyplot keeps every open figure alive and warns past 20)."""
+    yield
+    import sys
+
+    if "matplotlib.pyplot" in sys.modules:
+        sys.modules["matplotlib.pyplot"].close("all")
