@@ -77,6 +77,7 @@ from ..graph.distributed import CAPTURE_ENVIRONMENT, DataParallelTrainer, global
 from ..isolation import run_process_group, run_within_budget
 from ..models import PackedTransformer
 from ..profiling import device_events, profile
+from ..profiling.intervals import busy_and_gaps
 from .end_to_end import workload_batches
 from .timing import median, percentiles, step_intervals_us
 
@@ -137,27 +138,9 @@ def _batch_file(folder: Path | str, workload: str, rank: int, world_size: int) -
 # Reading a trace: does communication overlap computation?
 
 
-def _union(intervals: list[tuple[float, float]]) -> list[tuple[float, float]]:
-    merged: list[list[float]] = []
-    for start, end in sorted(intervals):
-        if merged and start <= merged[-1][1]:
-            merged[-1][1] = max(merged[-1][1], end)
-        else:
-            merged.append([start, end])
-    return [(a, b) for a, b in merged]
-
-
-def _intersection_length(a: list[tuple[float, float]], b: list[tuple[float, float]]) -> float:
-    """Length of the intersection of two sorted, disjoint interval lists (two pointers)."""
-    i = j = 0
-    total = 0.0
-    while i < len(a) and j < len(b):
-        total += max(0.0, min(a[i][1], b[j][1]) - max(a[i][0], b[j][0]))
-        if a[i][1] < b[j][1]:
-            i += 1
-        else:
-            j += 1
-    return total
+def _busy(spans: list[tuple[float, float]]) -> float:
+    """Length of the union of ``spans`` (the profiling layer's one interval sweep)."""
+    return busy_and_gaps(spans)[0]
 
 
 def communication_overlap(trace: dict, steps: int = 1) -> dict:
@@ -197,24 +180,29 @@ def communication_overlap(trace: dict, steps: int = 1) -> dict:
     def span(event: dict) -> tuple[float, float]:
         return float(event["ts"]), float(event["ts"]) + float(event["dur"])
 
-    nccl = [e for e in kernels if is_nccl(e)]
-    compute = [e for e in kernels if not is_nccl(e)]
-    nccl_union, compute_union = _union([span(e) for e in nccl]), _union([span(e) for e in compute])
-    overlap = _intersection_length(nccl_union, compute_union)
-    nccl_us = sum(b - a for a, b in nccl_union)
+    nccl_events = [e for e in kernels if is_nccl(e)]
+    compute_events = [e for e in kernels if not is_nccl(e)]
+    nccl, compute = [span(e) for e in nccl_events], [span(e) for e in compute_events]
+    compute_us = _busy(compute)
+
+    def overlap_with_compute(spans: list[tuple[float, float]]) -> float:
+        # |A ∩ B| = |A| + |B| - |A ∪ B|: the intersection from three unions.
+        return _busy(spans) + compute_us - _busy(spans + compute)
+
+    nccl_us, overlap = _busy(nccl), overlap_with_compute(nccl)
     origin = float(kernels[0]["ts"])
     listed = [{"name": str(e.get("name", ""))[:80], "start_us": float(e["ts"]) - origin, "dur_us": float(e["dur"]),
-               "overlap_us": _intersection_length([span(e)], compute_union)} for e in nccl[:16]]
+               "overlap_us": overlap_with_compute([span(e)])} for e in nccl_events[:16]]
     return {
         "steps": steps,
         "kernels_per_step": len(kernels) / steps,
         "nccl_kernels_per_step": len(nccl) / steps,
         "nccl_us_per_step": nccl_us / steps,
-        "compute_us_per_step": sum(b - a for a, b in compute_union) / steps,
+        "compute_us_per_step": compute_us / steps,
         "overlap_us_per_step": overlap / steps,
         "overlap_fraction": overlap / nccl_us if nccl_us > 0 else 0.0,
-        "streams": {"nccl": sorted({str(e.get("tid")) for e in nccl}),
-                    "compute": sorted({str(e.get("tid")) for e in compute})},
+        "streams": {"nccl": sorted({str(e.get("tid")) for e in nccl_events}),
+                    "compute": sorted({str(e.get("tid")) for e in compute_events})},
         "nccl_kernels": listed,
     }
 
