@@ -78,7 +78,7 @@ from ..isolation import run_process_group, run_within_budget
 from ..models import PackedTransformer
 from ..profiling import device_events, profile
 from ..profiling.intervals import busy_and_gaps
-from .end_to_end import workload_batches
+from .end_to_end import SFT_CORPUS_DOCUMENTS, workload_batches
 from .timing import median, percentiles, step_intervals_us
 
 MIB = 2**20
@@ -89,7 +89,7 @@ MODES = ("eager", "graph")
 #: end-to-end suite), ``steps`` batches per rank of which the first ``timed_warmup`` are not timed.
 CONFIG = {
     "T": 4096, "dim": 512, "num_heads": 8, "num_layers": 4, "lr": 1e-3, "steps": 40, "timed_warmup": 8,
-    "sft_documents": 16, "sft_min_fill": 0.1, "sft_corpus_documents": 200, "pretraining_buffer": 32, "seed": 0,
+    "sft_documents": 16, "sft_min_fill": 0.1, "sft_corpus_documents": SFT_CORPUS_DOCUMENTS, "pretraining_buffer": 32, "seed": 0,
     "device": "cuda", "dtype": "bfloat16", "impl": "auto", "bucket_cap_mb": None,
     "gradient_workload": "sft", "profile_workload": "pretraining", "profile_steps": 2,
     "fsdp2_workload": "pretraining", "fsdp2_steps": 12,

@@ -282,7 +282,7 @@ class DataParallelTrainer:
         if device.type == "cuda":
             options["device_ids"] = [device]
         self.parameters = tuple(model.parameters())
-        self.graph = self.static = None
+        self.graph = self.static = self.stream = None  # the graph path sets them
         if not use_graph:
             self.ddp = nn.parallel.DistributedDataParallel(_TokenLossSum(model), **options)
             self.optimizer = torch.optim.Adam(self.parameters, lr=lr, fused=True)
