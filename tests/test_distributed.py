@@ -307,9 +307,9 @@ def test_global_batch_keeps_a_sequence_after_an_empty_one():
     merged = global_batch([with_gap, other])
     assert sequences(merged) == sequences(with_gap) + sequences(other) == [[5, 9, 2], [7], [4, 1, 6], [3, 3]]
     assert merged.active_sequences == 4 and merged.active_tokens == 9
-    wrong = dataclasses.replace(with_gap, active_tokens=3)
-    with pytest.raises(ValueError, match=r"batches\[0\].active_tokens must equal its cu_seqlens\[-1\] = 4, got 3"):
-        global_batch([wrong])
+    # A batch whose L contradicts its cu_seqlens cannot reach global_batch: PackedBatch refuses it.
+    with pytest.raises(ValueError, match=r"PackedBatch.active_tokens must equal cu_seqlens\[-1\] = 4 .*got 3"):
+        dataclasses.replace(with_gap, active_tokens=3)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -16,7 +16,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from ..checks import check_capacities, check_cu_seqlens, check_int
+from ..checks import check_capacities, check_cu_seqlens, check_cu_seqlens_values, check_int
 from ..ragged import cu_seqlens_from_lengths, packed_to_padded, pad_cu_seqlens
 
 __all__ = ["PackedBatch", "batch_from_pieces"]
@@ -43,11 +43,22 @@ class PackedBatch:
         active_sequences: ``M``, the number of non-empty sequences, ``0 <= M <= N``.
         max_seqlen: ``S_max``, the longest active sequence (tokens).
 
+    The host ints must say what ``cu_seqlens`` says: a trainer sizes its work and keys its graphs
+    by them. Where ``cu_seqlens`` is on the CPU (where loaders make batches) its values are read
+    and checked: the value rules of :func:`attn_gym_lite.checks.check_cu_seqlens_values` with
+    ``token_capacity = T``, then ``active_tokens == cu_seqlens[-1]``, ``active_sequences`` equal
+    to the number of non-empty sequences and ``max_seqlen`` equal to the longest one. A batch
+    whose ``cu_seqlens`` is on another device (CUDA) is checked by metadata only (its layout and
+    the ranges of the host ints): reading its values would synchronise with the device, and is
+    impossible during a CUDA graph capture.
+
     Raises:
         TypeError: a field has the wrong type or dtype.
         ValueError: a field has the wrong shape or an out-of-range size; ``cu_seqlens`` not
             contiguous or not on ``input_ids``' device (the layout rules of
-            :func:`attn_gym_lite.checks.check_cu_seqlens`).
+            :func:`attn_gym_lite.checks.check_cu_seqlens`); for a CPU ``cu_seqlens``, a value rule
+            broken (``cu_seqlens[0] != 0``, a decrease, ``L > T``) or an ``active_tokens``,
+            ``active_sequences`` or ``max_seqlen`` that is not what ``cu_seqlens`` says.
 
     Source: seed article, "A More Realistic Training Loop" (``PackedBatch``).
     """
@@ -61,8 +72,8 @@ class PackedBatch:
     max_seqlen: int
 
     def __post_init__(self) -> None:
-        # Shapes and dtypes only: reading tensor values here would sync if a caller built a
-        # batch from device tensors.
+        # Shapes and dtypes first. Values are read only from a CPU cu_seqlens (at the end): reading
+        # a device tensor's would sync if a caller built a batch from device tensors.
         expected = {
             "input_ids": torch.int64,
             "labels": torch.int64,
@@ -97,6 +108,34 @@ class PackedBatch:
             maximum=self.sequence_capacity,
         )
         check_int("PackedBatch.max_seqlen", self.max_seqlen, minimum=0, maximum=self.active_tokens)
+        if self.cu_seqlens.device.type == "cpu":
+            self._check_against_cu_seqlens()
+
+    def _check_against_cu_seqlens(self) -> None:
+        """The host ints against the values of a CPU ``cu_seqlens`` (see the class docstring)."""
+        check_cu_seqlens_values(self.cu_seqlens, token_capacity=self.token_capacity,
+                                argument="PackedBatch.cu_seqlens")
+        # numpy on the (CPU) values: a few microseconds, against tens for the same torch ops.
+        bounds = self.cu_seqlens.numpy()
+        lengths = np.diff(bounds)
+        active_tokens = int(bounds[-1])
+        if self.active_tokens != active_tokens:
+            raise ValueError(
+                f"PackedBatch.active_tokens must equal cu_seqlens[-1] = {active_tokens} (L, the active tokens), "
+                f"got {self.active_tokens}"
+            )
+        active_sequences = int(np.count_nonzero(lengths))  # lengths >= 0: the value rules hold
+        if self.active_sequences != active_sequences:
+            raise ValueError(
+                f"PackedBatch.active_sequences must equal the number of non-empty sequences in cu_seqlens "
+                f"(M = {active_sequences}), got {self.active_sequences}"
+            )
+        longest = int(lengths.argmax())
+        if self.max_seqlen != int(lengths[longest]):
+            raise ValueError(
+                f"PackedBatch.max_seqlen must equal the longest sequence in cu_seqlens "
+                f"(sequence {longest}, {int(lengths[longest])} tokens), got {self.max_seqlen}"
+            )
 
     @property
     def token_capacity(self) -> int:
