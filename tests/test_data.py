@@ -229,6 +229,25 @@ def test_packed_batch_counts_only_non_empty_sequences():
     assert empty.token_capacity == 8
 
 
+def test_packed_batch_refuses_a_negative_label_on_a_counted_row():
+    """Before: a -100 on a row loss_mask counts was accepted, and the loss then failed with torch's
+    bare 'IndexError: Target -100 is out of bounds' (a device-side assert on CUDA)."""
+    batch = _batch_5_4_7()
+    counted = [t for t in range(16) if bool(batch.loss_mask[t])]
+    assert counted[:2] == [0, 1] and 4 not in counted  # row 4 ends sequence 0: no target
+    for value in (-100, -1):
+        labels = batch.labels.clone()
+        labels[[1, 2]] = value
+        with pytest.raises(ValueError, match=rf"PackedBatch.labels must be >= 0 on the rows loss_mask counts, got "
+                                             rf"labels\[1\] = {value} where loss_mask\[1\] is True \(2 such rows\); rows "
+                                             r"without a target are excluded by loss_mask .*not by a -100 label"):
+            dataclasses.replace(batch, labels=labels)
+    # On rows the loss does not count, a label is never read: -100 there is harmless.
+    labels = batch.labels.clone()
+    labels[[4, 8, 15]] = -100
+    assert dataclasses.replace(batch, labels=labels).labels[4] == -100
+
+
 def test_packed_batch_on_a_device_checks_metadata_only():
     """Documented: a cu_seqlens off the CPU is not read (that would sync); ranges still hold."""
     meta = {name: getattr(_batch_5_4_7(), name).to("meta") for name in ("input_ids", "labels", "loss_mask", "cu_seqlens")}

@@ -35,7 +35,9 @@ class PackedBatch:
         input_ids: int64 ``[T]`` token ids.
         labels: int64 ``[T]`` next-token targets within the same sequence:
             ``labels[t] == input_ids[t + 1]`` wherever ``loss_mask[t]`` is True. Where there is
-            no target (a sequence's last token, padding) the label is 0.
+            no target (a sequence's last token, padding) the label is 0: such rows are excluded
+            by ``loss_mask``, not by a ``-100`` label (there is no ``ignore_index``), so a label
+            the loss counts must be ``>= 0``.
         loss_mask: bool ``[T]``, True where ``labels`` is a real target that the loss counts.
         cu_seqlens: int32 ``[N + 1]`` prefix sums ``[0, ..., L, L, L]``; the unused tail repeats
             ``L`` so that trailing slots describe empty sequences.
@@ -50,7 +52,9 @@ class PackedBatch:
     to the number of non-empty sequences and ``max_seqlen`` equal to the longest one. A batch
     whose ``cu_seqlens`` is on another device (CUDA) is checked by metadata only (its layout and
     the ranges of the host ints): reading its values would synchronise with the device, and is
-    impossible during a CUDA graph capture.
+    impossible during a CUDA graph capture. Likewise ``labels`` is read where it and
+    ``loss_mask`` are on the CPU: no label on a row ``loss_mask`` counts may be negative. (The
+    vocabulary, and so the labels' upper bound, is the model's: the loss checks it.)
 
     Raises:
         TypeError: a field has the wrong type or dtype.
@@ -58,7 +62,9 @@ class PackedBatch:
             contiguous or not on ``input_ids``' device (the layout rules of
             :func:`attn_gym_lite.checks.check_cu_seqlens`); for a CPU ``cu_seqlens``, a value rule
             broken (``cu_seqlens[0] != 0``, a decrease, ``L > T``) or an ``active_tokens``,
-            ``active_sequences`` or ``max_seqlen`` that is not what ``cu_seqlens`` says.
+            ``active_sequences`` or ``max_seqlen`` that is not what ``cu_seqlens`` says; for CPU
+            ``labels`` and ``loss_mask``, a negative label (``-100``, say) on a row ``loss_mask``
+            counts.
 
     Source: seed article, "A More Realistic Training Loop" (``PackedBatch``).
     """
@@ -110,6 +116,19 @@ class PackedBatch:
         check_int("PackedBatch.max_seqlen", self.max_seqlen, minimum=0, maximum=self.active_tokens)
         if self.cu_seqlens.device.type == "cpu":
             self._check_against_cu_seqlens()
+        if self.labels.device.type == "cpu" and self.loss_mask.device.type == "cpu":
+            self._check_counted_labels()
+
+    def _check_counted_labels(self) -> None:
+        """No negative label on a row the loss counts (CPU values; see the class docstring)."""
+        rows = np.flatnonzero((self.labels.numpy() < 0) & self.loss_mask.numpy())
+        if rows.size:
+            row = int(rows[0])
+            raise ValueError(
+                f"PackedBatch.labels must be >= 0 on the rows loss_mask counts, got labels[{row}] = "
+                f"{int(self.labels[row])} where loss_mask[{row}] is True ({rows.size} such rows); rows without "
+                "a target are excluded by loss_mask (set it False there), not by a -100 label"
+            )
 
     def _check_against_cu_seqlens(self) -> None:
         """The host ints against the values of a CPU ``cu_seqlens`` (see the class docstring)."""
