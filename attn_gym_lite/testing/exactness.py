@@ -202,8 +202,9 @@ def compare_gradients(
         JSON-ready ``{"loss_at_capacity": float, "loss_exact": float, "gradients": {name:
         {"nonfinite": int, "max_abs_diff": float | None, "max_abs_exact": float | None}}}``:
         :func:`error_stats` of each gradient at capacity against the exact one, on the CPU
-        (``max_abs_exact`` is its ``max_abs_ref``). ``max_abs_diff`` is ``None`` when the gradient
-        at capacity has non-finite entries (the difference is then not a number).
+        (``max_abs_exact`` is its ``max_abs_ref``). ``max_abs_diff`` is ``None`` when either gradient
+        has non-finite entries (the difference is then not a number), ``max_abs_exact`` when the
+        exact one has.
 
     Raises:
         ValueError: the two results do not name the same gradients with the same shapes.
