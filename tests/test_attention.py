@@ -186,6 +186,44 @@ def test_sdpa_on_a_padded_batch_equals_packed_attention_on_the_real_tokens():
         varlen_attention(*padded, rows, impl="sdpa", causal=True, max_seqlen=4, validate=False)
 
 
+def test_sdpa_without_max_seqlen_names_impl_sdpa():
+    """Before: the message blamed schedule='rect', a Triton schedule sdpa has nothing to do with."""
+    rows = torch.tensor([0, 5, 10], dtype=torch.int32)
+    x = torch.randn(10, 2, 4)
+    with pytest.raises(ValueError, match=r"^max_seqlen must be an int >= 1 for impl='sdpa', got None$"):
+        varlen_attention(x, x, x, rows, impl="sdpa")
+
+
+def test_the_docstrings_list_every_implementation():
+    """Before: the module docstring said 'three implementations' over four bullets and 'auto', and
+    varlen_attention's (and VarLenAttention's) impl argument left out "sdpa"."""
+    import re
+
+    from attn_gym_lite.models.attention import VarLenAttention
+    from attn_gym_lite.ops import attention
+
+    every = ("auto", *attention.IMPLEMENTATIONS)
+    assert set(every) == {"auto", "triton", "varlen_attn", "reference", "sdpa"}
+    for impl in every:  # each one the dispatcher accepts, and nothing else
+        assert resolve_impl(impl, torch.zeros(1, 1, 16)) in attention.IMPLEMENTATIONS
+    with pytest.raises(ValueError, match=r"impl must be one of \('auto', 'triton', 'varlen_attn', 'reference', "
+                                         r"'sdpa'\), got 'flash'"):
+        resolve_impl("flash", torch.zeros(1, 1, 16))
+    module = attention.__doc__
+    counts = {3: "three", 4: "four", 5: "five", 6: "six"}
+    assert module.splitlines()[0].endswith(f"{counts[len(attention.IMPLEMENTATIONS)]} implementations and ``\"auto\"``.")
+    bullets = re.findall(r'^\* ``"(\w+)"``:', module, flags=re.MULTILINE)
+    assert sorted(bullets) == sorted(every)
+
+    def impl_argument(doc):
+        """The text of the ``impl:`` argument, up to the next argument."""
+        return re.search(r"^ {8}impl: (.*?)(?=^ {8}\w+:)", doc, flags=re.MULTILINE | re.DOTALL).group(1)
+
+    for doc in (varlen_attention.__doc__, VarLenAttention.__doc__):
+        named = set(re.findall(r'``"(\w+)"``', impl_argument(doc)))
+        assert named == set(every), (named, doc[:60])
+
+
 def test_the_entry_point_compiles_once_for_changing_shapes():
     from torch._dynamo.utils import counters
 

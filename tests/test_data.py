@@ -6,6 +6,7 @@ tokenizer whose token counts are obvious, and the documents re-tokenized one at 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import random
 import sys
@@ -32,7 +33,7 @@ from attn_gym_lite.data import (
     python_stdlib_corpus,
     text_files,
 )
-from attn_gym_lite.data.batch import padded_batch
+from attn_gym_lite.data.batch import batch_from_pieces, padded_batch
 from attn_gym_lite.data.study import document_lengths
 
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -175,6 +176,85 @@ def test_packed_batch_properties_and_frozen():
 def test_packed_batch_rejects_bad_fields(overrides, error, match):
     with pytest.raises(error, match=match):
         make_batch(**overrides)
+
+
+#: Three sequences of 5, 4 and 7 tokens in T = 16 rows, N = 3 slots: cu_seqlens [0, 5, 9, 16].
+LENGTHS_5_4_7 = [5, 4, 7]
+
+
+def _batch_5_4_7() -> PackedBatch:
+    return batch_from_pieces([[i + 1] * n for i, n in enumerate(LENGTHS_5_4_7)], 16, 3)
+
+
+def test_packed_batch_host_ints_are_what_cu_seqlens_says():
+    batch = _batch_5_4_7()
+    assert batch.cu_seqlens.tolist() == [0, 5, 9, 16]
+    assert (batch.active_tokens, batch.active_sequences, batch.max_seqlen) == (
+        sum(LENGTHS_5_4_7), len(LENGTHS_5_4_7), max(LENGTHS_5_4_7))
+
+
+@pytest.mark.parametrize(
+    ("overrides", "match"),
+    [
+        # Before: each was accepted, and the trainer trained on the contradiction silently.
+        ({"active_tokens": 12}, r"PackedBatch.active_tokens must equal cu_seqlens\[-1\] = 16 .*got 12"),
+        ({"max_seqlen": 3},
+         r"PackedBatch.max_seqlen must equal the longest sequence in cu_seqlens \(sequence 2, 7 tokens\), got 3"),
+        ({"max_seqlen": 9}, r"PackedBatch.max_seqlen must equal the longest sequence .*7 tokens.*got 9"),
+        ({"active_sequences": 1},
+         r"PackedBatch.active_sequences must equal the number of non-empty sequences in cu_seqlens \(M = 3\), got 1"),
+        ({"cu_seqlens": torch.tensor([1, 5, 9, 16], dtype=torch.int32)}, r"PackedBatch.cu_seqlens\[0\] must be 0, got 1"),
+        ({"cu_seqlens": torch.tensor([0, 9, 5, 16], dtype=torch.int32)},
+         r"PackedBatch.cu_seqlens must be non-decreasing, but PackedBatch.cu_seqlens\[2\] = 5"),
+        ({"cu_seqlens": torch.tensor([0, 5, 9, 17], dtype=torch.int32)},
+         r"PackedBatch.cu_seqlens\[-1\] \(active tokens L\) must be <= token_capacity T = 16, got L = 17"),
+    ],
+)
+def test_packed_batch_refuses_host_ints_that_contradict_cu_seqlens(overrides, match):
+    with pytest.raises(ValueError, match=match):
+        dataclasses.replace(_batch_5_4_7(), **overrides)
+
+
+def test_packed_batch_counts_only_non_empty_sequences():
+    # Empty sequences between and after the others: M counts the non-empty ones, max_seqlen the longest.
+    fields = dict(input_ids=torch.arange(8), labels=torch.zeros(8, dtype=torch.int64),
+                  loss_mask=torch.zeros(8, dtype=torch.bool),
+                  cu_seqlens=torch.tensor([0, 3, 3, 5, 5], dtype=torch.int32))
+    batch = PackedBatch(**fields, active_tokens=5, active_sequences=2, max_seqlen=3)
+    assert batch.active_sequences == sum(1 for a, b in pairwise([0, 3, 3, 5, 5]) if b > a)
+    with pytest.raises(ValueError, match=r"\(M = 2\), got 4"):
+        PackedBatch(**fields, active_tokens=5, active_sequences=4, max_seqlen=3)
+    empty = PackedBatch(**(fields | {"cu_seqlens": torch.zeros(5, dtype=torch.int32)}), active_tokens=0,
+                        active_sequences=0, max_seqlen=0)
+    assert empty.token_capacity == 8
+
+
+def test_packed_batch_refuses_a_negative_label_on_a_counted_row():
+    """Before: a -100 on a row loss_mask counts was accepted, and the loss then failed with torch's
+    bare 'IndexError: Target -100 is out of bounds' (a device-side assert on CUDA)."""
+    batch = _batch_5_4_7()
+    counted = [t for t in range(16) if bool(batch.loss_mask[t])]
+    assert counted[:2] == [0, 1] and 4 not in counted  # row 4 ends sequence 0: no target
+    for value in (-100, -1):
+        labels = batch.labels.clone()
+        labels[[1, 2]] = value
+        with pytest.raises(ValueError, match=rf"PackedBatch.labels must be >= 0 on the rows loss_mask counts, got "
+                                             rf"labels\[1\] = {value} where loss_mask\[1\] is True \(2 such rows\); rows "
+                                             r"without a target are excluded by loss_mask .*not by a -100 label"):
+            dataclasses.replace(batch, labels=labels)
+    # On rows the loss does not count, a label is never read: -100 there is harmless.
+    labels = batch.labels.clone()
+    labels[[4, 8, 15]] = -100
+    assert dataclasses.replace(batch, labels=labels).labels[4] == -100
+
+
+def test_packed_batch_on_a_device_checks_metadata_only():
+    """Documented: a cu_seqlens off the CPU is not read (that would sync); ranges still hold."""
+    meta = {name: getattr(_batch_5_4_7(), name).to("meta") for name in ("input_ids", "labels", "loss_mask", "cu_seqlens")}
+    batch = PackedBatch(**meta, active_tokens=12, active_sequences=1, max_seqlen=3)  # not read, so not refused
+    assert batch.active_tokens == 12
+    with pytest.raises(ValueError, match=r"active_tokens must be an int in \[0, 16\], got 17"):
+        PackedBatch(**meta, active_tokens=17, active_sequences=1, max_seqlen=3)
 
 
 def test_pin_memory():

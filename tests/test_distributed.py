@@ -274,7 +274,7 @@ def test_token_loss_sum_ignores_unselected_labels_and_refuses_an_ignorable_selec
     expected = sum(torch.logsumexp(logits[t], 0) - logits[t, labels[t]] for t in range(4))
     torch.testing.assert_close(total, expected)
     assert count.item() == 4
-    with pytest.raises(IndexError, match="-100"):
+    with pytest.raises(ValueError, match=r"got labels\[1\] = -100 where loss_mask\[1\] is True"):
         token_loss_sum(logits, torch.tensor([3, -100, 10, 4, 0, 0]), mask)
     with pytest.raises(ValueError, match=r"logits must have shape \[T, V\] with V >= 1 .*got shape \(6, 0\)"):
         token_loss_sum(logits[:, :0], labels, mask)
@@ -307,9 +307,9 @@ def test_global_batch_keeps_a_sequence_after_an_empty_one():
     merged = global_batch([with_gap, other])
     assert sequences(merged) == sequences(with_gap) + sequences(other) == [[5, 9, 2], [7], [4, 1, 6], [3, 3]]
     assert merged.active_sequences == 4 and merged.active_tokens == 9
-    wrong = dataclasses.replace(with_gap, active_tokens=3)
-    with pytest.raises(ValueError, match=r"batches\[0\].active_tokens must equal its cu_seqlens\[-1\] = 4, got 3"):
-        global_batch([wrong])
+    # A batch whose L contradicts its cu_seqlens cannot reach global_batch: PackedBatch refuses it.
+    with pytest.raises(ValueError, match=r"PackedBatch.active_tokens must equal cu_seqlens\[-1\] = 4 .*got 3"):
+        dataclasses.replace(with_gap, active_tokens=3)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -77,14 +77,44 @@ def test_a_stray_label_on_an_unselected_row_changes_nothing(stray):
 
 def test_an_ignorable_label_on_a_selected_row_is_an_error_not_a_zero_loss():
     """Before: cross_entropy's default ignore_index=-100 made that row a zero loss that still
-    counted in the denominator, a silently smaller mean."""
+    counted in the denominator, a silently smaller mean; then torch's bare
+    'IndexError: Target -100 is out of bounds', naming neither the argument nor the row."""
     logits, labels, mask = _batch(2)
     labels[0] = -100  # row 0 is selected
-    with pytest.raises(IndexError, match="-100"):
+    with pytest.raises(ValueError, match=r"labels must be in \[0, V\) = \[0, 7\) \(V = logits.shape\[1\]\) on the rows "
+                                         r"loss_mask selects, got labels\[0\] = -100 where loss_mask\[0\] is True "
+                                         r"\(1 such rows\); rows without a target are excluded by loss_mask, not by -100"):
         packed_lm_loss(logits, labels, mask)
-    labels[0] = VOCAB  # one past the vocabulary
-    with pytest.raises(IndexError):
+    labels[0] = VOCAB  # one past the vocabulary: no hint about -100
+    with pytest.raises(ValueError, match=r"got labels\[0\] = 7 where loss_mask\[0\] is True \(1 such rows\)$"):
         packed_lm_loss(logits, labels, mask)
+
+
+@pytest.mark.parametrize("stray", [-1, -100, VOCAB, 10**6])
+def test_every_out_of_range_selected_label_is_named_with_its_first_row(stray):
+    logits, labels, mask = _batch(6)
+    rows = [int(t) for t in torch.nonzero(mask).flatten()][-2:]  # the last two selected rows
+    for row in rows:
+        labels[row] = stray
+    with pytest.raises(ValueError, match=rf"got labels\[{rows[0]}\] = {stray} where loss_mask\[{rows[0]}\] is True "
+                                         r"\(2 such rows\)"):
+        token_loss_sum(logits, labels, mask)
+    # The largest and smallest in-range labels pass: the bound is exactly V = logits.shape[1].
+    labels[rows[0]], labels[rows[1]] = 0, VOCAB - 1
+    total, _ = token_loss_sum(logits, labels, mask)
+    assert total.item() == pytest.approx(naive_mean_loss(logits, labels, mask)[0] * int(mask.sum()), rel=1e-12)
+
+
+def test_labels_off_the_cpu_are_not_read(monkeypatch):
+    """Documented: on CUDA the labels are not checked (reading them would sync, and cannot happen
+    during a capture); a meta tensor stands in for a device tensor here: it has no values to read."""
+    read = []
+    monkeypatch.setattr(lm_module, "_check_selected_labels", lambda *args: read.append(args))
+    logits, labels, mask = _batch(7)
+    token_loss_sum(logits.to("meta"), labels.to("meta"), mask.to("meta"))
+    assert read == []
+    token_loss_sum(logits, labels, mask)
+    assert len(read) == 1
 
 
 def test_an_all_false_mask_gives_zero_not_nan():

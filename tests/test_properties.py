@@ -207,7 +207,7 @@ CONSUMERS.update({
         lambda cu: KDAAttention(_DIM, _HEADS, 4, impl="chunked").core_inputs(torch.randn(T, _DIM), cu), False),
     "data.batch.PackedBatch": (
         lambda cu: PackedBatch(torch.zeros(T, dtype=torch.int64), torch.zeros(T, dtype=torch.int64),
-                               torch.zeros(T, dtype=torch.bool), cu, 0, 0, 0), False),
+                               torch.zeros(T, dtype=torch.bool), cu, 0, 0, 0), True),
 })
 
 #: Consumers tested only where the Triton kernels run (compiled on a GPU, or the interpreter).

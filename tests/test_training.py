@@ -146,3 +146,71 @@ def test_bucket_training_matches_one_graph():
         if capacities:
             assert trainer.buckets.capacities == (256, 512, 1024)
     torch.testing.assert_close(losses[True], losses[False], atol=2e-2, rtol=2e-2)
+
+
+def _capacity_16_3(lengths=(5, 4, 7), token_capacity=16, sequence_capacity=3):
+    from attn_gym_lite.data.batch import batch_from_pieces
+
+    return batch_from_pieces([[i + 1] * n for i, n in enumerate(lengths)], token_capacity, sequence_capacity)
+
+
+# (T, N) of a batch the trainer built on T = 16, N = 3 must refuse, in every mode.
+OTHER_CAPACITIES = [(8, 3), (16, 4), (32, 3)]
+
+
+def _refuses_other_capacities(trainer):
+    for token_capacity, sequence_capacity in OTHER_CAPACITIES:
+        other = _capacity_16_3((5, 3), token_capacity, sequence_capacity)
+        with pytest.raises(ValueError, match=rf"batch must have the trainer's capacity T = 16 token rows and N = 3 "
+                                             rf"sequence slots \(those of first_batch\), got T = {token_capacity} "
+                                             rf"and N = {sequence_capacity}"):
+            trainer.step(other)
+    with pytest.raises(TypeError, match="batch must be a PackedBatch, got dict"):
+        trainer.step({"input_ids": torch.zeros(16, dtype=torch.int64)})
+
+
+@pytest.mark.parametrize("eager_rows", ["capacity", "active"])
+def test_an_eager_step_refuses_another_capacity_like_a_graph(eager_rows):
+    """Before: with use_graph=False a batch of T = 8, N = 3 trained fine on a trainer built on
+    T = 16, N = 3, although step's docstring said it raises ValueError."""
+    torch.manual_seed(0)
+    model = PackedLM(11, 8, 2)
+    trainer = FixedCapacityTrainer(model, _capacity_16_3(), use_graph=False, eager_rows=eager_rows)
+    before = [p.detach().clone() for p in model.parameters()]
+    _refuses_other_capacities(trainer)
+    # Nothing was trained by the refused steps; a batch of the capacity still trains.
+    assert all(torch.equal(p, b) for p, b in zip(model.parameters(), before))
+    assert torch.isfinite(trainer.step(_capacity_16_3((2, 9, 1))))
+    with pytest.raises(TypeError, match="first_batch must be a PackedBatch, got dict"):
+        FixedCapacityTrainer(model, {"input_ids": torch.zeros(16, dtype=torch.int64)}, use_graph=False)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("capacities", [None, [8, 16]])
+def test_a_graph_step_refuses_another_capacity(capacities):
+    model = PackedLM(11, 16, 2, device="cuda", dtype=torch.bfloat16)
+    trainer = FixedCapacityTrainer(model, _capacity_16_3().pin_memory(), use_graph=True, capacities=capacities)
+    _refuses_other_capacities(trainer)
+    assert torch.isfinite(trainer.step(_capacity_16_3((2, 9, 1)).pin_memory()))
+
+
+def test_the_padded_baseline_trains_batches_of_their_own_capacity():
+    """The end-to-end suite's 'eager padded' stack feeds each batch at its own capacity M x S_max,
+    so it no longer goes through the trainer (which now refuses that); its losses equal those of
+    the packed stacks on the same documents (a causal model: padding after a token is unseen)."""
+    from attn_gym_lite.bench.end_to_end import _build
+    from attn_gym_lite.data.batch import batch_from_pieces
+
+    g = torch.Generator().manual_seed(0)
+    batches = [batch_from_pieces([torch.randint(0, 50, (n,), generator=g).tolist() for n in lengths], 32, 4)
+               for lengths in ([5, 9, 3], [12, 2, 7, 4], [16])]
+    config, model_args = {"seed": 0, "lr": 1e-2, "device": "cpu"}, {"vocab_size": 50, "dim": 16, "num_heads": 2,
+                                                                    "num_layers": 1}
+    losses = {}
+    for stack in ("eager padded", "eager packed", "eager packed, L rows"):
+        step, fed = _build(stack, model_args, batches, config)
+        if stack == "eager padded":
+            assert [(b.token_capacity, b.max_seqlen) for b in fed] == [(3 * 9, 9), (4 * 12, 12), (16, 16)]
+        losses[stack] = torch.stack([step(b) for b in fed])
+    torch.testing.assert_close(losses["eager padded"], losses["eager packed"], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(losses["eager packed, L rows"], losses["eager packed"], rtol=1e-5, atol=1e-5)

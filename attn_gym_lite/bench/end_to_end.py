@@ -103,16 +103,19 @@ def workload_batches(workload: str, steps: int, config: dict = CONFIG, *, rank: 
     raise ValueError(f"workload must be one of {WORKLOADS}, got {workload!r}")
 
 
-class _CompiledStep:
-    """``torch.compile`` of the model's loss, then the same backward and fused Adam as the trainer.
+class _LossStep:
+    """The model's loss, ``torch.compile``'d (with ``mode``) when ``compiled``, then the same
+    backward and fused Adam as the trainer.
 
     ``rows="active"`` feeds each batch's ``L`` real rows and its own ``max_seqlen`` (shapes change
     every step); ``rows="capacity"`` feeds all ``T`` rows and ``max_seqlen = T`` (fixed shapes).
+    Unlike :class:`~attn_gym_lite.graph.training.FixedCapacityTrainer` it takes batches of any
+    capacity: the padded baseline's each have their own, ``M x S_max``.
     """
 
-    def __init__(self, model, mode: str | None, rows: str, lr: float) -> None:
+    def __init__(self, model, mode: str | None, rows: str, lr: float, *, compiled: bool = True) -> None:
         self.model, self.rows = model, rows
-        self.loss = torch.compile(model.loss, mode=mode)
+        self.loss = torch.compile(model.loss, mode=mode) if compiled else model.loss
         self.parameters = tuple(model.parameters())
         self.optimizer = torch.optim.Adam(self.parameters, lr=lr, fused=True)
 
@@ -147,14 +150,16 @@ def _build(stack: str, model_args: dict, batches: list, config: dict):
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     model = PackedTransformer(**model_args, impl=impl, device=device, dtype=dtype)
     if stack == "eager padded":
-        return FixedCapacityTrainer(model, batches[0], use_graph=False, lr=lr).step, [padded_batch(b) for b in batches]
+        # Each padded batch has its own capacity (M x S_max, all of it real rows or padding the
+        # loss masks): an eager step over all of its rows, at its own max_seqlen.
+        return _LossStep(model, None, "active", lr, compiled=False).step, [padded_batch(b) for b in batches]
     if stack.startswith("eager packed"):
         rows = "active" if stack.endswith("L rows") else "capacity"
         return FixedCapacityTrainer(model, batches[0], use_graph=False, lr=lr, eager_rows=rows).step, batches
     if stack.startswith("compile"):
         mode = "reduce-overhead" if "reduce-overhead" in stack else None
         rows = "capacity" if "fixed capacity" in stack else "active"
-        return _CompiledStep(model, mode, rows, lr).step, batches
+        return _LossStep(model, mode, rows, lr).step, batches
     if stack in ("graph varlen_attn", "graph ours"):
         return FixedCapacityTrainer(model, batches[0], use_graph=True, lr=lr).step, batches
     if stack == "buckets ours":

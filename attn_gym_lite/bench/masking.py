@@ -4,12 +4,12 @@
   finite inputs everywhere): non-finite entries in every gradient without masks and the largest
   difference to the exact computation on the ``L`` real rows with masks, once with memory as the
   allocator hands it out and once with uninitialized memory read as NaN;
-* ``block_ablation``: :class:`~attn_gym_lite.block.ShortConvAttentionBlock` with NaN in the
+* ``block_ablation``: :class:`~attn_gym_lite.models.block.ShortConvAttentionBlock` with NaN in the
   inactive input rows, with all masks, none, and each one left out: which gradients go wrong;
 * ``mask_cost``: forward + backward replay time of the block from one CUDA graph with and without
   masks (median of CUDA-event timings), at a realistic size and a few ``L``.
 
-Every comparison is :func:`attn_gym_lite.exactness.compare_gradients`; the suite needs CUDA.
+Every comparison is :func:`attn_gym_lite.testing.exactness.compare_gradients`; the suite needs CUDA.
 """
 
 from __future__ import annotations

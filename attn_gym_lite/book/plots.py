@@ -919,7 +919,7 @@ def plot_packing_study(rows: Sequence[dict], *, seed_published: dict = SEED_PUBL
 
     Args:
         rows: :func:`~attn_gym_lite.data.study.packing_study` rows (live or recorded).
-        seed_published: the seed's figures (:data:`~attn_gym_lite.data.study.SEED_PUBLISHED`).
+        seed_published: the seed's figures (:data:`~attn_gym_lite.book.seed.SEED_PUBLISHED`).
     Returns: the matplotlib ``Figure``.
     """
     capacities = sorted({row["T"] for row in rows})

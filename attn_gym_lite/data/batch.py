@@ -16,7 +16,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from ..checks import check_capacities, check_cu_seqlens, check_int
+from ..checks import check_capacities, check_cu_seqlens, check_cu_seqlens_values, check_int
 from ..ragged import cu_seqlens_from_lengths, packed_to_padded, pad_cu_seqlens
 
 __all__ = ["PackedBatch", "batch_from_pieces"]
@@ -35,7 +35,9 @@ class PackedBatch:
         input_ids: int64 ``[T]`` token ids.
         labels: int64 ``[T]`` next-token targets within the same sequence:
             ``labels[t] == input_ids[t + 1]`` wherever ``loss_mask[t]`` is True. Where there is
-            no target (a sequence's last token, padding) the label is 0.
+            no target (a sequence's last token, padding) the label is 0: such rows are excluded
+            by ``loss_mask``, not by a ``-100`` label (there is no ``ignore_index``), so a label
+            the loss counts must be ``>= 0``.
         loss_mask: bool ``[T]``, True where ``labels`` is a real target that the loss counts.
         cu_seqlens: int32 ``[N + 1]`` prefix sums ``[0, ..., L, L, L]``; the unused tail repeats
             ``L`` so that trailing slots describe empty sequences.
@@ -43,11 +45,26 @@ class PackedBatch:
         active_sequences: ``M``, the number of non-empty sequences, ``0 <= M <= N``.
         max_seqlen: ``S_max``, the longest active sequence (tokens).
 
+    The host ints must say what ``cu_seqlens`` says: a trainer sizes its work and keys its graphs
+    by them. Where ``cu_seqlens`` is on the CPU (where loaders make batches) its values are read
+    and checked: the value rules of :func:`attn_gym_lite.checks.check_cu_seqlens_values` with
+    ``token_capacity = T``, then ``active_tokens == cu_seqlens[-1]``, ``active_sequences`` equal
+    to the number of non-empty sequences and ``max_seqlen`` equal to the longest one. A batch
+    whose ``cu_seqlens`` is on another device (CUDA) is checked by metadata only (its layout and
+    the ranges of the host ints): reading its values would synchronise with the device, and is
+    impossible during a CUDA graph capture. Likewise ``labels`` is read where it and
+    ``loss_mask`` are on the CPU: no label on a row ``loss_mask`` counts may be negative. (The
+    vocabulary, and so the labels' upper bound, is the model's: the loss checks it.)
+
     Raises:
         TypeError: a field has the wrong type or dtype.
         ValueError: a field has the wrong shape or an out-of-range size; ``cu_seqlens`` not
             contiguous or not on ``input_ids``' device (the layout rules of
-            :func:`attn_gym_lite.checks.check_cu_seqlens`).
+            :func:`attn_gym_lite.checks.check_cu_seqlens`); for a CPU ``cu_seqlens``, a value rule
+            broken (``cu_seqlens[0] != 0``, a decrease, ``L > T``) or an ``active_tokens``,
+            ``active_sequences`` or ``max_seqlen`` that is not what ``cu_seqlens`` says; for CPU
+            ``labels`` and ``loss_mask``, a negative label (``-100``, say) on a row ``loss_mask``
+            counts.
 
     Source: seed article, "A More Realistic Training Loop" (``PackedBatch``).
     """
@@ -61,8 +78,8 @@ class PackedBatch:
     max_seqlen: int
 
     def __post_init__(self) -> None:
-        # Shapes and dtypes only: reading tensor values here would sync if a caller built a
-        # batch from device tensors.
+        # Shapes and dtypes first. Values are read only from a CPU cu_seqlens (at the end): reading
+        # a device tensor's would sync if a caller built a batch from device tensors.
         expected = {
             "input_ids": torch.int64,
             "labels": torch.int64,
@@ -97,6 +114,47 @@ class PackedBatch:
             maximum=self.sequence_capacity,
         )
         check_int("PackedBatch.max_seqlen", self.max_seqlen, minimum=0, maximum=self.active_tokens)
+        if self.cu_seqlens.device.type == "cpu":
+            self._check_against_cu_seqlens()
+        if self.labels.device.type == "cpu" and self.loss_mask.device.type == "cpu":
+            self._check_counted_labels()
+
+    def _check_counted_labels(self) -> None:
+        """No negative label on a row the loss counts (CPU values; see the class docstring)."""
+        rows = np.flatnonzero((self.labels.numpy() < 0) & self.loss_mask.numpy())
+        if rows.size:
+            row = int(rows[0])
+            raise ValueError(
+                f"PackedBatch.labels must be >= 0 on the rows loss_mask counts, got labels[{row}] = "
+                f"{int(self.labels[row])} where loss_mask[{row}] is True ({rows.size} such rows); rows without "
+                "a target are excluded by loss_mask (set it False there), not by a -100 label"
+            )
+
+    def _check_against_cu_seqlens(self) -> None:
+        """The host ints against the values of a CPU ``cu_seqlens`` (see the class docstring)."""
+        check_cu_seqlens_values(self.cu_seqlens, token_capacity=self.token_capacity,
+                                argument="PackedBatch.cu_seqlens")
+        # numpy on the (CPU) values: a few microseconds, against tens for the same torch ops.
+        bounds = self.cu_seqlens.numpy()
+        lengths = np.diff(bounds)
+        active_tokens = int(bounds[-1])
+        if self.active_tokens != active_tokens:
+            raise ValueError(
+                f"PackedBatch.active_tokens must equal cu_seqlens[-1] = {active_tokens} (L, the active tokens), "
+                f"got {self.active_tokens}"
+            )
+        active_sequences = int(np.count_nonzero(lengths))  # lengths >= 0: the value rules hold
+        if self.active_sequences != active_sequences:
+            raise ValueError(
+                f"PackedBatch.active_sequences must equal the number of non-empty sequences in cu_seqlens "
+                f"(M = {active_sequences}), got {self.active_sequences}"
+            )
+        longest = int(lengths.argmax())
+        if self.max_seqlen != int(lengths[longest]):
+            raise ValueError(
+                f"PackedBatch.max_seqlen must equal the longest sequence in cu_seqlens "
+                f"(sequence {longest}, {int(lengths[longest])} tokens), got {self.max_seqlen}"
+            )
 
     @property
     def token_capacity(self) -> int:

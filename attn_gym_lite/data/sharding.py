@@ -166,8 +166,9 @@ def global_batch(batches: Sequence[PackedBatch]) -> PackedBatch:
 
     Raises:
         TypeError: ``batches`` is not a non-string sequence of ``PackedBatch`` es.
-        ValueError: ``batches`` is empty; a batch is not on the CPU, or its ``active_tokens``
-            is not its ``cu_seqlens[-1]``.
+        ValueError: ``batches`` is empty; a batch is not on the CPU. (A batch on the CPU has host
+            ints that agree with its ``cu_seqlens``: :class:`~attn_gym_lite.data.PackedBatch`
+            checked them when it was built.)
     """
     if isinstance(batches, (str, bytes)) or not isinstance(batches, Sequence):
         raise TypeError(f"batches must be a sequence of PackedBatch, got {type(batches).__name__}")
@@ -179,9 +180,6 @@ def global_batch(batches: Sequence[PackedBatch]) -> PackedBatch:
         devices = {str(getattr(batch, name).device) for name in ("input_ids", "labels", "loss_mask", "cu_seqlens")}
         if devices != {"cpu"}:
             raise ValueError(f"batches[{index}] must be on the CPU (as loaders make them), got tensors on {sorted(devices)}")
-        if int(batch.cu_seqlens[-1]) != batch.active_tokens:
-            raise ValueError(f"batches[{index}].active_tokens must equal its cu_seqlens[-1] = {int(batch.cu_seqlens[-1])}, "
-                             f"got {batch.active_tokens}")
     capacity = sum(b.token_capacity for b in batches)
     slots = sum(b.sequence_capacity for b in batches)
     fields = {name: torch.cat([getattr(b, name)[: b.active_tokens] for b in batches])

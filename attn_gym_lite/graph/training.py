@@ -57,8 +57,9 @@ class FixedCapacityTrainer:
             returning a scalar (:class:`~attn_gym_lite.models.PackedLM`,
             :class:`~attn_gym_lite.models.PackedTransformer`); its parameters on the device to
             train on.
-        first_batch: a batch at the capacity every later batch will have; it fixes the static
-            buffers' shapes, and the graphs are warmed up and captured on it.
+        first_batch: a batch at the capacity ``(T, N)`` every later batch must have (eager or
+            not); it fixes the static buffers' shapes, and the graphs are warmed up and captured
+            on it.
         use_graph: capture the step (CUDA only).
         capacities: token capacities of graph buckets (ints, the largest ``T``), or ``None`` for
             one graph at ``T``. Only with ``use_graph``.
@@ -68,7 +69,8 @@ class FixedCapacityTrainer:
         eager_rows: without a graph, ``"capacity"`` or ``"active"`` (see above).
 
     Raises:
-        TypeError: ``model`` is not an ``nn.Module`` with a ``loss`` method; a flag not a bool.
+        TypeError: ``model`` is not an ``nn.Module`` with a ``loss`` method; ``first_batch`` is not
+            a :class:`PackedBatch`; a flag not a bool.
         ValueError: ``use_graph`` on a non-CUDA device; ``max_seqlen`` outside ``[1, T]``;
             ``capacities`` without ``use_graph``, or whose largest is not ``T``.
     """
@@ -86,6 +88,8 @@ class FixedCapacityTrainer:
     ) -> None:
         if not isinstance(model, nn.Module) or not callable(getattr(model, "loss", None)):
             raise TypeError(f"model must be an nn.Module with a loss(...) method, got {type(model).__name__}")
+        if not isinstance(first_batch, PackedBatch):
+            raise TypeError(f"first_batch must be a PackedBatch, got {type(first_batch).__name__}")
         device = next(model.parameters()).device
         check_bool("use_graph", use_graph)
         if use_graph and device.type != "cuda":
@@ -103,6 +107,7 @@ class FixedCapacityTrainer:
             if capacities[-1] != capacity:
                 raise ValueError(f"capacities must end at the batch capacity T = {capacity}, got {capacities}")
         self.model, self.use_graph, self.capacities = model, use_graph, capacities
+        self.token_capacity, self.sequence_capacity = capacity, first_batch.sequence_capacity
         self.device = device
         self.parameters = tuple(model.parameters())
         self.optimizer = torch.optim.Adam(self.parameters, lr=lr, fused=True)
@@ -157,9 +162,19 @@ class FixedCapacityTrainer:
         key cost nothing.
 
         Raises:
-            ValueError: the batch does not have the captured capacity, or (where the model needs
+            TypeError: ``batch`` is not a :class:`PackedBatch`.
+            ValueError: the batch does not have the capacity ``(T, N)`` of ``first_batch`` (in
+                every mode: eager steps refuse it like graph replays), or (where the model needs
                 a ``max_seqlen``) its longest sequence exceeds the one the graphs were captured with.
         """
+        if not isinstance(batch, PackedBatch):
+            raise TypeError(f"batch must be a PackedBatch, got {type(batch).__name__}")
+        if (batch.token_capacity, batch.sequence_capacity) != (self.token_capacity, self.sequence_capacity):
+            raise ValueError(
+                f"batch must have the trainer's capacity T = {self.token_capacity} token rows and "
+                f"N = {self.sequence_capacity} sequence slots (those of first_batch), got T = {batch.token_capacity} "
+                f"and N = {batch.sequence_capacity}; pad batches to one capacity, or build a trainer per capacity"
+            )
         if self.use_graph and self.needs_max_seqlen and batch.max_seqlen > self.max_seqlen:
             raise ValueError(
                 f"batch.max_seqlen must be <= the max_seqlen = {self.max_seqlen} the graph was captured with "

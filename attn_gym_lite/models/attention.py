@@ -53,7 +53,8 @@ class VarLenAttention(nn.Module):
             captured at token capacity; with it the kernels need not zero those rows.
         impl: the attention implementation (:func:`attn_gym_lite.ops.attention.varlen_attention`):
             ``"auto"`` (this package's Triton kernels wherever they run, else the reference),
-            ``"triton"``, ``"varlen_attn"`` (torch's FlashAttention-2) or ``"reference"``.
+            ``"triton"``, ``"varlen_attn"`` (torch's FlashAttention-2), ``"reference"`` or
+            ``"sdpa"`` (dense attention over a padded batch, the baseline packing replaces).
         schedule: the Triton schedule (default ``"auto"``).
         rotary: apply rotary position embeddings to q and k, with positions that restart at every
             sequence (:mod:`attn_gym_lite.ops.rotary`).

@@ -30,16 +30,20 @@ def token_loss_sum(logits: Tensor, labels: Tensor, loss_mask: Tensor) -> tuple[T
     *local* mean), kept apart so that the denominator can be summed over ranks
     (:func:`~attn_gym_lite.graph.distributed.global_token_mean_loss`). Rows outside ``loss_mask``
     are selected away, never multiplied by 0 (a garbage logit on an inactive row must not become
-    ``NaN * 0``). No host synchronisation: the checks read only tensor metadata, so it can run
-    inside a CUDA graph capture.
+    ``NaN * 0``). No host synchronisation: on CUDA the checks read only tensor metadata, so it
+    can run inside a CUDA graph capture. On the CPU (outside ``torch.compile``) the selected
+    labels' values are read and checked too: there the read costs no synchronisation.
 
     Args:
         logits: floating ``[T, V]`` (``T`` token capacity, ``V >= 1`` vocabulary size).
         labels: int64 ``[T]`` targets in ``[0, V)`` on the rows ``loss_mask`` selects; the other
-            rows' labels are never used (anything there is harmless). The selected labels'
-            values are not checked here (that would read the device): one outside ``[0, V)``,
-            ``-100`` included (no ``ignore_index`` here: every selected row counts), raises
-            ``IndexError`` on the CPU and a device-side assert on CUDA.
+            rows' labels are never used (anything there is harmless). No ``ignore_index``: every
+            selected row counts, so a row without a target is excluded by ``loss_mask``, not by
+            ``-100``. On the CPU a selected label outside ``[0, V)`` raises ``ValueError``; on
+            CUDA it is not checked (the check would read the device, a sync, and is impossible
+            during a capture): cross-entropy's device-side assert fires instead. Check labels
+            on the host before copying them (:class:`~attn_gym_lite.data.PackedBatch` refuses
+            negative ones).
         loss_mask: bool ``[T]``, True on the rows the loss counts (at most ``L`` of them).
 
     Returns:
@@ -49,7 +53,8 @@ def token_loss_sum(logits: Tensor, labels: Tensor, loss_mask: Tensor) -> tuple[T
 
     Raises:
         TypeError: an argument is not a tensor or has the wrong dtype.
-        ValueError: wrong numbers of dims, row counts that differ, ``V = 0``, or different devices.
+        ValueError: wrong numbers of dims, row counts that differ, ``V = 0``, or different devices;
+            on the CPU (not while ``torch.compile`` traces), a selected label outside ``[0, V)``.
     """
     check_tensor("logits", logits, ndim=2, shape="[T, V]", dtypes=_FLOAT_DTYPES)
     if logits.shape[1] == 0:
@@ -61,6 +66,8 @@ def token_loss_sum(logits: Tensor, labels: Tensor, loss_mask: Tensor) -> tuple[T
             f"logits, labels and loss_mask must have the same T rows, got {tuple(logits.shape)}, "
             f"{tuple(labels.shape)} and {tuple(loss_mask.shape)}"
         )
+    if logits.device.type == "cpu" and not torch.compiler.is_compiling():
+        _check_selected_labels(labels, loss_mask, logits.shape[1])
     dtype = torch.promote_types(logits.dtype, torch.float32)
     # Unselected rows get target 0, so a stale or padding label there cannot fail the gather; no
     # label value is ignorable (ignore_index out of int64's reach), so a -100 on a selected row
@@ -71,18 +78,33 @@ def token_loss_sum(logits: Tensor, labels: Tensor, loss_mask: Tensor) -> tuple[T
     return total, loss_mask.sum(dtype=torch.int64)
 
 
+def _check_selected_labels(labels: Tensor, loss_mask: Tensor, vocab_size: int) -> None:
+    """Every label ``loss_mask`` selects in ``[0, vocab_size)``; CPU tensors only (no sync)."""
+    rows = torch.nonzero(loss_mask & ((labels < 0) | (labels >= vocab_size))).flatten()
+    if rows.numel() > 0:
+        row = int(rows[0])
+        value = int(labels[row])
+        hint = "; rows without a target are excluded by loss_mask, not by -100" if value < 0 else ""
+        raise ValueError(
+            f"labels must be in [0, V) = [0, {vocab_size}) (V = logits.shape[1]) on the rows loss_mask selects, "
+            f"got labels[{row}] = {value} where loss_mask[{row}] is True ({rows.numel()} such rows){hint}"
+        )
+
+
 def packed_lm_loss(logits: Tensor, labels: Tensor, loss_mask: Tensor) -> Tensor:
     """Mean next-token cross-entropy over the rows ``loss_mask`` selects: ``total / max(count, 1)``
     of :func:`token_loss_sum`.
 
-    No host sync (capture-safe). Select, never multiply: a garbage logit on a masked row must not
-    become ``NaN * 0``. An all-False mask gives 0 rather than NaN (the denominator is clamped to 1).
+    No host sync on CUDA (capture-safe). Select, never multiply: a garbage logit on a masked row
+    must not become ``NaN * 0``. An all-False mask gives 0 rather than NaN (the denominator is
+    clamped to 1).
 
     Args:
         logits: floating ``[T, V]``, ``V >= 1``.
         labels: int64 ``[T]``, in ``[0, V)`` on the selected rows; anything on the other rows
             (stale data, padding, ``-100``) is never read. No ``ignore_index``: a ``-100`` on a
-            selected row is an error, not a zero loss in the mean.
+            selected row is an error, not a zero loss in the mean (checked on the CPU only, see
+            :func:`token_loss_sum`).
         loss_mask: bool ``[T]``, True on the rows the loss counts.
 
     Returns:
@@ -90,8 +112,9 @@ def packed_lm_loss(logits: Tensor, labels: Tensor, loss_mask: Tensor) -> Tensor:
         float32) logits, float64 for float64 logits.
 
     Raises:
-        TypeError / ValueError: see :func:`token_loss_sum` (types, dtypes, shapes, devices).
-        IndexError: a selected label outside ``[0, V)`` on the CPU (a device-side assert on CUDA).
+        TypeError / ValueError: see :func:`token_loss_sum` (types, dtypes, shapes, devices; on
+            the CPU a selected label outside ``[0, V)``; on CUDA that label is not checked and
+            cross-entropy's device-side assert fires instead).
     """
     total, count = token_loss_sum(logits, labels, loss_mask)
     return total / count.clamp_min(1)

@@ -1,8 +1,8 @@
-"""Variable-length (packed) attention: one entry point, three implementations.
+"""Variable-length (packed) attention: one entry point, four implementations and ``"auto"``.
 
 Packed attention takes ``q, k, v`` of shape ``[T, H, D]`` and ``cu_seqlens`` of shape ``[N + 1]``:
 token ``t`` attends only to tokens of its own sequence. :func:`varlen_attention` dispatches on
-``impl``:
+``impl`` (:data:`IMPLEMENTATIONS`, or ``"auto"``):
 
 * ``"triton"``: this package's kernels (:mod:`attn_gym_lite.ops.kernels`), any schedule. The
   default ones read the work from ``cu_seqlens`` on the device, need no ``max_seqlen``, and stay
@@ -93,16 +93,20 @@ def varlen_attention(
     Args:
         q, k, v: ``[T, H, D]`` of one dtype and device (``T`` token capacity, ``H`` heads, ``D``
             head dim). ``"varlen_attn"`` needs CUDA bf16/fp16; ``"triton"`` CUDA bf16/fp16 (float32
-            in the interpreter) and ``D`` in 16, 32, 64, 128; ``"reference"`` anything.
-        cu_seqlens: int32 ``[N + 1]`` contiguous prefix sums ``[0, ..., L, L, L]`` on ``q``'s device.
-        impl: ``"auto"``, ``"triton"``, ``"varlen_attn"`` or ``"reference"`` (module docstring).
+            in the interpreter) and ``D`` in 16, 32, 64, 128; ``"reference"`` and ``"sdpa"``
+            anything (``"sdpa"``: ``T = B * max_seqlen``, a padded batch).
+        cu_seqlens: int32 ``[N + 1]`` contiguous prefix sums ``[0, ..., L, L, L]`` on ``q``'s device;
+            for ``"sdpa"`` exactly ``[0, S, 2S, ..., T]`` with ``S = max_seqlen``.
+        impl: one of the module docstring's five: ``"auto"`` (``"triton"`` where the kernels run,
+            else ``"reference"``), ``"triton"``, ``"varlen_attn"``, ``"reference"`` or ``"sdpa"``.
         causal: each token attends to itself and earlier tokens of its sequence only.
         max_seqlen: an upper bound on the longest sequence (tokens). Required by
             ``"varlen_attn"`` and the Triton ``schedule="rect"`` (they size their grid by it; under
-            a graph it is fixed at capture, so pass the worst case, e.g. ``T``); ignored by the
-            other Triton schedules and by ``"reference"``, which find the work in ``cu_seqlens``.
-        schedule: the Triton kernels' schedule (one of ``ops.kernels.SCHEDULES``); ignored by
-            ``"reference"``, refused by ``"varlen_attn"`` unless ``"auto"``.
+            a graph it is fixed at capture, so pass the worst case, e.g. ``T``), and by ``"sdpa"``
+            (the padded rows' length ``S``); ignored by the other Triton schedules and by
+            ``"reference"``, which find the work in ``cu_seqlens``.
+        schedule: the Triton kernels' schedule (one of :data:`attn_gym_lite.schedule.SCHEDULES`);
+            ignored by ``"reference"`` and ``"sdpa"``, refused by ``"varlen_attn"`` unless ``"auto"``.
         zero_inactive: write zeros to rows ``L..T-1`` of the output and of the q/k/v gradients
             (Triton only). The default leaves them unspecified, like torch's ``varlen_attn``: a
             module that masks inactive rows (``VarLenAttention(mask_inactive_capacity=True)``, as the
@@ -118,7 +122,7 @@ def varlen_attention(
     Returns:
         ``[T, H, D]`` in ``q``'s dtype, differentiable with respect to ``q, k, v``. Rows past ``L``:
         zero for ``"reference"``; unspecified for ``"varlen_attn"`` and for ``"triton"`` unless
-        ``zero_inactive``.
+        ``zero_inactive``; none for ``"sdpa"`` (its ``L`` is ``T``).
 
     Raises:
         TypeError: a tensor argument is not a tensor or has the wrong dtype; a flag is not a bool.
@@ -126,7 +130,9 @@ def varlen_attention(
             contiguous, ``N + 1 >= 2``), or a value rule (for ``"reference"``: starts at 0, never
             decreases, ``L <= T``); ``max_seqlen`` is missing where needed, given where refused, or
             (checked outside a capture) shorter than the longest sequence; ``impl`` or ``schedule``
-            unknown; ``"varlen_attn"`` on CPU tensors or in another dtype than bf16/fp16.
+            unknown; ``"varlen_attn"`` on CPU tensors or in another dtype than bf16/fp16;
+            ``"sdpa"`` with ``T`` not a multiple of ``max_seqlen``, or (validated) a ``cu_seqlens``
+            that is not ``[0, S, 2S, ..., T]``.
         RuntimeError: ``"varlen_attn"`` on a torch without ``torch.nn.attention.varlen``.
 
     Source: the FlashAttention varlen convention (``cu_seqlens``); torch's ``varlen_attn`` docs;
@@ -143,11 +149,10 @@ def varlen_attention(
     capturing = torch.compiler.is_compiling() or (q.is_cuda and torch.cuda.is_current_stream_capturing())
     reads_bound = needs_max_seqlen(impl, schedule)
     if reads_bound and max_seqlen is None:
-        where = "impl='varlen_attn'" if impl == "varlen_attn" else "schedule='rect'"
+        where = "schedule='rect'" if impl == "triton" else f"impl={impl!r}"
         raise ValueError(f"max_seqlen must be an int >= 1 for {where}, got None")
     if impl == "reference":
-        # Reads cu_seqlens on the host anyway: check every value rule on the way.
-        checks.check_cu_seqlens_values(cu_seqlens, token_capacity=q.shape[0])
+        # It reads cu_seqlens on the host and checks every value rule itself.
         return varlen_attention_reference(q, k, v, cu_seqlens, causal=causal)
     if validate and reads_bound and not capturing:
         checks.check_cu_seqlens_values(cu_seqlens, token_capacity=q.shape[0], max_seqlen=max_seqlen)

@@ -22,7 +22,7 @@ for the ``L = cu_seqlens[-1]`` active rows:
 
 Active rows of the output and of both gradients are exact functions of the active rows of the
 inputs and of the output gradient, whatever the inactive rows hold. The undefined rows are why
-the block of :mod:`attn_gym_lite.block` needs a gradient barrier between its QKV projection and
+the block of :mod:`attn_gym_lite.models.block` needs a gradient barrier between its QKV projection and
 this convolution (see the "Masking" chapter).
 
 Source: the short convolution of Mamba (Gu & Dao, 2023) and of flash-linear-attention's
@@ -125,7 +125,7 @@ def short_conv(x: Tensor, weight: Tensor, cu_seqlens: Tensor) -> Tensor:
         ``[T, D]`` in ``x``'s dtype. Rows ``0..L-1`` are exact; rows ``L..T-1`` are undefined.
 
     Backward: ``∇x`` rows ``0..L-1`` are exact and rows ``L..T-1`` **undefined** (stop them with
-    :func:`attn_gym_lite.masking.mask_inactive_token_gradients` before they reach a weight
+    :func:`attn_gym_lite.ops.masking.mask_inactive_token_gradients` before they reach a weight
     gradient); ``∇weight`` sums over active rows only (accumulated in float32). ``cu_seqlens``
     gets no gradient.
 

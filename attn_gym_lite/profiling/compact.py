@@ -25,11 +25,10 @@ from typing import Any
 
 from ..checks import check_int, check_real
 from .intervals import busy_and_gaps
-from .record import DEVICE_CATEGORIES
+from .record import DEVICE_CATEGORIES, HOST_OP_CATEGORIES
 from .summary import device_events
 from .trace import LANE_TID_BASE, Trace, check_slices, check_trace
 
-HOST_OP_CATEGORIES = ("cpu_op", "user_annotation")
 RUNTIME_CATEGORIES = ("cuda_runtime", "cuda_driver")
 PYTHON_CATEGORY = "python_function"
 RUNTIME_TRACK = "CUDA runtime"

@@ -53,6 +53,8 @@ CAPTURE_ORDER = "capture order"
 GRAPH_NODE_ID = "graph node id"
 EVALUATE_FUNCTION = "autograd::engine::evaluate_function"
 DEVICE_CATEGORIES = {"kernel": "kernel", "gpu_memset": "memset", "gpu_memcpy": "memcpy"}
+#: Trace categories of host-side ops: torch operators and record_function ranges (ProfilerStep# too).
+HOST_OP_CATEGORIES = ("cpu_op", "user_annotation")
 
 
 @dataclasses.dataclass

@@ -15,11 +15,10 @@ from collections import defaultdict
 from typing import Any
 
 from .intervals import busy_and_gaps
-from .record import DEVICE_CATEGORIES
+from .record import DEVICE_CATEGORIES, HOST_OP_CATEGORIES
 from .trace import Trace, check_slices, check_trace
 
 _NO_GPU_HINT = " (a trace recorded without a GPU has none)"
-_STEP_CATEGORIES = ("cpu_op", "user_annotation")  # where ProfilerStep# ranges and the work they hold are
 
 
 def device_events(trace: Trace) -> list[dict]:
@@ -55,7 +54,7 @@ def trace_summary(trace: Trace, steps: int | None = None, min_gap_us: float = 0.
             ``min_gap_us`` is negative.
     """
     check_trace(trace, "trace_summary")
-    check_slices(trace, (*DEVICE_CATEGORIES, *_STEP_CATEGORIES), "trace_summary")
+    check_slices(trace, (*DEVICE_CATEGORIES, *HOST_OP_CATEGORIES), "trace_summary")
     if steps is not None and (not isinstance(steps, int) or isinstance(steps, bool) or steps < 1):
         raise ValueError(f"trace_summary: steps must be an int >= 1 or None, got {steps!r}")
     if not isinstance(min_gap_us, (int, float)) or min_gap_us < 0:
@@ -92,7 +91,7 @@ def _profiler_steps(trace: Trace) -> int:
     starts: dict = defaultdict(list)
     steps = []
     for e in trace.get("traceEvents", []):
-        if e.get("ph") != "X" or e.get("cat") not in _STEP_CATEGORIES or "dur" not in e or "ts" not in e:
+        if e.get("ph") != "X" or e.get("cat") not in HOST_OP_CATEGORIES or "dur" not in e or "ts" not in e:
             continue
         if str(e.get("name", "")).startswith("ProfilerStep#"):
             steps.append(e)

@@ -41,7 +41,7 @@ __all__ = ["capacity_loss", "compare_gradients", "error_stats", "exact_gradients
 def capacity_loss(y: Tensor, target: Tensor, active: Tensor) -> Tensor:
     """``Σ_{t active} ⟨y_t, target_t⟩``: a loss that selects the active rows, in float32 or wider.
 
-    Both factors are value-masked first (:func:`~attn_gym_lite.masking.mask_inactive_tokens`):
+    Both factors are value-masked first (:func:`~attn_gym_lite.ops.masking.mask_inactive_tokens`):
     a sum over rows is a reduction, and ``y * 0`` is NaN where ``y`` is NaN. The gradient it sends
     back to ``y``'s inactive rows is exactly 0. A zero gradient into an inactive row is all a loss
     mask can do: it does not clean the gradients of the parameters that produced the row.
@@ -49,13 +49,13 @@ def capacity_loss(y: Tensor, target: Tensor, active: Tensor) -> Tensor:
     Args:
         y: ``[T, D]`` output, floating.
         target: ``[T, D]`` on ``y``'s device, any floating dtype; its inactive rows may hold anything.
-        active: bool ``[T]`` (:func:`~attn_gym_lite.masking.active_token_mask`).
+        active: bool ``[T]`` (:func:`~attn_gym_lite.ragged.active_token_mask`).
 
     Returns:
         0-d tensor in ``promote(y.dtype, float32)``. Capturable.
 
     Raises:
-        The errors of :func:`~attn_gym_lite.masking.mask_inactive_tokens`; ValueError if ``target``'s
+        The errors of :func:`~attn_gym_lite.ops.masking.mask_inactive_tokens`; ValueError if ``target``'s
         shape differs from ``y``'s.
     """
     if isinstance(y, Tensor) and isinstance(target, Tensor) and target.shape != y.shape:
@@ -202,8 +202,9 @@ def compare_gradients(
         JSON-ready ``{"loss_at_capacity": float, "loss_exact": float, "gradients": {name:
         {"nonfinite": int, "max_abs_diff": float | None, "max_abs_exact": float | None}}}``:
         :func:`error_stats` of each gradient at capacity against the exact one, on the CPU
-        (``max_abs_exact`` is its ``max_abs_ref``). ``max_abs_diff`` is ``None`` when the gradient
-        at capacity has non-finite entries (the difference is then not a number).
+        (``max_abs_exact`` is its ``max_abs_ref``). ``max_abs_diff`` is ``None`` when either gradient
+        has non-finite entries (the difference is then not a number), ``max_abs_exact`` when the
+        exact one has.
 
     Raises:
         ValueError: the two results do not name the same gradients with the same shapes.

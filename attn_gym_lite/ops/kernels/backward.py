@@ -18,7 +18,7 @@ FlashAttention-2 splits the work so that every output element has exactly one wr
 
 No atomics, so the gradients are deterministic. Both kernels reuse the forward's split into
 *full* and *masked* blocks and skip the blocks a causal mask hides entirely; both are scheduled by
-:mod:`attn_gym_lite.kernels.tasks`, over query chunks and key chunks respectively.
+:mod:`attn_gym_lite.ops.kernels.tasks`, over query chunks and key chunks respectively.
 
 Source: FlashAttention-2 (Dao, 2023), Algorithm 2 and section 3.1.2; Triton's fused-attention
 tutorial.

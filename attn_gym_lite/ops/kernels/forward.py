@@ -17,7 +17,7 @@ Besides the output the kernel saves the log-sum-exp of every active row (base 2)
 the backward pass needs to rebuild the probabilities without storing them.
 
 Which chunk and head a program processes, and how many of them, is the schedule's business:
-see :mod:`attn_gym_lite.kernels.tasks`.
+see :mod:`attn_gym_lite.ops.kernels.tasks`.
 
 Source: FlashAttention-2 (Dao, 2023), Algorithm 1; Triton's fused-attention tutorial.
 """

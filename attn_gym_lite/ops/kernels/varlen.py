@@ -164,7 +164,7 @@ def _check_inputs(q: object, k: object, v: object, cu_seqlens: object) -> None:
     if not INTERPRETED and not q.is_cuda:
         raise ValueError(
             f"q must be a CUDA tensor (or set TRITON_INTERPRET=1 before importing "
-            f"attn_gym_lite.kernels to run on CPU), got device {q.device}"
+            f"attn_gym_lite.ops.kernels to run on CPU), got device {q.device}"
         )
     # Kernel offsets are 32-bit: every element any kernel can address (in q, k, v, and in the
     # contiguous [T, H, D] output and gradients) must lie below 2**31.
