@@ -1,0 +1,187 @@
+"""Exploration (not a recording): can Hopper's tensor-memory accelerator (TMA) and Triton's warp
+specialization speed up the ragged attention forward on the H200? Run on the GPU host:
+
+    python3 scripts/explore_hopper_forward.py [seconds]
+
+It prints one JSON line per variant and layout, and a table last. Nothing here is used by the
+package; a variant that wins is a lead for the kernels in ``attn_gym_lite/ops/kernels``.
+
+The variant kernel keeps the package's forward algorithm (online softmax in base 2, full key blocks
+without masks, then the masked ones: the sequence's ragged last block and, under causal masking, the
+diagonal) and changes only how tiles reach shared memory. Each program builds *device-side tensor
+descriptors* for its sequence and head: a 2-D view ``[seq_len, D]`` starting at the sequence's first
+row, row stride ``H * D``. The copy engine then zero-fills rows past the sequence's end by itself,
+so no load needs a mask; only the scores of those rows still need ``-inf``. The output goes back
+through a descriptor too, which clips rows past the end. Grid: FlashAttention-2's rectangle
+``(ceil(max_seqlen / BLOCK_M), N * H)`` (chapter 4's ``rect``), so the comparison with the package's
+``rect`` schedule isolates the load path. Device descriptors need a little global scratch per
+program, which Triton asks ``triton.set_allocator`` for at launch.
+"""
+
+import json
+import math
+import sys
+import time
+
+import torch
+import triton
+import triton.language as tl
+
+from attn_gym_lite.bench.schedulers import attention_flops, throughput_layouts
+from attn_gym_lite.ops.kernels import AttentionConfig, KernelConfig, default_config, varlen_attention_triton
+from attn_gym_lite.ragged import cu_seqlens_from_lengths
+
+BUDGET_S = float(sys.argv[1]) if len(sys.argv) > 1 else 120.0
+START = time.monotonic()
+
+
+@triton.jit
+def _tma_key_blocks(acc, l_i, m_i, q, k_desc, v_desc, rows, seq_len, lo, hi, qk_scale,
+                    MASKED: tl.constexpr, CAUSAL: tl.constexpr, BLOCK_N: tl.constexpr, WS: tl.constexpr):
+    for start_n in tl.range(lo, hi, BLOCK_N, warp_specialize=WS):
+        k = k_desc.load([start_n, 0])
+        scores = tl.dot(q, k.T) * qk_scale
+        if MASKED:
+            cols = start_n + tl.arange(0, BLOCK_N)
+            visible = (cols < seq_len)[None, :]
+            if CAUSAL:
+                visible = visible & (cols[None, :] <= rows[:, None])
+            scores = tl.where(visible, scores, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(scores, 1))
+        p = tl.math.exp2(scores - m_new[:, None])
+        alpha = tl.math.exp2(m_i - m_new)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        v = v_desc.load([start_n, 0])
+        acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None])
+        m_i = m_new
+    return acc, l_i, m_i
+
+
+@triton.jit
+def tma_forward_kernel(Q, K, V, O, LSE, cu_seqlens, stride_t, num_heads, token_capacity, qk_scale,
+                       CAUSAL: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr,
+                       BLOCK_N: tl.constexpr, WS: tl.constexpr):
+    chunk = tl.program_id(0)
+    seq = tl.program_id(1) // num_heads
+    head = tl.program_id(1) % num_heads
+    seq_start = tl.load(cu_seqlens + seq)
+    seq_len = tl.load(cu_seqlens + seq + 1) - seq_start
+    if chunk * BLOCK_M >= seq_len:
+        return
+    # One descriptor per tensor: this sequence's rows of this head, [seq_len, HEAD_DIM].
+    offset = seq_start.to(tl.int64) * stride_t + head * HEAD_DIM
+    q_desc = tl.make_tensor_descriptor(Q + offset, [seq_len, HEAD_DIM], [stride_t, 1], [BLOCK_M, HEAD_DIM])
+    k_desc = tl.make_tensor_descriptor(K + offset, [seq_len, HEAD_DIM], [stride_t, 1], [BLOCK_N, HEAD_DIM])
+    v_desc = tl.make_tensor_descriptor(V + offset, [seq_len, HEAD_DIM], [stride_t, 1], [BLOCK_N, HEAD_DIM])
+    o_desc = tl.make_tensor_descriptor(O + offset, [seq_len, HEAD_DIM], [stride_t, 1], [BLOCK_M, HEAD_DIM])
+    rows = chunk * BLOCK_M + tl.arange(0, BLOCK_M)
+    q = q_desc.load([chunk * BLOCK_M, 0])
+    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
+    if CAUSAL:
+        full_end = chunk * BLOCK_M
+        masked_end = tl.minimum(seq_len, full_end + BLOCK_M)
+    else:
+        full_end = seq_len // BLOCK_N * BLOCK_N
+        masked_end = seq_len
+    acc, l_i, m_i = _tma_key_blocks(acc, l_i, m_i, q, k_desc, v_desc, rows, seq_len, 0, full_end, qk_scale,
+                                    False, CAUSAL, BLOCK_N, WS)
+    acc, l_i, m_i = _tma_key_blocks(acc, l_i, m_i, q, k_desc, v_desc, rows, seq_len, full_end, masked_end,
+                                    qk_scale, True, CAUSAL, BLOCK_N, False)
+    out = acc / l_i[:, None]
+    o_desc.store([chunk * BLOCK_M, 0], out.to(O.dtype.element_ty))
+    tl.store(LSE + head * token_capacity + seq_start + rows, m_i + tl.math.log2(l_i), mask=rows < seq_len)
+
+
+def tma_forward(q, k, v, cu, max_seqlen, causal, block_m, block_n, warps, stages, ws):
+    T, H, D = q.shape
+    out = torch.empty_like(q)
+    lse = torch.empty(H, T, device=q.device, dtype=torch.float32)
+    grid = (triton.cdiv(max_seqlen, block_m), (cu.numel() - 1) * H)
+    tma_forward_kernel[grid](q, k, v, out, lse, cu, q.stride(0), H, T, 1.4426950408889634 / math.sqrt(D),
+                             CAUSAL=causal, HEAD_DIM=D, BLOCK_M=block_m, BLOCK_N=block_n, WS=ws,
+                             num_warps=warps, num_stages=stages)
+    return out
+
+
+def scratch(size: int, alignment: int, stream):
+    return torch.empty(size, device="cuda", dtype=torch.int8)
+
+
+def event_us(fn, iters=30):
+    for _ in range(3):
+        fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(iters):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        fn()
+        b.record()
+        b.synchronize()
+        times.append(a.elapsed_time(b) * 1e3)
+    return sorted(times)[len(times) // 2]
+
+
+def main():
+    triton.set_allocator(scratch)
+    H, D = 16, 128
+    rows = []
+    base = default_config()
+    variants = [("pkg_rect", 128, 64, 8, 3, False), ("pkg_rect", 128, 128, 8, 2, False),
+                ("tma", 128, 64, 8, 3, False), ("tma", 128, 128, 8, 2, False), ("tma", 128, 64, 4, 3, False),
+                ("tma_ws", 128, 64, 8, 3, True), ("tma_ws", 128, 128, 8, 2, True), ("tma_ws", 128, 64, 4, 3, True)]
+    for (name, lengths), causal in [(x, c) for x in throughput_layouts(0).items() for c in (False, True)]:
+        cu = cu_seqlens_from_lengths(lengths, device="cuda")
+        L, S = int(lengths.sum()), int(lengths.max())
+        g = torch.Generator(device="cuda").manual_seed(0)
+        q, k, v = (torch.randn(L, H, D, device="cuda", dtype=torch.bfloat16, generator=g) for _ in range(3))
+        flops = attention_flops(lengths, H, D, causal)
+        reference = varlen_attention_triton(q, k, v, cu, causal=causal)
+        for kind, bm, bn, w, st, ws in variants:
+            if time.monotonic() - START > BUDGET_S:
+                print(json.dumps({"stopped": "budget", "s": BUDGET_S}), flush=True)
+                return rows
+            row = {"layout": name, "causal": causal, "variant": kind, "tile": [bm, bn, w, st]}
+            try:
+                if kind == "pkg_rect":
+                    cfg = AttentionConfig(KernelConfig(bm, bn, num_warps=w, num_stages=st), base.dq, base.dkdv)
+                    def fn():
+                        return varlen_attention_triton(q, k, v, cu, causal=causal, schedule="rect", max_seqlen=S,
+                                                       config=cfg, validate=False)
+                else:
+                    def fn():
+                        return tma_forward(q, k, v, cu, S, causal, bm, bn, w, st, ws)
+                out = fn()
+                row["max_abs_diff"] = float((out.float() - reference.float()).abs().max())
+                us = event_us(fn)
+                row.update(us=round(us, 1), tflops=round(flops / us / 1e6, 1))
+            except Exception as exc:  # an exploration: record why a variant did not run
+                row["error"] = f"{type(exc).__name__}: {str(exc)[:300]}"
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+    # Dense SDPA on 16 x 1024 (cuDNN), the hardware reference of the kernel-speed issue.
+    import torch.nn.functional as F
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    for causal in (False, True):
+        q, k, v = (torch.randn(16, H, 1024, D, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+        def dense():
+            with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+                return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+        us = event_us(dense)
+        flops = attention_flops(torch.full((16,), 1024), H, D, causal)
+        row = {"layout": "uniform_16x1024", "causal": causal, "variant": "sdpa_cudnn_dense",
+               "us": round(us, 1), "tflops": round(flops / us / 1e6, 1)}
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+    return rows
+
+
+if __name__ == "__main__":
+    rows = main()
+    print("\nlayout              causal variant          tile              us      TFLOP/s  maxdiff")
+    for r in rows:
+        print(f"{r['layout']:<19} {r['causal']!s:<6} {r['variant']:<16} {str(r.get('tile', '')):<17} "
+              f"{r.get('us', '-')!s:>7} {r.get('tflops', '-')!s:>8}  {r.get('max_abs_diff', r.get('error', ''))!s:.60}")
+    print(f"total {time.monotonic() - START:.0f} s")
