@@ -9,7 +9,10 @@
 # C: the GPU tests (every `gpu`-marked test, then the kernel and property tests unfiltered, on the
 #    GPU) and, at the same time, the notebooks in GPU mode, NOTEBOOK_LANES at once (correctness
 #    and live demonstrations only: nothing of C is a recording, so sharing the GPU is harmless);
-# S: scale-out, on a host with two GPUs (NVLink multicast off in every process).
+#    UNFILTERED=0 leaves out the unfiltered kernel and property tests (when the kernels are unchanged
+#    since their last GPU run);
+# S: scale-out, on a host with two GPUs (NVLink multicast off in every process);
+# X: an exploration, not a recording: scripts/explore_hopper_forward.py for EXPLORE_S seconds.
 # Everything lands in $OUT: one tarball of recordings per pass, re-made after every suite so that a
 # call killed at its limit still returns what finished, and one log per pass.
 # Back in the checkout: tar -xzf results_<PASS>.tar.gz -C attn_gym_lite/results/h200 (the package's
@@ -57,8 +60,10 @@ for pass in ${PASS}; do
       start=$SECONDS
       # --timeout (pytest-timeout, on the host): one hung test fails alone instead of ending the run.
       (timeout 240 python3 -m pytest -q -rs -p no:cacheprovider --timeout=90 -m gpu tests > /tmp/tests_gpu.log 2>&1
-       timeout 150 python3 -m pytest -q -rs -p no:cacheprovider tests/test_kernels.py tests/test_properties.py \
-         > /tmp/tests_unfiltered.log 2>&1) &
+       if [ "${UNFILTERED:-1}" = 1 ]; then
+         timeout 150 python3 -m pytest -q -rs -p no:cacheprovider tests/test_kernels.py tests/test_properties.py \
+           > /tmp/tests_unfiltered.log 2>&1
+       else echo "unfiltered kernel and property tests not run (UNFILTERED=0)" > /tmp/tests_unfiltered.log; fi) &
       # Heaviest first, so that the lanes finish together.
       ls ${NOTEBOOKS:-notebooks/04*.ipynb notebooks/09*.ipynb notebooks/08*.ipynb notebooks/06*.ipynb \
         notebooks/02*.ipynb notebooks/05*.ipynb notebooks/03*.ipynb notebooks/07*.ipynb notebooks/01*.ipynb \
@@ -77,7 +82,11 @@ for path in sorted(glob.glob("notebooks/*.ipynb")):
                 print(f"--- {path}\n{text.strip()[:2500]}")
 PY
       ;;
-    *) echo "unknown pass $pass (A, L, B, C or S)" | tee -a "$log"; exit 2 ;;
+    X)
+      timeout $(( ${EXPLORE_S:-100} + 30 )) python3 scripts/explore_hopper_forward.py "${EXPLORE_S:-100}" \
+        > "$OUT/explore_forward.log" 2>&1
+      echo "explore: rc $?" | tee -a "$log"; tail -30 "$OUT/explore_forward.log" | tee -a "$log" ;;
+    *) echo "unknown pass $pass (A, L, B, C, S or X)" | tee -a "$log"; exit 2 ;;
   esac
   ls -la "$REC" | tee -a "$log"
 done
