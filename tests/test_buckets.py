@@ -3,12 +3,13 @@ every bucket against eager and the shared pool's memory."""
 
 import itertools
 
+import numpy as np
 import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from attn_gym_lite.data.capacity import plan_buckets, select_bucket
+from attn_gym_lite.data.capacity import BucketPlan, plan_buckets, select_bucket
 from attn_gym_lite.graph.buckets import GraphBuckets, StaleOutputError, _Guarded, private_pool_bytes
 
 
@@ -72,6 +73,62 @@ def test_plan_buckets_errors():
         plan_buckets("100", 1)
     # A tensor of samples and a generator are fine.
     assert plan_buckets(torch.tensor([100, 300]), 2) == plan_buckets((s for s in [100, 300]), 2)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    samples=st.lists(st.integers(0, 5000), min_size=1, max_size=20),
+    k=st.integers(1, 6),
+    align=st.sampled_from([1, 7, 64, 128]),
+)
+def test_plan_buckets_outputs_are_valid_plans(samples, k, align):
+    # plan_buckets builds its result through the checks; the edges: all L = 0 (fill 0, a whole
+    # tile of padding per batch), one bucket, align 1 (no padding possible for distinct samples).
+    plan = plan_buckets(samples, k, align=align)
+    assert BucketPlan(plan.capacities, plan.expected_padded_rows, plan.expected_fill) == plan
+    assert all(type(c) is int for c in plan.capacities)
+    assert type(plan.expected_padded_rows) is float and type(plan.expected_fill) is float
+    zeros = plan_buckets([0, 0], k, align=align)
+    assert zeros == BucketPlan((align,), float(align), 0.0)
+
+
+def test_bucket_plan_checks_its_fields():
+    plan = BucketPlan((256, 1024), 90, 0.5)  # ints are real numbers; stored as floats
+    assert plan.expected_padded_rows == 90.0 and type(plan.expected_padded_rows) is float
+    numpy_ints = BucketPlan((np.int64(8), np.int32(16)), np.float32(0.5), 1)  # stored as Python numbers
+    assert numpy_ints.capacities == (8, 16) and {type(c) for c in numpy_ints.capacities} == {int}
+    assert type(numpy_ints.expected_fill) is float
+    with pytest.raises(TypeError, match=r"capacities must be a tuple of ints .*got list: \[256, 1024\]"):
+        BucketPlan([256, 1024], 90.0, 0.5)
+    with pytest.raises(ValueError, match="capacities must hold at least one int, got none"):
+        BucketPlan((), 0.0, 1.0)
+    with pytest.raises(ValueError, match=r"capacities\[0\] must be an int >= 1, got 0"):
+        BucketPlan((0, 8), 0.0, 1.0)
+    with pytest.raises(TypeError, match=r"capacities\[1\] must be an int >= 1, got 8.0"):
+        BucketPlan((4, 8.0), 0.0, 1.0)
+    with pytest.raises(TypeError, match=r"capacities\[0\] must be an int >= 1, got True"):
+        BucketPlan((True,), 0.0, 1.0)
+    # select_bucket's binary search needs ascending capacities; a repeat is refused too.
+    with pytest.raises(ValueError, match=r"capacities must be strictly ascending, got \[1024, 256\]"):
+        BucketPlan((1024, 256), 90.0, 0.5)
+    with pytest.raises(ValueError, match=r"capacities must be strictly ascending, got \[256, 256\]"):
+        BucketPlan((256, 256), 90.0, 0.5)
+    with pytest.raises(TypeError, match="expected_padded_rows must be a finite real number >= 0, got '90'"):
+        BucketPlan((256,), "90", 0.5)
+    with pytest.raises(ValueError, match="expected_padded_rows must be a finite real number >= 0, got -1.0"):
+        BucketPlan((256,), -1.0, 0.5)
+    with pytest.raises(ValueError, match="expected_padded_rows must be a finite real number >= 0, got nan"):
+        BucketPlan((256,), float("nan"), 0.5)
+    with pytest.raises(ValueError, match=r"expected_padded_rows must be at most the largest capacity, 256 tokens .*got 300.0"):
+        BucketPlan((128, 256), 300.0, 0.5)
+    with pytest.raises(TypeError, match="expected_fill must be a finite real number >= 0 <= 1, got None"):
+        BucketPlan((256,), 0.0, None)
+    with pytest.raises(TypeError, match="expected_fill must be a finite real number >= 0 <= 1, got False"):
+        BucketPlan((256,), 0.0, False)
+    with pytest.raises(ValueError, match="expected_fill must be a finite real number >= 0 <= 1, got 1.5"):
+        BucketPlan((256,), 0.0, 1.5)
+    with pytest.raises(ValueError, match="expected_fill must be a finite real number >= 0 <= 1, got inf"):
+        BucketPlan((256,), 0.0, float("inf"))
 
 
 def test_select_bucket_refuses_what_it_cannot_search():

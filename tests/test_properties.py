@@ -20,7 +20,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from attn_gym_lite import ragged, schedule
-from attn_gym_lite.data import plan_buckets, select_bucket
+from attn_gym_lite.data import BucketPlan, plan_buckets, select_bucket
 from attn_gym_lite.data.batch import PackedBatch
 from attn_gym_lite.models.attention import VarLenAttention
 from attn_gym_lite.models.block import ShortConvAttentionBlock
@@ -301,6 +301,8 @@ BAD_CAPACITIES = [([], ValueError), ([0, 8], ValueError), ([8.0], TypeError), ([
 def test_capacity_consumers_refuse_malformed_capacities(capacities, error):
     with pytest.raises(error, match="capacities"):
         select_bucket(capacities, 1)
+    with pytest.raises(error, match="capacities"):  # a plan takes a tuple: the entries are what is wrong
+        BucketPlan(tuple(capacities) if isinstance(capacities, list) else capacities, 0.0, 1.0)
     # As samples of L, 0 is valid (an empty batch); everything else above is malformed.
     if capacities and not isinstance(capacities, str) and capacities != [0, 8]:
         with pytest.raises(error, match="active_token_samples"):
@@ -320,9 +322,9 @@ def test_capacity_consumers_refuse_malformed_capacities(capacities, error):
 
 #: Public callables of layers 0-6 that take ``capacities``: tested above (GraphBuckets and
 #: FixedCapacityTrainer where CUDA is), or listed here with the reason.
-CAPACITY_CONSUMERS = {"data.capacity.select_bucket", "graph.buckets.GraphBuckets",
+CAPACITY_CONSUMERS = {"data.capacity.select_bucket", "data.capacity.BucketPlan", "graph.buckets.GraphBuckets",
                       "graph.training.FixedCapacityTrainer"}
-NOT_CAPACITY_CONSUMERS = {"data.capacity.BucketPlan": "the record plan_buckets returns, its capacities already checked"}
+NOT_CAPACITY_CONSUMERS: dict[str, str] = {}
 
 
 def test_every_public_capacities_callable_is_tested():

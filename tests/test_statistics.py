@@ -1,13 +1,15 @@
-"""The book's two statistics, each defined once in the package and checked against numpy:
-nearest-rank quantiles of length distributions (chapters 1 and 7, the packing study) and the median
-of timings (every recorded timing; chapters 4 and 6)."""
+"""The book's statistics, each defined once in the package and checked against numpy:
+quantiles (attn_gym_lite.data.quantiles: nearest-rank for length distributions, chapters 1 and 7,
+the packing study; linear for the spread of per-step timings, chapter 10) and the median of timings
+(every recorded timing; chapters 4 and 6)."""
 
 import random
 
 import numpy as np
 import pytest
 
-from attn_gym_lite.bench.timing import median
+from attn_gym_lite.bench.timing import median, percentiles
+from attn_gym_lite.data.quantiles import sample_quantile
 from attn_gym_lite.data.study import length_summary, nearest_rank
 
 QUANTILES = (0.01, 0.1, 0.25, 0.5, 0.9, 0.99, 1.0)
@@ -39,3 +41,47 @@ def test_timing_median_is_numpys_median(size):
     if size % 2 == 0:  # the mean of the two middle values, not the upper one (chapter 6's old lambda)
         ordered = sorted(values)
         assert median(values) != ordered[size // 2]
+
+
+def test_sample_quantile_by_hand():
+    # [1, 2, 3, 100], n = 4. Nearest rank: sorted[ceil(q * 4) - 1]. Linear: position q * 3,
+    # interpolated between its two neighbours.
+    values = [100, 3, 1, 2]
+    assert [sample_quantile(values, q, method="nearest-rank") for q in (0.1, 0.25, 0.26, 0.5, 0.75, 1.0)] == [1, 1, 2, 2, 3, 100]
+    assert [sample_quantile(values, q, method="linear") for q in (0.0, 0.1, 0.5, 0.9, 1.0)] == pytest.approx(
+        [1.0, 1.3, 2.5, 3 + 0.7 * 97, 100.0], rel=1e-12)
+    assert values == [100, 3, 1, 2]  # not sorted in place
+    assert type(sample_quantile([5, 7], 0.5, method="nearest-rank")) is int
+
+
+@pytest.mark.parametrize("size", [1, 2, 3, 10, 99, 100, 101])
+def test_sample_quantile_methods_are_numpys_and_the_callers_keep_theirs(size):
+    rng = random.Random(1000 + size)
+    values = [rng.uniform(0.0, 1e6) for _ in range(size)]
+    for q in QUANTILES:
+        assert sample_quantile(values, q, method="nearest-rank") == np.percentile(values, q * 100, method="inverted_cdf")
+        assert sample_quantile(values, q, method="linear") == pytest.approx(
+            np.percentile(values, q * 100, method="linear"), rel=1e-12)
+        assert nearest_rank(values, q) == sample_quantile(values, q, method="nearest-rank")
+    # bench.timing.percentiles is the linear method in percent; its p50 is the timings' median.
+    got = percentiles(values, (0, 10, 50, 90, 100))
+    assert list(got.values()) == pytest.approx(np.percentile(values, [0, 10, 50, 90, 100], method="linear"), rel=1e-12)
+    assert got["p50"] == pytest.approx(median(values), rel=1e-15)
+
+
+def test_sample_quantile_refuses_bad_input_by_name():
+    with pytest.raises(ValueError, match=r"method must be one of \['linear', 'nearest-rank'\], got 'nearest'"):
+        sample_quantile([1], 0.5, method="nearest")
+    with pytest.raises(TypeError, match="quantile must be a real number, got str: '0.5'"):
+        sample_quantile([1], "0.5", method="linear")
+    with pytest.raises(TypeError, match="quantile must be a real number, got bool"):
+        sample_quantile([1], True, method="linear")
+    with pytest.raises(ValueError, match=r"values must be non-empty \(at least one sample\), got an empty sequence"):
+        sample_quantile([], 0.5, method="linear")
+    with pytest.raises(ValueError, match=r"quantile must be in \(0, 1\], got 0 \(the range of method 'nearest-rank'\)"):
+        sample_quantile([1], 0, method="nearest-rank")
+    assert sample_quantile([4, 2], 0, method="linear") == 2  # the 0 quantile is defined for linear
+    with pytest.raises(ValueError, match=r"quantile must be in \[0, 1\], got 1.5"):
+        sample_quantile([1], 1.5, method="linear")
+    with pytest.raises(ValueError, match=r"quantile must be in \[0, 1\], got nan"):
+        sample_quantile([1], float("nan"), method="linear")

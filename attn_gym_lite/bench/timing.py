@@ -12,13 +12,14 @@ from one step's start to the next's, per step; ``percentiles`` summarises per-st
 
 from __future__ import annotations
 
-import math
 import statistics
 import time
 from collections.abc import Callable, Iterable, Sequence
 from typing import TypeVar
 
 import torch
+
+from ..data.quantiles import sample_quantile
 
 _Input = TypeVar("_Input")
 _Output = TypeVar("_Output")
@@ -117,7 +118,10 @@ def step_intervals_us(step: Callable[[_Input], _Output], inputs: Iterable[_Input
 
 def percentiles(values: Sequence[float], qs: Sequence[float] = (10, 50, 90)) -> dict[str, float]:
     """Percentiles of a non-empty list, linearly interpolated between the closest ranks (numpy's
-    default ``"linear"`` method; ``p50`` is :func:`median`).
+    default ``"linear"`` method, Hyndman & Fan 1996 definition 7; ``p50`` is :func:`median`).
+
+    :func:`~attn_gym_lite.data.quantiles.sample_quantile` with ``method="linear"`` at ``q / 100``
+    (the data chapter's length statistics use its ``"nearest-rank"`` method instead).
 
     Args:
         values: the samples (any unit; the result has the same).
@@ -130,15 +134,12 @@ def percentiles(values: Sequence[float], qs: Sequence[float] = (10, 50, 90)) -> 
     Raises:
         ValueError: ``values`` is empty, or a ``q`` is outside ``[0, 100]``.
     """
-    ordered = sorted(float(v) for v in values)
-    if not ordered:
+    samples = [float(v) for v in values]
+    if not samples:
         raise ValueError("values must hold at least one sample, got none")
     result = {}
     for q in qs:
         if not 0 <= q <= 100:
             raise ValueError(f"qs must be percentiles in [0, 100], got {q!r}")
-        position = q / 100 * (len(ordered) - 1)
-        low = math.floor(position)
-        high = min(low + 1, len(ordered) - 1)
-        result[f"p{q:g}"] = ordered[low] + (ordered[high] - ordered[low]) * (position - low)
+        result[f"p{q:g}"] = sample_quantile(samples, q / 100, method="linear")
     return result

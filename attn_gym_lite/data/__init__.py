@@ -19,6 +19,8 @@ batches and measures how full they are. One concept per module:
 * :mod:`.synthetic`: batches of a prescribed shape: :func:`packed_batch_loader` (random ids) and
   :func:`fixed_count_loader` (real text, a fixed number of documents per batch);
 * :mod:`.study`: measuring a corpus and how well each policy packs it;
+* :mod:`.quantiles`: the package's one sample-quantile definition (nearest-rank for the data
+  statistics, linear for the spread of timings);
 * :mod:`.recommend`: choosing ``B`` and ``N`` for a padding budget, and whether one graph is enough;
 * :mod:`.capacity`: choosing graph-bucket capacities from data (:func:`plan_buckets`) and picking
   one for a batch (:func:`select_bucket`).

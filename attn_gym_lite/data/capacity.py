@@ -16,24 +16,60 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..checks import check_int, check_int_sequence
+from ..checks import check_int, check_int_sequence, check_real
 
 __all__ = ["BucketPlan", "plan_buckets", "select_bucket"]
+
+
+def _check_capacities(capacities: object) -> list[int]:
+    """``capacities`` as a list of positive, strictly ascending ints: the order
+    :func:`select_bucket`'s binary search relies on and :func:`plan_buckets` produces."""
+    capacities = check_int_sequence("capacities", capacities, minimum=1)
+    if any(a >= b for a, b in zip(capacities, capacities[1:])):
+        raise ValueError(f"capacities must be strictly ascending, got {list(capacities)}")
+    return capacities
 
 
 @dataclass(frozen=True)
 class BucketPlan:
     """Capacities chosen by :func:`plan_buckets`.
 
+    Checked when built, so a plan made by hand (or read back from a record) is one
+    :func:`select_bucket` and ``GraphBuckets`` can use.
+
     Attributes:
-        capacities: ascending token capacities; the last one holds every sample.
-        expected_padded_rows: mean over the samples of ``bucket(L) - L`` (tokens per batch).
-        expected_fill: mean real fraction of the replayed rows, ``sum L / sum bucket(L)``.
+        capacities: token capacities (tokens), a non-empty tuple of ints >= 1, strictly ascending;
+            the last one holds every sample.
+        expected_padded_rows: mean over the samples of ``bucket(L) - L`` (tokens per batch), a
+            finite number in ``[0, capacities[-1]]`` (a batch pads at most its whole bucket);
+            stored as a ``float``.
+        expected_fill: mean real fraction of the replayed rows, ``sum L / sum bucket(L)``, a finite
+            number in ``[0, 1]``; stored as a ``float``.
+
+    Raises:
+        TypeError: ``capacities`` is not a tuple or holds a non-int (``True`` and ``8.0`` included);
+            ``expected_padded_rows`` or ``expected_fill`` is not a real number.
+        ValueError: ``capacities`` is empty, holds a capacity < 1 or is not strictly ascending;
+            ``expected_padded_rows`` or ``expected_fill`` is NaN, infinite or outside its range.
     """
 
     capacities: tuple[int, ...]
     expected_padded_rows: float
     expected_fill: float
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.capacities, tuple):
+            raise TypeError(f"capacities must be a tuple of ints (a plan is immutable and hashable), "
+                            f"got {type(self.capacities).__name__}: {self.capacities!r:.60}")
+        capacities = tuple(_check_capacities(self.capacities))
+        padded = check_real("expected_padded_rows", self.expected_padded_rows, minimum=0)
+        if padded > capacities[-1]:
+            raise ValueError(f"expected_padded_rows must be at most the largest capacity, {capacities[-1]} tokens "
+                             f"(a batch pads at most its whole bucket), got {padded!r}")
+        fill = check_real("expected_fill", self.expected_fill, minimum=0, maximum=1)
+        object.__setattr__(self, "capacities", capacities)
+        object.__setattr__(self, "expected_padded_rows", padded)
+        object.__setattr__(self, "expected_fill", fill)
 
 
 def plan_buckets(active_token_samples: Sequence[int], k: int, *, align: int = 128) -> BucketPlan:
@@ -117,9 +153,7 @@ def select_bucket(capacities: Sequence[int], active_tokens: int) -> int:
             largest capacity.
     """
     active_tokens = check_int("active_tokens", active_tokens, minimum=0)
-    capacities = check_int_sequence("capacities", capacities, minimum=1)
-    if any(a >= b for a, b in zip(capacities, capacities[1:])):
-        raise ValueError(f"capacities must be strictly ascending, got {list(capacities)}")
+    capacities = _check_capacities(capacities)
     index = bisect.bisect_left(capacities, active_tokens)
     if index == len(capacities):
         raise ValueError(

@@ -19,6 +19,7 @@ from ..checks import check_int
 from .batch import PackedBatch
 from .corpora import python_stdlib_corpus
 from .loader import PackedLoader
+from .tokenizer import check_document
 
 __all__ = ["ShardedPackedLoader", "global_batch", "shard_corpus"]
 
@@ -44,9 +45,10 @@ def shard_corpus(corpus: Callable[[], Iterable[object]] | Sequence[object], rank
 
     Raises:
         TypeError: ``corpus`` is neither; ``rank`` or ``world_size`` not an int; a document that
-            is not a string or a list/tuple of token ids (named by its index in the whole
-            corpus: checked here for a sequence, as the shard is read for a function, whose
-            result must also be iterable).
+            is not a string or a list/tuple of token ids (the loader's rule,
+            :func:`~attn_gym_lite.data.tokenizer.check_document`, applied with the document's
+            index in the whole corpus: checked here for a sequence, as the shard is read for a
+            function, whose result must also be iterable).
         ValueError: ``world_size < 1`` or ``rank`` outside ``[0, world_size)``; a sequence with
             fewer documents than ``world_size`` (a rank would get none, and data-parallel ranks
             must all take the same steps).
@@ -64,20 +66,12 @@ def shard_corpus(corpus: Callable[[], Iterable[object]] | Sequence[object], rank
                 f"gets one, got {world_size}"
             )
         for index, document in enumerate(corpus):
-            _check_document(index, document)
+            check_document(index, document)
         return lambda: iter(corpus[rank::world_size])
     raise TypeError(
         "corpus must be a sequence of documents or a zero-argument function returning an iterable of them, "
         f"got {type(corpus).__name__}"
     )
-
-
-def _check_document(index: int, document: object) -> None:
-    # The loader's rule (strings are tokenized, lists/tuples are token ids), with the index the
-    # user knows: the loader itself would count within the shard.
-    if not isinstance(document, (str, list, tuple)):
-        raise TypeError(f"corpus[{index}] must be a document string or a list/tuple of token ids, "
-                        f"got {type(document).__name__}: {document!r:.60}")
 
 
 def _iterate(corpus: Callable[[], Iterable[object]]) -> Iterable[object]:
@@ -90,7 +84,7 @@ def _iterate(corpus: Callable[[], Iterable[object]]) -> Iterable[object]:
 
 def _checked_documents(documents: Iterable[object], rank: int, world_size: int) -> Iterator[object]:
     for index, document in enumerate(itertools.islice(documents, rank, None, world_size)):
-        _check_document(rank + index * world_size, document)
+        check_document(rank + index * world_size, document)
         yield document
 
 

@@ -15,7 +15,6 @@ quantiles of ``M`` rest on many batches even for a small corpus.
 
 from __future__ import annotations
 
-import math
 import random
 import statistics
 from collections.abc import Iterable, Sequence
@@ -26,6 +25,7 @@ from tqdm.auto import tqdm
 from ..checks import check_int
 from .corpora import resolve_corpus
 from .packing import BestFit, FirstFit, InOrder, PackingPolicy
+from .quantiles import sample_quantile
 from .segment import segment_lengths
 from .tokenizer import Tokenizer, encode_in_chunks, resolve_tokenizer
 
@@ -81,15 +81,18 @@ def nearest_rank(values: Sequence[float], quantile: float) -> float:
     """The nearest-rank ``quantile`` of ``values``: the smallest value with at least a
     ``quantile`` fraction of ``values`` at or below it (always one of the values).
 
+    :func:`~attn_gym_lite.data.quantiles.sample_quantile` with ``method="nearest-rank"``
+    (Hyndman & Fan 1996, definition 1; numpy's ``method="inverted_cdf"``).
+
+    Args:
+        values: the samples, any order (not modified).
+        quantile: a fraction in ``(0, 1]``.
+
     Raises:
+        TypeError: ``quantile`` is not a real number.
         ValueError: ``values`` is empty or ``quantile`` is outside ``(0, 1]``.
     """
-    if not values:
-        raise ValueError("values must be non-empty")
-    if not 0 < quantile <= 1:
-        raise ValueError(f"quantile must be in (0, 1], got {quantile}")
-    ordered = sorted(values)
-    return ordered[math.ceil(quantile * len(ordered)) - 1]
+    return sample_quantile(values, quantile, method="nearest-rank")
 
 
 def length_summary(lengths: Sequence[int]) -> dict:

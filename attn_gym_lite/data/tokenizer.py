@@ -112,6 +112,29 @@ class TiktokenTokenizer:
 ENCODE_BATCH_SIZE = 64
 
 
+def check_document(index: int, document: object) -> None:
+    """Refuse what the packing loader cannot take as a document; the loader's one rule.
+
+    A document is a ``str`` (tokenized by the loader's tokenizer) or a ``list``/``tuple`` of
+    token ids (a pre-tokenized corpus, handed on as it is). :func:`encode_in_chunks` applies
+    this to every document it reads; :func:`~attn_gym_lite.data.sharding.shard_corpus` applies
+    it with the index in the whole corpus (the loader over a shard would count within the shard).
+
+    Args:
+        index: the document's position in the corpus the user passed, used in the message.
+        document: the document to check.
+
+    Raises:
+        TypeError: ``document`` is neither a ``str`` nor a ``list``/``tuple`` (the message names
+            ``corpus[index]``, the expected form and the value).
+    """
+    if not isinstance(document, (str, list, tuple)):
+        raise TypeError(
+            f"corpus[{index}] must be a document string or a list/tuple of token ids, "
+            f"got {type(document).__name__}: {document!r:.60}"
+        )
+
+
 def encode_in_chunks(
     documents: Iterable[tuple[int, object]], tokenizer: Tokenizer
 ) -> Iterator[list[tuple[int, Sequence[int]]]]:
@@ -138,11 +161,7 @@ def encode_in_chunks(
     documents = iter(documents)
     while chunk := list(itertools.islice(documents, ENCODE_BATCH_SIZE)):
         for index, document in chunk:
-            if not isinstance(document, (str, list, tuple)):
-                raise TypeError(
-                    f"corpus[{index}] must be a document string or a list/tuple of token ids, "
-                    f"got {type(document).__name__}: {document!r:.60}"
-                )
+            check_document(index, document)
         texts = [document for _, document in chunk if isinstance(document, str)]
         encoded = iter(tokenizer.encode_batch(texts) if texts else [])
         yield [(index, next(encoded) if isinstance(document, str) else document) for index, document in chunk]

@@ -123,7 +123,15 @@ class record_memory_history:  # noqa: N801 -- a context manager, named like the 
         return self
 
     def mark(self) -> int:
-        """Index (into :attr:`entries`) of the next entry: everything before it happened before now."""
+        """Index (into :attr:`entries`) of the next entry: everything before it happened before now.
+
+        Cost: one full allocator snapshot (``torch.cuda.memory._snapshot()``: every segment, and
+        every trace entry with its stack, turned into Python objects), so call it outside timed
+        regions and not per kernel. The index is the trace's length, and no cheaper torch call
+        gives it: ``memory_allocated()`` / ``memory_stats()`` count bytes and allocator events, not
+        trace entries (a free is two entries, ``free_requested`` and ``free_completed``, and the
+        trace is a ring buffer), and the public ``memory_snapshot()`` returns the segments only.
+        """
         index = len(self._trace()) - self._start
         self.marks.append(index)
         return index
