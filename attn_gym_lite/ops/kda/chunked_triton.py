@@ -66,16 +66,12 @@ from .reference import check_kda_metadata
 
 Tensor = torch.Tensor
 
-__all__ = ["KDA_TRITON_CHUNK_SIZES", "KDA_TRITON_DTYPES", "KDA_TRITON_WIDTHS", "kda_triton"]
+__all__ = ["kda_triton"]
 
+# What kda_triton accepts (its docstring states them; its checks refuse the rest).
 _DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 _WIDTHS = (16, 32, 64, 128)  # K and V: tl.dot needs >= 16, registers cap the state at 128 x 128
 _CHUNKS = (16, 32, 64)
-#: What :func:`kda_triton` accepts, for callers that want to know before they call it (its own
-#: checks are the ones that refuse): input dtypes, key/value widths, chunk sizes.
-KDA_TRITON_DTYPES = _DTYPES
-KDA_TRITON_WIDTHS = _WIDTHS
-KDA_TRITON_CHUNK_SIZES = _CHUNKS
 _SUB = 16  # sub-block of the intra-chunk kernel
 # Launch options of the sequential kernels and of the per-chunk backward (ignored by the
 # interpreter). Triton pipelines their loops' loads through shared memory; with K = V = 128,
