@@ -15,6 +15,13 @@ programs per head (:func:`attn_gym_lite.schedule.chunk_capacity`); a program pas
 exits. The recurrence across chunks runs on a grid of one program per (sequence slot, head,
 value block), each looping over its own sequence's chunks.
 
+The per-chunk kernels are written in the package's task-loop form
+(:mod:`attn_gym_lite.ops.kernels.tasks`) but take no schedule: the flat one is fixed in them. It
+is the only one under which a program's index is its chunk's place in the flat chunk list, which
+is where :func:`kda_chunk_backward_kernel` finds the chunk's saved entering state (a persistent or
+dynamic program runs several chunks, a rectangular one is indexed by sequence and chunk, and the
+dynamic schedule would also need a task counter of its own).
+
 Forward, four kernels (one head of one chunk of ``c <= C`` rows; ``G`` is the within-chunk
 cumulative log-decay, ``E_rj = exp(G_r - G_j)`` for ``j <= r``)::
 
@@ -145,31 +152,30 @@ def _sequence_program(cu_seqlens, chunk_offsets, BV: tl.constexpr):
 
 @triton.jit(do_not_specialize=["num_seqs"])
 def kda_cumsum_kernel(g, g_cum, cu_seqlens, chunk_offsets, num_seqs, H,
-                      K: tl.constexpr, C: tl.constexpr, SCHEDULE: tl.constexpr):
+                      K: tl.constexpr, C: tl.constexpr):
     """``g_cum[r] = g[first row of r's chunk] + ... + g[r]`` (float32), per head and channel.
     Grid ``(G_cap, H)``, flat schedule."""
-    task = first_task(cu_seqlens, cu_seqlens, chunk_offsets, num_seqs, H, C, SCHEDULE)
+    task = first_task(cu_seqlens, cu_seqlens, chunk_offsets, num_seqs, H, C, "flat")
     while task >= 0:
-        seq_start, seq_len, chunk, head = task_at(task, cu_seqlens, chunk_offsets, num_seqs, SCHEDULE)
+        seq_start, seq_len, chunk, head = task_at(task, cu_seqlens, chunk_offsets, num_seqs, "flat")
         rows, ok = _chunk_rows(seq_start, seq_len, chunk, C)
         x = _load_rows(g, rows, ok, head, H, K)
         _store_rows(g_cum, tl.cumsum(x, 0), rows, ok, head, H, K)
-        task = next_task(task, cu_seqlens, chunk_offsets, num_seqs, H, SCHEDULE)
+        task = next_task(task, cu_seqlens, chunk_offsets, num_seqs, H, "flat")
 
 
 @triton.jit(do_not_specialize=["num_seqs"])
 def kda_intra_kernel(q, k, g_cum, gram, qk, cu_seqlens, chunk_offsets, num_seqs, H, scale,
-                     K: tl.constexpr, C: tl.constexpr, BC: tl.constexpr, SCHEDULE: tl.constexpr,
-                     PRECISION: tl.constexpr):
+                     K: tl.constexpr, C: tl.constexpr, BC: tl.constexpr, PRECISION: tl.constexpr):
     """The decayed Gram matrices of one chunk, stored row by row into ``[T, H, C]`` buffers::
 
         gram[r, j] = Σ_d k_rd k_jd exp(G_rd - G_jd)           j <  r   (other entries unspecified)
         qk[r, j]   = scale Σ_d q_rd k_jd exp(G_rd - G_jd)     j <= r   (other entries unspecified)
 
     ``r, j`` are positions in the chunk. Grid ``(G_cap, H)``, flat schedule."""
-    task = first_task(cu_seqlens, cu_seqlens, chunk_offsets, num_seqs, H, C, SCHEDULE)
+    task = first_task(cu_seqlens, cu_seqlens, chunk_offsets, num_seqs, H, C, "flat")
     while task >= 0:
-        seq_start, seq_len, chunk, head = task_at(task, cu_seqlens, chunk_offsets, num_seqs, SCHEDULE)
+        seq_start, seq_len, chunk, head = task_at(task, cu_seqlens, chunk_offsets, num_seqs, "flat")
         chunk_start = seq_start + chunk * C  # packed row of position 0
         valid = tl.minimum(seq_len - chunk * C, C)  # rows of this chunk inside the sequence
         sub = tl.arange(0, BC)
@@ -211,7 +217,7 @@ def kda_intra_kernel(q, k, g_cum, gram, qk, cu_seqlens, chunk_offsets, num_seqs,
             cols_i = i * BC + sub
             tl.store(gram + out + cols_i[None, :], gram_diag, mask=ok_i[:, None])
             tl.store(qk + out + cols_i[None, :], qk_diag * scale, mask=ok_i[:, None])
-        task = next_task(task, cu_seqlens, chunk_offsets, num_seqs, H, SCHEDULE)
+        task = next_task(task, cu_seqlens, chunk_offsets, num_seqs, H, "flat")
 
 
 @triton.jit
@@ -236,16 +242,16 @@ def _chunk_tail(g_cum, seq_start, seq_len, chunk, head, H, K: tl.constexpr, C: t
 
 @triton.jit(do_not_specialize=["num_seqs"])
 def kda_wy_kernel(q, k, v, g_cum, beta, gram, inverse, w, u, q_decayed, k_to_end, cu_seqlens, chunk_offsets,
-                  num_seqs, H, scale, K: tl.constexpr, V: tl.constexpr, C: tl.constexpr, SCHEDULE: tl.constexpr,
+                  num_seqs, H, scale, K: tl.constexpr, V: tl.constexpr, C: tl.constexpr,
                   PRECISION: tl.constexpr):
     """The UT transform of one chunk: ``M = (I + Diag(beta) Γ)^{-1}`` by forward substitution, then
     the WY factors ``W = M Diag(beta) (K ⊙ exp(G))`` and ``U_0 = M Diag(beta) V``. Stores ``M``
     (``[T, H, C]``, rows of the chunk), ``W`` (``[T, H, K]``) and ``U_0`` (``[T, H, V]``), and,
     so that the sequential kernels do no exponentials, ``scale Q ⊙ exp(G)`` and
     ``K ⊙ exp(G_last - G)`` (``[T, H, K]``). Grid ``(G_cap, H)``, flat schedule."""
-    task = first_task(cu_seqlens, cu_seqlens, chunk_offsets, num_seqs, H, C, SCHEDULE)
+    task = first_task(cu_seqlens, cu_seqlens, chunk_offsets, num_seqs, H, C, "flat")
     while task >= 0:
-        seq_start, seq_len, chunk, head = task_at(task, cu_seqlens, chunk_offsets, num_seqs, SCHEDULE)
+        seq_start, seq_len, chunk, head = task_at(task, cu_seqlens, chunk_offsets, num_seqs, "flat")
         rows, ok = _chunk_rows(seq_start, seq_len, chunk, C)
         b = tl.load(beta + rows * H + head, mask=ok, other=0.0).to(tl.float32)
         A = _load_square(gram, rows, ok, head, H, C, True) * b[:, None]  # strictly lower
@@ -270,7 +276,7 @@ def kda_wy_kernel(q, k, v, g_cum, beta, gram, inverse, w, u, q_decayed, k_to_end
         G_last = _chunk_tail(g_cum, seq_start, seq_len, chunk, head, H, K, C)
         # Rows past the sequence have k = 0, but their exponent G_last - 0 may be positive: mask it.
         _store_rows(k_to_end, k_c * tl.exp(tl.where(ok[:, None], G_last[None, :] - G, 0.0)), rows, ok, head, H, K)
-        task = next_task(task, cu_seqlens, chunk_offsets, num_seqs, H, SCHEDULE)
+        task = next_task(task, cu_seqlens, chunk_offsets, num_seqs, H, "flat")
 
 
 @triton.jit
@@ -348,18 +354,19 @@ def kda_chunk_backward_kernel(q, k, v, g_cum, beta, gram, inverse, w, u, states,
                               dv, dbeta, d_qk_out, d_gram_out, dq_part, dk_part, dG_part,
                               cu_seqlens, chunk_offsets, num_seqs, H, scale,
                               K: tl.constexpr, V: tl.constexpr, C: tl.constexpr, BV: tl.constexpr,
-                              SCHEDULE: tl.constexpr, PRECISION: tl.constexpr):
+                              PRECISION: tl.constexpr):
     """The per-chunk backward up to the pairwise terms, given ``dO``, ``dU`` and the state
     gradients from :func:`kda_state_backward_kernel` (equations in :func:`_kda_backward`).
     Writes the chunk's rows of ``dv`` and ``dbeta`` (final), the coefficients of the pairwise
     terms ``d_qk_out`` (dL/dP times ``scale``) and ``d_gram_out`` (dL/dA_rj times ``beta_r``),
     both float32 ``[T, H, C]``, and float32 partial ``dq, dk`` and ``dL/dG`` for
-    :func:`kda_pairwise_backward_kernel`. Grid ``(G_cap, H)``, flat schedule (program 0's index
-    is the chunk's slot in ``states``)."""
-    task = first_task(cu_seqlens, cu_seqlens, chunk_offsets, num_seqs, H, C, SCHEDULE)
+    :func:`kda_pairwise_backward_kernel`. Grid ``(G_cap, H)``, flat schedule (fixed, not a
+    parameter: under it, program ``(i, head)`` has chunk ``i`` of the flat chunk list, whose
+    entering state and state gradient are slot ``i`` of ``states`` and ``d_states``)."""
+    task = first_task(cu_seqlens, cu_seqlens, chunk_offsets, num_seqs, H, C, "flat")
     while task >= 0:
-        seq_start, seq_len, chunk, head = task_at(task, cu_seqlens, chunk_offsets, num_seqs, SCHEDULE)
-        slot = tl.program_id(0)
+        seq_start, seq_len, chunk, head = task_at(task, cu_seqlens, chunk_offsets, num_seqs, "flat")
+        slot = tl.program_id(0)  # = chunk_offsets[sequence] + chunk, the flat schedule's one task
         rows, ok = _chunk_rows(seq_start, seq_len, chunk, C)
         valid = tl.minimum(seq_len - chunk * C, C)
         pos = tl.arange(0, C)
@@ -428,7 +435,7 @@ def kda_chunk_backward_kernel(q, k, v, g_cum, beta, gram, inverse, w, u, states,
         _store_rows(dk_part, d_k, rows, ok, head, H, K)
         _store_rows(dG_part, dG, rows, ok, head, H, K)
         tl.store(dbeta + rows * H + head, db.to(dbeta.dtype.element_ty), mask=ok)
-        task = next_task(task, cu_seqlens, chunk_offsets, num_seqs, H, SCHEDULE)
+        task = next_task(task, cu_seqlens, chunk_offsets, num_seqs, H, "flat")
 
 
 @triton.jit
@@ -440,7 +447,7 @@ def _load_block(ptr, rows, ok, cols, head, H, C: tl.constexpr):
 @triton.jit(do_not_specialize=["num_seqs"])
 def kda_pairwise_backward_kernel(q, k, g_cum, d_qk, d_gram, dq_part, dk_part, dG_part, dq, dk, dg,
                                  cu_seqlens, chunk_offsets, num_seqs, H, K: tl.constexpr, C: tl.constexpr,
-                                 BC: tl.constexpr, SCHEDULE: tl.constexpr, PRECISION: tl.constexpr):
+                                 BC: tl.constexpr, PRECISION: tl.constexpr):
     """The pairwise terms of the backward, then the chain through ``G = cumsum(g)``.
 
     With coefficients ``c^P_rj`` (``d_qk``: dL/dP_rj, times ``scale``) and ``c^Γ_rj``
@@ -455,9 +462,9 @@ def kda_pairwise_backward_kernel(q, k, g_cum, d_qk, d_gram, dq_part, dk_part, dG
     Sub-blocks run from the chunk's last to its first, carrying ``Σ dG`` of the later rows, so
     ``dg_r = Σ_{r' >= r} dG_r'`` comes out block by block. Adds the partial gradients of
     :func:`kda_chunk_backward_kernel` and writes ``dq, dk, dg``. Grid ``(G_cap, H)``, flat schedule."""
-    task = first_task(cu_seqlens, cu_seqlens, chunk_offsets, num_seqs, H, C, SCHEDULE)
+    task = first_task(cu_seqlens, cu_seqlens, chunk_offsets, num_seqs, H, C, "flat")
     while task >= 0:
-        seq_start, seq_len, chunk, head = task_at(task, cu_seqlens, chunk_offsets, num_seqs, SCHEDULE)
+        seq_start, seq_len, chunk, head = task_at(task, cu_seqlens, chunk_offsets, num_seqs, "flat")
         chunk_start = seq_start + chunk * C
         valid = tl.minimum(seq_len - chunk * C, C)
         sub = tl.arange(0, BC)
@@ -530,7 +537,7 @@ def kda_pairwise_backward_kernel(q, k, g_cum, d_qk, d_gram, dq_part, dk_part, dG
             _store_rows(dq, d_q, rows_i, ok_i, head, H, K)
             _store_rows(dk, d_k, rows_i, ok_i, head, H, K)
             _store_rows(dg, d_g, rows_i, ok_i, head, H, K)
-        task = next_task(task, cu_seqlens, chunk_offsets, num_seqs, H, SCHEDULE)
+        task = next_task(task, cu_seqlens, chunk_offsets, num_seqs, H, "flat")
 
 
 # -----------------------------------------------------------------------------
@@ -665,11 +672,11 @@ def _kda_forward(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, cu_se
     if plan.G_cap > 0:
         grid = (plan.G_cap, H)
         common = (cu_seqlens, offsets, N, H)
-        kda_cumsum_kernel[grid](g, g_cum, *common, K=K, C=C, SCHEDULE="flat")
-        kda_intra_kernel[grid](q, k, g_cum, gram, qk, *common, plan.scale, K=K, C=C, BC=_SUB, SCHEDULE="flat",
+        kda_cumsum_kernel[grid](g, g_cum, *common, K=K, C=C)
+        kda_intra_kernel[grid](q, k, g_cum, gram, qk, *common, plan.scale, K=K, C=C, BC=_SUB,
                                PRECISION=precision)
         kda_wy_kernel[grid](q, k, v, g_cum, beta, gram, inverse, w, u, q_decayed, k_to_end, *common, plan.scale,
-                            K=K, V=V, C=C, SCHEDULE="flat", PRECISION=precision)
+                            K=K, V=V, C=C, PRECISION=precision)
     BV = plan.value_block
     kda_state_kernel[(N, H, V // BV)](g_cum, q_decayed, k_to_end, qk, w, u, o, states, final, cu_seqlens, offsets,
                                       H, K=K, V=V, C=C, BV=BV, PRECISION=precision, **_SEQUENTIAL)
@@ -722,11 +729,11 @@ def _kda_backward(q: Tensor, k: Tensor, v: Tensor, g_dtype: torch.dtype, beta: T
             q, k, v, saved["g_cum"], beta, saved["gram"], saved["inverse"], saved["w"], saved["u"],
             saved["states"], d_o, d_u, d_states, dv, dbeta, d_qk, d_gram, dq_part, dk_part, dG_part,
             cu_seqlens, offsets, N, H, plan.scale,
-            K=K, V=V, C=C, BV=plan.backward_value_block, SCHEDULE="flat", PRECISION=precision, **_CHUNK_BACKWARD,
+            K=K, V=V, C=C, BV=plan.backward_value_block, PRECISION=precision, **_CHUNK_BACKWARD,
         )
         kda_pairwise_backward_kernel[(plan.G_cap, H)](
             q, k, saved["g_cum"], d_qk, d_gram, dq_part, dk_part, dG_part, dq, dk, dg, cu_seqlens, offsets, N, H,
-            K=K, C=C, BC=_SUB, SCHEDULE="flat", PRECISION=precision,
+            K=K, C=C, BC=_SUB, PRECISION=precision,
         )
     return dq, dk, dv, dg, dbeta
 
