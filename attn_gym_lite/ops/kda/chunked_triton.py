@@ -9,7 +9,7 @@ captured once replays correctly for every layout of the same capacity.
 Work is cut the way a ragged kernel cuts it (DESIGN.md's vocabulary): every sequence is split into
 chunks of ``C`` tokens starting at its first row, a chunk never spans two sequences, and
 ``chunk_offsets`` (built on the device by
-:func:`attn_gym_lite.ops.kernels.offsets.chunk_offsets_kernel`) numbers the ``G_active`` chunks
+:func:`attn_gym_lite.ops.kernels.offsets.launch_chunk_offsets`) numbers the ``G_active`` chunks
 of the batch. Per-chunk kernels run on a flat grid of ``G_cap = min(T, N) + (T - min(T, N)) // C``
 programs per head (:func:`attn_gym_lite.schedule.chunk_capacity`); a program past ``G_active``
 exits. The recurrence across chunks runs on a grid of one program per (sequence slot, head,
@@ -67,7 +67,7 @@ import triton.language as tl
 from ... import checks
 from ...schedule import chunk_capacity
 from ..kernels import INTERPRETED
-from ..kernels.offsets import chunk_offsets_kernel
+from ..kernels.offsets import launch_chunk_offsets
 from ..kernels.tasks import first_task, next_task, task_at
 from .reference import check_kda_metadata
 
@@ -560,7 +560,6 @@ class _Plan:
     precision: str  # tl.dot's input_precision
     value_block: int  # BV of the sequential kernels
     backward_value_block: int  # BV of kda_chunk_backward_kernel (see _CHUNK_BACKWARD)
-    offsets_block: int  # rows of cu_seqlens the offsets kernel reads per step
     validate: bool  # validate=None resolved: read cu_seqlens's values (a host tensor only)
 
 
@@ -607,7 +606,6 @@ def _check_arguments(q: object, k: object, v: object, g: object, beta: object, c
         # more coarsely than tf32 rounds the float32 intermediates.
         precision="ieee" if q.dtype == torch.float32 else "tf32",
         value_block=_value_block(V), backward_value_block=_value_block(V, 32),
-        offsets_block=max(16, min(1024, triton.next_power_of_2(N + 1))),
         # A host tensor's values cost nothing to read; a device tensor's would cost a sync.
         validate=cu_seqlens.device.type == "cpu" if validate is None else validate,
     )
@@ -639,16 +637,6 @@ def _plan(q: object, k: object, v: object, g: object, beta: object, cu_seqlens: 
     return plan
 
 
-def _chunk_offsets(cu_seqlens: Tensor, plan: _Plan) -> Tensor:
-    """``chunk_offsets`` for chunk size ``C`` on the device, one launch, no host read."""
-    # ops.kernels.varlen launches the same kernel in its _chunk_metadata, private there and tied
-    # to attention's plan (several chunk sizes, a task counter): this is the one-size case.
-    offsets = torch.empty(plan.N + 1, dtype=torch.int32, device=cu_seqlens.device)
-    chunk_offsets_kernel[(1,)](cu_seqlens, offsets, offsets, plan.N, NUM_COUNTERS=0, CHUNK=plan.C,
-                               BLOCK=plan.offsets_block)
-    return offsets
-
-
 def _kda_forward(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, cu_seqlens: Tensor,
                  plan: _Plan) -> tuple[Tensor, Tensor, dict[str, Tensor]]:
     """Runs the four forward kernels; returns ``(o, final_state, saved)`` where ``saved`` holds the
@@ -656,7 +644,7 @@ def _kda_forward(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, cu_se
     ``U_0``, ``Q_g``, ``K_e`` and the entering states)."""
     T, H, K, V, N, C = plan.T, plan.H, plan.K, plan.V, plan.N, plan.C
     f32 = dict(dtype=torch.float32, device=q.device)
-    offsets = _chunk_offsets(cu_seqlens, plan)
+    offsets = launch_chunk_offsets(cu_seqlens, C)  # on the device, one launch, no host read
     g_cum = torch.empty(T, H, K, **f32)
     gram = torch.empty(T, H, C, **f32)
     qk = torch.empty(T, H, C, **f32)

@@ -10,10 +10,17 @@ all of it: one CTA walks ``cu_seqlens`` in blocks, with a running total carried 
 Capture-safe like the torch version: it reads ``cu_seqlens`` on the device only, so a graph that
 captured it recomputes the offsets (and re-zeroes the counters) on every replay.
 
+:func:`launch_chunk_offsets` is the one host-side launch of it: every op that needs
+``chunk_offsets`` on the device (the attention kernels of :mod:`.varlen`, the KDA kernels of
+:mod:`attn_gym_lite.ops.kda.chunked_triton`) calls it.
+
 Source: the seed article, "Scheduling without max_seqlen" (``chunk_offsets``); the counters are
 FlashAttention-3's dynamic tile scheduler's.
 """
 
+from __future__ import annotations
+
+import torch
 import triton
 import triton.language as tl
 
@@ -36,3 +43,42 @@ def chunk_offsets_kernel(cu_seqlens, offsets, counters, num_seqs, NUM_COUNTERS: 
     if NUM_COUNTERS > 0:
         slots = tl.arange(0, 4)
         tl.store(counters + slots, tl.zeros([4], tl.int32), mask=slots < NUM_COUNTERS)
+
+
+_MAX_COUNTERS = 4  # the kernel zeroes at most this many counters (its tl.arange(0, 4))
+
+
+def launch_chunk_offsets(cu_seqlens: torch.Tensor, chunk_size: int, *, out: torch.Tensor | None = None,
+                         counters: torch.Tensor | None = None) -> torch.Tensor:
+    """``chunk_offsets`` of ``cu_seqlens`` for chunk size ``chunk_size``, on the device, in one launch.
+
+    The same values as :func:`attn_gym_lite.schedule.chunk_offsets` (the definition), computed by
+    :func:`chunk_offsets_kernel` with no host read of ``cu_seqlens``: capturable, and a replay
+    recomputes them from the captured buffer.
+
+    Args:
+        cu_seqlens: int32 ``[N + 1]`` contiguous prefix sums, on the device the kernels run on (a
+            CPU tensor under ``TRITON_INTERPRET=1``).
+        chunk_size: ``C``, tokens per chunk (a Python int ``>= 1``; each value compiles once).
+        out: int32 ``[N + 1]`` contiguous buffer to write into; default: a new one.
+        counters: int32 contiguous buffer of at most 4 task counters to set to zero in the same
+            launch (the dynamic schedule's); default: none.
+
+    Returns:
+        ``out`` (or the new buffer): int32 ``[N + 1]``, ``[0, ..., G_active]``.
+
+    Not checked here (it runs on every call of the ops, whose own checks, cached per call
+    signature, already cover ``cu_seqlens``'s layout), except that ``counters`` holds at most 4
+    entries (ValueError).
+    """
+    N = cu_seqlens.numel() - 1
+    if out is None:
+        out = torch.empty(N + 1, dtype=torch.int32, device=cu_seqlens.device)
+    count = 0 if counters is None else counters.numel()
+    if count > _MAX_COUNTERS:
+        raise ValueError(f"counters must hold at most {_MAX_COUNTERS} entries, got {count}")
+    # One CTA walks cu_seqlens in blocks of up to 1024 rows, the carry between blocks in a register.
+    block = max(16, min(1024, triton.next_power_of_2(N + 1)))
+    chunk_offsets_kernel[(1,)](cu_seqlens, out, out if counters is None else counters, N, NUM_COUNTERS=count,
+                               CHUNK=chunk_size, BLOCK=block)
+    return out
