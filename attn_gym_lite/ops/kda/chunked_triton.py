@@ -282,13 +282,14 @@ def kda_wy_kernel(q, k, v, g_cum, beta, gram, inverse, w, u, q_decayed, k_to_end
 @triton.jit
 def kda_state_kernel(g_cum, q_decayed, k_to_end, qk, w, u, o, states, final, cu_seqlens, chunk_offsets, H,
                      K: tl.constexpr, V: tl.constexpr, C: tl.constexpr, BV: tl.constexpr,
-                     PRECISION: tl.constexpr):
+                     PRECISION: tl.constexpr, STORE_FINAL: tl.constexpr):
     """The recurrence across chunks. Program ``(n, head, v_block)`` walks sequence slot ``n``'s
     chunks in order with its ``[K, BV]`` state block in registers: saves the entering state of
     each chunk in ``states`` (float32 ``[G_cap, H, K, V]``, indexed by ``chunk_offsets``), writes
-    the chunk's output rows, and stores the state after the last chunk in ``final`` (float32
-    ``[N, H, K, V]``; zero for an empty sequence). Everything it reads per chunk was prepared by
-    the parallel kernels, so the loop is loads and four products. Grid ``(N, H, V // BV)``."""
+    the chunk's output rows, and, if ``STORE_FINAL``, stores the state after the last chunk in
+    ``final`` (float32 ``[N, H, K, V]``; zero for an empty sequence; otherwise ``final`` is never
+    touched and may be any pointer). Everything it reads per chunk was prepared by the parallel
+    kernels, so the loop is loads and four products. Grid ``(N, H, V // BV)``."""
     n, head, v_block, seq_start, seq_len, first, cols = _sequence_program(cu_seqlens, chunk_offsets, BV)
     S = tl.zeros([K, BV], tl.float32)
     for chunk in range(0, tl.cdiv(seq_len, C)):
@@ -307,7 +308,8 @@ def kda_state_kernel(g_cum, q_decayed, k_to_end, qk, w, u, o, states, final, cu_
         K_e = _load_rows(k_to_end, rows, ok, head, H, K)
         S = tl.exp(G_last)[:, None] * S
         S = tl.dot(tl.trans(K_e), U, S, input_precision=PRECISION)
-    tl.store(_state_ptrs(final, n, head, H, K, V, BV, v_block), S)
+    if STORE_FINAL:
+        tl.store(_state_ptrs(final, n, head, H, K, V, BV, v_block), S)
 
 
 # -----------------------------------------------------------------------------
@@ -317,10 +319,10 @@ def kda_state_kernel(g_cum, q_decayed, k_to_end, qk, w, u, o, states, final, cu_
 @triton.jit
 def kda_state_backward_kernel(g_cum, q_decayed, k_to_end, qk, w, d_o, d_final, d_u, d_states, cu_seqlens,
                               chunk_offsets, H, K: tl.constexpr, V: tl.constexpr, C: tl.constexpr,
-                              BV: tl.constexpr, PRECISION: tl.constexpr):
+                              BV: tl.constexpr, PRECISION: tl.constexpr, HAS_D_FINAL: tl.constexpr):
     """The recurrence backwards. Program ``(n, head, v_block)`` walks sequence slot ``n``'s chunks
-    from last to first carrying ``dS``, the gradient of the state leaving the chunk (``d_final``
-    for the last one), and per chunk::
+    from last to first carrying ``dS``, the gradient of the state leaving the chunk (for the last
+    one, ``d_final`` if ``HAS_D_FINAL``, else zero and ``d_final`` is never read), and per chunk::
 
         d_states[chunk] = dS                                   (float32 [G_cap, H, K, V])
         dU = P^T dO + (K ⊙ exp(G_last - G)) dS                  (float32 [T, H, V], rows)
@@ -328,7 +330,10 @@ def kda_state_backward_kernel(g_cum, q_decayed, k_to_end, qk, w, d_o, d_final, d
 
     the last line being the gradient of the state entering the chunk. Grid ``(N, H, V // BV)``."""
     n, head, v_block, seq_start, seq_len, first, cols = _sequence_program(cu_seqlens, chunk_offsets, BV)
-    dS = tl.load(_state_ptrs(d_final, n, head, H, K, V, BV, v_block))
+    if HAS_D_FINAL:
+        dS = tl.load(_state_ptrs(d_final, n, head, H, K, V, BV, v_block))
+    else:
+        dS = tl.zeros([K, BV], tl.float32)
     num_chunks = tl.cdiv(seq_len, C)
     for step in range(0, num_chunks):
         chunk = num_chunks - 1 - step
@@ -561,6 +566,7 @@ class _Plan:
     value_block: int  # BV of the sequential kernels
     backward_value_block: int  # BV of kda_chunk_backward_kernel (see _CHUNK_BACKWARD)
     validate: bool  # validate=None resolved: read cu_seqlens's values (a host tensor only)
+    final_state: bool  # output_final_state: allocate and write the [N, H, K, V] final states
 
 
 def _check_arguments(q: object, k: object, v: object, g: object, beta: object, cu_seqlens: object,
@@ -608,6 +614,7 @@ def _check_arguments(q: object, k: object, v: object, g: object, beta: object, c
         value_block=_value_block(V), backward_value_block=_value_block(V, 32),
         # A host tensor's values cost nothing to read; a device tensor's would cost a sync.
         validate=cu_seqlens.device.type == "cpu" if validate is None else validate,
+        final_state=output_final_state,
     )
 
 
@@ -638,10 +645,11 @@ def _plan(q: object, k: object, v: object, g: object, beta: object, cu_seqlens: 
 
 
 def _kda_forward(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, cu_seqlens: Tensor,
-                 plan: _Plan) -> tuple[Tensor, Tensor, dict[str, Tensor]]:
-    """Runs the four forward kernels; returns ``(o, final_state, saved)`` where ``saved`` holds the
-    per-chunk quantities the backward reads (``chunk_offsets``, ``G``, ``Γ``, ``P``, ``M``, ``W``,
-    ``U_0``, ``Q_g``, ``K_e`` and the entering states)."""
+                 plan: _Plan) -> tuple[Tensor, Tensor | None, dict[str, Tensor]]:
+    """Runs the four forward kernels; returns ``(o, final_state, saved)`` where ``final_state`` is
+    ``None`` unless ``plan.final_state`` (then it is neither allocated nor written) and ``saved``
+    holds the per-chunk quantities the backward reads (``chunk_offsets``, ``G``, ``Γ``, ``P``,
+    ``M``, ``W``, ``U_0``, ``Q_g``, ``K_e`` and the entering states)."""
     T, H, K, V, N, C = plan.T, plan.H, plan.K, plan.V, plan.N, plan.C
     f32 = dict(dtype=torch.float32, device=q.device)
     offsets = launch_chunk_offsets(cu_seqlens, C)  # on the device, one launch, no host read
@@ -654,7 +662,7 @@ def _kda_forward(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, cu_se
     q_decayed = torch.empty(T, H, K, **f32)
     k_to_end = torch.empty(T, H, K, **f32)
     states = torch.empty(max(plan.G_cap, 1), H, K, V, **f32)
-    final = torch.empty(N, H, K, V, **f32)
+    final = torch.empty(N, H, K, V, **f32) if plan.final_state else None
     o = torch.zeros(T, H, V, dtype=q.dtype, device=q.device)  # rows L .. T - 1 stay zero
     precision = plan.precision
     if plan.G_cap > 0:
@@ -666,8 +674,10 @@ def _kda_forward(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, cu_se
         kda_wy_kernel[grid](q, k, v, g_cum, beta, gram, inverse, w, u, q_decayed, k_to_end, *common, plan.scale,
                             K=K, V=V, C=C, PRECISION=precision)
     BV = plan.value_block
-    kda_state_kernel[(N, H, V // BV)](g_cum, q_decayed, k_to_end, qk, w, u, o, states, final, cu_seqlens, offsets,
-                                      H, K=K, V=V, C=C, BV=BV, PRECISION=precision, **_SEQUENTIAL)
+    # Without a final state, `states` stands in for its pointer: STORE_FINAL=False never writes it.
+    kda_state_kernel[(N, H, V // BV)](g_cum, q_decayed, k_to_end, qk, w, u, o, states,
+                                      states if final is None else final, cu_seqlens, offsets, H, K=K, V=V, C=C,
+                                      BV=BV, PRECISION=precision, STORE_FINAL=final is not None, **_SEQUENTIAL)
     saved = dict(offsets=offsets, g_cum=g_cum, gram=gram, qk=qk, inverse=inverse, w=w, u=u, q_decayed=q_decayed,
                  k_to_end=k_to_end, states=states)
     return o, final, saved
@@ -697,8 +707,11 @@ def _kda_backward(q: Tensor, k: Tensor, v: Tensor, g_dtype: torch.dtype, beta: T
     T, H, K, V, N, C = plan.T, plan.H, plan.K, plan.V, plan.N, plan.C
     device = q.device
     f32 = dict(dtype=torch.float32, device=device)
+    # A None gradient (nothing downstream used that output; the Function does not materialise
+    # zeros) is zero: dO is read by three kernels, so it becomes a zero buffer; dS_final only
+    # starts the reverse recurrence, which starts from zero instead (HAS_D_FINAL=False).
     d_o = torch.zeros(T, H, V, dtype=q.dtype, device=device) if d_o is None else d_o.contiguous()
-    d_final = torch.zeros(N, H, K, V, **f32) if d_final is None else d_final.float().contiguous()
+    d_final = None if d_final is None else d_final.float().contiguous()
     d_u = torch.empty(T, H, V, **f32)
     d_states = torch.empty_like(saved["states"])
     d_qk, d_gram = torch.empty(T, H, C, **f32), torch.empty(T, H, C, **f32)
@@ -710,8 +723,9 @@ def _kda_backward(q: Tensor, k: Tensor, v: Tensor, g_dtype: torch.dtype, beta: T
     BV = plan.value_block
     offsets = saved["offsets"]
     kda_state_backward_kernel[(N, H, V // BV)](saved["g_cum"], saved["q_decayed"], saved["k_to_end"], saved["qk"],
-                                               saved["w"], d_o, d_final, d_u, d_states, cu_seqlens, offsets, H,
-                                               K=K, V=V, C=C, BV=BV, PRECISION=precision, **_SEQUENTIAL)
+                                               saved["w"], d_o, d_states if d_final is None else d_final, d_u,
+                                               d_states, cu_seqlens, offsets, H, K=K, V=V, C=C, BV=BV,
+                                               PRECISION=precision, HAS_D_FINAL=d_final is not None, **_SEQUENTIAL)
     if plan.G_cap > 0:
         kda_chunk_backward_kernel[(plan.G_cap, H)](
             q, k, v, saved["g_cum"], beta, saved["gram"], saved["inverse"], saved["w"], saved["u"],
@@ -729,7 +743,10 @@ def _kda_backward(q: Tensor, k: Tensor, v: Tensor, g_dtype: torch.dtype, beta: T
 class _KDATriton(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, cu_seqlens: Tensor,
-                plan: _Plan) -> tuple[Tensor, Tensor]:
+                plan: _Plan) -> tuple[Tensor, Tensor | None]:
+        # An output nothing downstream used gets a None gradient instead of a zero tensor (the
+        # backward treats None as zero): no [N, H, K, V] buffer of zeros for an unused final state.
+        ctx.set_materialize_grads(False)
         o, final, saved = _kda_forward(q, k, v, g, beta, cu_seqlens, plan)
         ctx.save_for_backward(q, k, v, beta, cu_seqlens, *saved.values())
         ctx.saved_names = tuple(saved)
@@ -774,7 +791,8 @@ def kda_triton(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, cu_seql
         scale: factor on ``q``; default ``K ** -0.5``.
         chunk_size: ``C``, 16, 32 or 64 tokens per chunk (default 64, fla's). The result does
             not depend on it up to rounding.
-        output_final_state: also return every sequence's state after its last token.
+        output_final_state: also return every sequence's state after its last token. Without
+            it the ``[N, H, K, V]`` buffer is neither allocated nor written.
         validate: read ``cu_seqlens`` on the host and check its values (starts at 0, never
             decreases, ``L <= T``) before any kernel runs. ``None`` (default): only when
             ``cu_seqlens`` is a CPU tensor (the interpreter), where reading it costs no device
@@ -808,7 +826,8 @@ def kda_triton(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, cu_seql
     (:func:`attn_gym_lite.schedule.chunk_capacity`), the recurrence on ``N x H x V / BV``
     programs, each looping over its own sequence's chunks. Memory kept for the backward: float32
     ``[T, H, 4K + V + 3C]`` and the entering state of every chunk, ``[G_cap, H, K, V]``; the
-    backward adds float32 ``[T, H, 3K + V + 2C]`` and ``[G_cap, H, K, V]`` of scratch.
+    backward adds float32 ``[T, H, 3K + V + 2C]`` and ``[G_cap, H, K, V]`` of scratch (and a
+    ``[T, H, V]`` zero ``dO`` when only ``final_state`` is used downstream).
     On the host, the argument checks above and the launch plan depend only on metadata (shapes,
     strides, dtypes, devices, the other arguments): they run once per such signature, and a
     repeated call costs a dictionary lookup (plus the values check when ``validate`` says so).
@@ -823,5 +842,5 @@ def kda_triton(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, cu_seql
     if plan.validate and not (cu_seqlens.is_cuda and torch.cuda.is_current_stream_capturing()):
         checks.check_cu_seqlens_values(cu_seqlens, token_capacity=plan.T)
     q, k, v, g, beta = (x.contiguous() for x in (q, k, v, g, beta))
-    o, final = _KDATriton.apply(q, k, v, g, beta, cu_seqlens, plan)
-    return o, (final if output_final_state else None)
+    o, final = _KDATriton.apply(q, k, v, g, beta, cu_seqlens, plan)  # final: None unless output_final_state
+    return o, final
