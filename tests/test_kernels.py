@@ -300,12 +300,23 @@ def test_chunk_offsets_kernel_matches_the_torch_definition(lengths, spare_slots,
     assert counter.cpu().tolist() == ([0] * counters if counters else [99])
 
 
-def test_launch_chunk_offsets_allocates_by_default_and_refuses_too_many_counters():
+def test_launch_chunk_offsets_allocates_by_default_and_refuses_bad_buffers():
     from attn_gym_lite.ops.kernels.offsets import launch_chunk_offsets
 
     cu = cu_seqlens_from_lengths([65, 63, 0, 1]).to(DEVICE)
     offsets = launch_chunk_offsets(cu, 64)
     assert offsets.dtype == torch.int32 and offsets.device == cu.device
     assert offsets.cpu().tolist() == [0, 2, 3, 3, 4]  # ceil per sequence: 2 + 1 + 0 + 1
-    with pytest.raises(ValueError, match="counters must hold at most 4 entries, got 5"):
+    counters = r"counters must be a contiguous buffer of at most 4 entries on device \S+, got shape"
+    with pytest.raises(ValueError, match=counters + r" \(5,\)"):
         launch_chunk_offsets(cu, 64, counters=torch.zeros(5, dtype=torch.int32, device=DEVICE))
+    with pytest.raises(ValueError, match=counters + r" \(2,\), stride \(2,\)"):
+        launch_chunk_offsets(cu, 64, counters=torch.zeros(4, dtype=torch.int32, device=DEVICE)[::2])
+    with pytest.raises(TypeError, match="counters must have dtype int32"):
+        launch_chunk_offsets(cu, 64, counters=torch.zeros(1, dtype=torch.int64, device=DEVICE))
+    with pytest.raises(ValueError, match=r"out must have N \+ 1 = 5 entries"):
+        launch_chunk_offsets(cu, 64, out=torch.empty(4, dtype=torch.int32, device=DEVICE))
+    with pytest.raises(TypeError, match="out must have dtype torch.int32"):
+        launch_chunk_offsets(cu, 64, out=torch.empty(5, dtype=torch.int64, device=DEVICE))
+    with pytest.raises(ValueError, match="chunk_size must be an int >= 1, got 0"):
+        launch_chunk_offsets(cu, 0)
