@@ -356,12 +356,16 @@ def check_cu_seqlens(cu_seqlens: object, *, device: torch.device | str | None = 
 
 
 def check_cu_seqlens_values(cu_seqlens: Tensor, *, token_capacity: int | None = None,
-                            max_seqlen: int | None = None, argument: str = "cu_seqlens") -> None:
+                            max_seqlen: int | None = None, argument: str = "cu_seqlens") -> Tensor:
     """The value rules: starts at 0, never decreases, ends at ``L <= T``, no sequence longer
     than ``max_seqlen``. Layout first (:func:`check_cu_seqlens`).
 
     Eager only: it reads ``cu_seqlens`` on the host (a device sync for a CUDA tensor), so it
     refuses to run while the current CUDA stream is capturing.
+
+    Returns:
+        The values it checked: the int64 host copy of :func:`host_values` (``[N + 1]``), for a
+        caller that needs them too without reading the device a second time.
 
     Raises:
         TypeError / ValueError: the layout errors; ``cu_seqlens[0] != 0``; a decrease; ``L > T``;
@@ -398,3 +402,4 @@ def check_cu_seqlens_values(cu_seqlens: Tensor, *, token_capacity: int | None = 
                 f"max_seqlen must be >= the longest sequence, got max_seqlen = {max_seqlen} "
                 f"but sequence {longest_index} has length {longest}"
             )
+    return host

@@ -19,6 +19,7 @@ no grandchild is left holding a GPU or the pipes this process reads.
   ignored.
 * :func:`run_within_budget`: named parts one after another within a shared budget of seconds,
   each part's timeout cut to what is left; failures become messages.
+* :func:`describe_error`: an exception as the one-line ``"<type>: <message>"`` those messages are.
 
 This module imports nothing from the package: every layer may use it.
 """
@@ -37,7 +38,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-__all__ = ["IsolatedRunError", "ProcessRun", "run_isolated", "run_process_group", "run_within_budget"]
+__all__ = ["IsolatedRunError", "ProcessRun", "describe_error", "run_isolated", "run_process_group", "run_within_budget"]
 
 _MARKER = "@@attn_gym_lite.isolation.result@@ "
 
@@ -184,14 +185,26 @@ def run_isolated(function: Callable[..., Any], *args: Any, timeout_s: float = 60
     return json.loads(results[-1][len(_MARKER):])
 
 
-def _describe(error: BaseException) -> str:
-    return f"{type(error).__name__}: {error}".strip()
+def describe_error(error: BaseException, max_chars: int | None = None) -> str:
+    """``"<exception type>: <message>"``, stripped, for a result that records a failure as text.
+
+    Args:
+        error: the exception.
+        max_chars: keep at most this many characters, from the start (``None``: all of them);
+            e.g. to bound a JSON record, as an :class:`IsolatedRunError` carries the end of the
+            child's standard error.
+
+    Returns:
+        The text, e.g. ``"ValueError: chunk_size must be one of (16, 32, 64), got 8"``.
+    """
+    text = f"{type(error).__name__}: {error}".strip()
+    return text if max_chars is None else text[:max_chars]
 
 
 def run_within_budget(parts: Mapping[str, Callable[[float], Any]], *, timeout_s: float | Mapping[str, float],
                       budget_s: float | None, min_part_s: float = 15.0,
                       clock: Callable[[], float] = time.monotonic,
-                      describe: Callable[[BaseException], str] = _describe) -> tuple[dict[str, Any], dict[str, str]]:
+                      describe: Callable[[BaseException], str] = describe_error) -> tuple[dict[str, Any], dict[str, str]]:
     """Run named parts one after another, each with a time limit, all within one budget.
 
     Each part is called with its limit in seconds, ``min(its timeout, what is left of the
@@ -206,7 +219,7 @@ def run_within_budget(parts: Mapping[str, Callable[[float], Any]], *, timeout_s:
             bound (each part then gets its timeout).
         min_part_s: the least time (s, > 0) worth starting a part with.
         clock: seconds, monotonic (a test may pass a fake).
-        describe: turns a part's exception into its message.
+        describe: turns a part's exception into its message (default :func:`describe_error`).
 
     Returns:
         ``(results, errors)``: ``results[name]`` is what a part returned; ``errors[name]`` is

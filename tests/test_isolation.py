@@ -11,7 +11,13 @@ from pathlib import Path
 
 import pytest
 
-from attn_gym_lite.isolation import IsolatedRunError, run_isolated, run_process_group, run_within_budget
+from attn_gym_lite.isolation import (
+    IsolatedRunError,
+    describe_error,
+    run_isolated,
+    run_process_group,
+    run_within_budget,
+)
 
 
 def test_returns_what_the_function_returns():
@@ -140,3 +146,13 @@ def test_parts_share_a_budget_and_a_failure_is_a_message():
         run_within_budget({"x": part(1.0), "y": part(1.0)}, timeout_s={"x": 1.0}, budget_s=None)
     with pytest.raises(ValueError, match="budget_s must be a finite number of seconds > 0, got -1"):
         run_within_budget({}, timeout_s=1.0, budget_s=-1)
+
+
+def test_describe_error_is_type_and_message_optionally_cut():
+    assert describe_error(ValueError("chunk_size must be one of (16, 32, 64), got 8\n")) == (
+        "ValueError: chunk_size must be one of (16, 32, 64), got 8")
+    assert describe_error(KeyError("x")) == "KeyError: 'x'"
+    assert describe_error(RuntimeError()) == "RuntimeError:"
+    long = IsolatedRunError("m.f exited with code 1", "E" * 5000)
+    assert describe_error(long, max_chars=30) == "IsolatedRunError: m.f exited w"
+    assert describe_error(long) == "IsolatedRunError: m.f exited with code 1\n" + "E" * 5000

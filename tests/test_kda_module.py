@@ -209,12 +209,29 @@ def test_a_triton_layer_cast_to_float64_is_refused_by_the_kernel():
 @pytest.mark.parametrize(("bounds", "match"), [((0, 3, 9), r"cu_seqlens\[-1\] \(active tokens L\) must be <= token_capacity T = 8"),
                                                ((1, 3, 6), r"cu_seqlens\[0\] must be 0, got 1"),
                                                ((0, 5, 3), "cu_seqlens must be non-decreasing")])
-def test_malformed_host_cu_seqlens_is_refused_before_any_work(impl, bounds, match):
-    """Before: L > T with impl='triton' ran the short convolution and the kernels past the end of
-    their buffers (the interpreter corrupted the heap: 'munmap_chunk(): invalid pointer')."""
+def test_malformed_host_cu_seqlens_is_refused_before_the_core_indexes_memory(impl, bounds, match):
+    """The core's check, in its words (naming cu_seqlens), before any kernel runs. Before it was
+    checked at all: L > T with impl='triton' ran the kernels past the end of their buffers (the
+    interpreter corrupted the heap: 'munmap_chunk(): invalid pointer')."""
     layer = KDAAttention(16, 2, 16, impl=impl, chunk_size=16)
     with pytest.raises(ValueError, match=match):
         layer(torch.randn(8, 16), torch.tensor(bounds, dtype=torch.int32))
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_forward_reads_cu_seqlens_on_the_host_once(impl, monkeypatch):
+    """One read of cu_seqlens's values per forward (a device sync for a CUDA tensor), by the core,
+    which checks them there and, for the eager references, takes its bounds from the same copy.
+    The layer used to check them itself first and the references to read them twice more."""
+    from attn_gym_lite import checks
+
+    reads = []
+    read = checks.host_values
+    monkeypatch.setattr(checks, "host_values", lambda argument, value: reads.append(argument) or read(argument, value))
+    layer = KDAAttention(16, 2, 16, impl=impl, chunk_size=16)
+    y = layer(torch.randn(8, 16), torch.tensor([0, 3, 7], dtype=torch.int32))
+    assert reads == ["cu_seqlens"]
+    assert y.shape == (8, 16) and torch.equal(y[7:], torch.zeros_like(y[7:]))
 
 
 @pytest.mark.gpu

@@ -19,6 +19,7 @@ from __future__ import annotations
 import pytest
 import torch
 from helpers import kda_bounds
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from attn_gym_lite.bench.linear_attention import kda_inputs
 from attn_gym_lite.ops.kda import chunked_triton, kda_chunked, kda_recurrent, kda_triton
@@ -81,21 +82,75 @@ def test_matches_recurrence_forward_and_gradients(bounds, T, C, K, V):
                                    msg=lambda m, name=name: f"d{name}: {m}")
 
 
-def test_gradient_of_the_output_alone():
-    """No final state requested: the backward gets no state gradient (None) and must treat it as 0."""
+@pytest.mark.parametrize(("used", "output_final_state"), [("o", False), ("o", True), ("final_state", True)])
+def test_gradient_of_one_output_alone(used, output_final_state):
+    """Only one output reaches the loss, so the backward gets None for the other (the Function does
+    not materialise zero gradients) and must treat it as zero: against the float64 recurrence, and
+    bit for bit what it computes when handed an explicit zero (the loss plus 0 * the other output)."""
     cu_seqlens = cu(0, 20, 37)
     *inputs, _ = kda_inputs(40, 2, 16, 16, dtype=F64, device="cpu", seed=9, active_tokens=37,
                             min_log_decay=DECAY).values()
-    inputs = [x.requires_grad_() for x in inputs]
-    weight = torch.randn(40, 2, 16, generator=torch.Generator().manual_seed(10), dtype=F64)
-    expected = torch.autograd.grad((kda_recurrent(*inputs, cu_seqlens)[0] * weight).sum(), inputs)
-    leaves = [x.detach().float().requires_grad_() for x in inputs]
-    o, s = kda_triton(*leaves, cu_seqlens, chunk_size=16)
-    assert s is None
-    for name, dx, dx_ref in zip(("q", "k", "v", "g", "beta"), torch.autograd.grad((o * weight).sum(), leaves),
-                                expected):
+    gen = torch.Generator().manual_seed(10)
+    weights = {"o": torch.randn(40, 2, 16, generator=gen, dtype=F64),
+               "final_state": torch.randn(2, 2, 16, 16, generator=gen, dtype=F64)}
+    other = "final_state" if used == "o" else "o"
+    ref_leaves = [x.clone().requires_grad_() for x in inputs]
+    o_ref, s_ref = kda_recurrent(*ref_leaves, cu_seqlens, output_final_state=True)
+    expected = torch.autograd.grad(({"o": o_ref, "final_state": s_ref}[used] * weights[used]).sum(), ref_leaves,
+                                   allow_unused=True)  # the final state does not depend on q
+    expected = [torch.zeros_like(x) if d is None else d for x, d in zip(ref_leaves, expected)]
+
+    def triton_gradients(final_state: bool, zero_other: bool):
+        leaves = [x.detach().float().requires_grad_() for x in inputs]
+        o, s = kda_triton(*leaves, cu_seqlens, chunk_size=16, output_final_state=final_state)
+        assert (s is None) == (not final_state)
+        outputs = {"o": o, "final_state": s}
+        loss = (outputs[used].to(F64) * weights[used]).sum()
+        if zero_other:
+            loss = loss + (outputs[other] * 0).sum()
+        return torch.autograd.grad(loss, leaves)
+
+    got = triton_gradients(output_final_state, zero_other=False)
+    with_zero = triton_gradients(True, zero_other=True)
+    for name, dx, dx_ref, dx_zero in zip(("q", "k", "v", "g", "beta"), got, expected, with_zero):
         torch.testing.assert_close(dx.to(F64), dx_ref, rtol=TOLERANCE, atol=TOLERANCE,
                                    msg=lambda m, name=name: f"d{name}: {m}")
+        assert torch.equal(dx, dx_zero), name
+
+
+class _ProducedShapes(TorchDispatchMode):
+    """Records the shape of every tensor an operator returns while active (forward and backward)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.shapes: list[tuple[int, ...]] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        self.shapes += [tuple(t.shape) for t in (out if isinstance(out, (tuple, list)) else [out])
+                        if isinstance(t, torch.Tensor)]
+        return out
+
+
+def test_final_state_buffer_only_when_asked_and_no_zero_gradient_for_it():
+    """T = 40, C = 16 and N = 4 sequence slots (G_cap = 6 chunks, so the saved entering states are
+    [6, H, K, V]): a [4, H, K, V] tensor can only be the final state or its gradient. Without
+    output_final_state the forward makes none; with it but a loss on o alone, the backward makes
+    none (it used to allocate a zero [N, H, K, V] gradient and read it)."""
+    cu_seqlens = cu(0, 20, 37, 37, 37)
+    T, H, K, V = 40, 2, 16, 16
+    state_shape = (4, H, K, V)
+    *inputs, _ = kda_inputs(T, H, K, V, dtype=torch.float32, device="cpu", seed=4, active_tokens=37,
+                            min_log_decay=DECAY).values()
+    for final_state in (False, True):
+        leaves = [x.detach().requires_grad_() for x in inputs]
+        with _ProducedShapes() as forward:
+            o, s = kda_triton(*leaves, cu_seqlens, chunk_size=16, output_final_state=final_state)
+        with _ProducedShapes() as backward:
+            torch.autograd.grad(o.sum(), leaves)
+        assert (state_shape in forward.shapes) == final_state, final_state  # the mode sees allocations
+        assert (6, H, K, V) in forward.shapes and (6, H, K, V) in backward.shapes  # states, d_states
+        assert state_shape not in backward.shapes, final_state
 
 
 def test_strong_decay_stays_finite():

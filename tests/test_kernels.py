@@ -284,14 +284,13 @@ def test_dynamic_counters_restart_for_every_launch():
     counters=st.integers(0, 3),
 )
 def test_chunk_offsets_kernel_matches_the_torch_definition(lengths, spare_slots, C, counters):
-    from attn_gym_lite.ops.kernels.offsets import chunk_offsets_kernel
+    from attn_gym_lite.ops.kernels.offsets import launch_chunk_offsets
 
     cu = pad_cu_seqlens(cu_seqlens_from_lengths(lengths), len(lengths) + spare_slots).to(DEVICE)
     slots = cu.numel()
     offsets = torch.full((slots,), -7, dtype=torch.int32, device=DEVICE)
     counter = torch.full((max(counters, 1),), 99, dtype=torch.int32, device=DEVICE)
-    block = max(16, min(1024, triton.next_power_of_2(slots)))
-    chunk_offsets_kernel[(1,)](cu, offsets, counter, slots - 1, NUM_COUNTERS=counters, CHUNK=C, BLOCK=block)
+    assert launch_chunk_offsets(cu, C, out=offsets, counters=counter[:counters] if counters else None) is offsets
     # Independent reference: a Python loop over the sequences, ceil per sequence.
     expected = [0]
     for s in lengths + [0] * spare_slots:
@@ -299,3 +298,25 @@ def test_chunk_offsets_kernel_matches_the_torch_definition(lengths, spare_slots,
     assert offsets.cpu().tolist() == expected
     assert offsets.cpu().tolist() == chunk_offsets(cu, C).cpu().tolist()
     assert counter.cpu().tolist() == ([0] * counters if counters else [99])
+
+
+def test_launch_chunk_offsets_allocates_by_default_and_refuses_bad_buffers():
+    from attn_gym_lite.ops.kernels.offsets import launch_chunk_offsets
+
+    cu = cu_seqlens_from_lengths([65, 63, 0, 1]).to(DEVICE)
+    offsets = launch_chunk_offsets(cu, 64)
+    assert offsets.dtype == torch.int32 and offsets.device == cu.device
+    assert offsets.cpu().tolist() == [0, 2, 3, 3, 4]  # ceil per sequence: 2 + 1 + 0 + 1
+    counters = r"counters must be a contiguous buffer of at most 4 entries on device \S+, got shape"
+    with pytest.raises(ValueError, match=counters + r" \(5,\)"):
+        launch_chunk_offsets(cu, 64, counters=torch.zeros(5, dtype=torch.int32, device=DEVICE))
+    with pytest.raises(ValueError, match=counters + r" \(2,\), stride \(2,\)"):
+        launch_chunk_offsets(cu, 64, counters=torch.zeros(4, dtype=torch.int32, device=DEVICE)[::2])
+    with pytest.raises(TypeError, match="counters must have dtype int32"):
+        launch_chunk_offsets(cu, 64, counters=torch.zeros(1, dtype=torch.int64, device=DEVICE))
+    with pytest.raises(ValueError, match=r"out must have N \+ 1 = 5 entries"):
+        launch_chunk_offsets(cu, 64, out=torch.empty(4, dtype=torch.int32, device=DEVICE))
+    with pytest.raises(TypeError, match="out must have dtype torch.int32"):
+        launch_chunk_offsets(cu, 64, out=torch.empty(5, dtype=torch.int64, device=DEVICE))
+    with pytest.raises(ValueError, match="chunk_size must be an int >= 1, got 0"):
+        launch_chunk_offsets(cu, 0)

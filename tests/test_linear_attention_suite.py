@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from attn_gym_lite.bench import linear_attention as la
+from attn_gym_lite.isolation import IsolatedRunError
 from attn_gym_lite.ops.kda import kda_chunked
 from attn_gym_lite.testing.exactness import error_stats
 
@@ -129,6 +130,17 @@ def test_exactness_of_the_triton_kernel_in_the_interpreter():
     assert all(entry["ok"] for entry in result["entries"]), result["entries"]
 
 
+def test_suite_records_a_failed_part_as_its_bounded_error(monkeypatch):
+    def crash(function, *, timeout_s):
+        raise IsolatedRunError(f"{function.__name__} exited with code 1", "Traceback\n" + "x" * 5000)
+
+    monkeypatch.setattr(la, "run_isolated", crash)
+    result = la.linear_attention_suite(parts=("exactness",), budget_s=None, clock=lambda: 0.0)
+    message = result["errors"]["exactness"]
+    assert message.startswith("IsolatedRunError: exactness exited with code 1\nTraceback\nxxx")
+    assert len(message) == 2000 and "exactness" not in result
+
+
 def test_row_builders_and_summary():
     point = la.overcapture_point(512, 32, 30.0, 20.0)
     assert point["ratio"] == pytest.approx(1.5) and point["L"] == 512
@@ -202,9 +214,9 @@ def test_suite_parts_share_a_budget_under_the_recording_limit(monkeypatch):
         now[0] += 100.0
         return {"part": function.__name__}
 
-    monkeypatch.setattr(la, "_clock", lambda: now[0])
+    clock = lambda: now[0]
     monkeypatch.setattr(la, "run_isolated", fake_run)
-    result = la.linear_attention_suite(timeout_s=150, budget_s=270)
+    result = la.linear_attention_suite(timeout_s=150, budget_s=270, clock=clock)
     assert calls == [("exactness", 150), ("exact_shape", 150), ("overcapture", 70)]
     assert [name for name in la.PARTS if name in result] == ["exactness", "exact_shape", "overcapture"]
     assert set(result["errors"]) == {"amdahl"} and "not run" in result["errors"]["amdahl"]
@@ -212,12 +224,12 @@ def test_suite_parts_share_a_budget_under_the_recording_limit(monkeypatch):
 
     # 10 s short of MIN_PART_S after the first part: the rest are not started.
     now[0], calls[:] = 0.0, []
-    result = la.linear_attention_suite(parts=("exactness", "amdahl"), budget_s=100 + la.MIN_PART_S - 10)
+    result = la.linear_attention_suite(parts=("exactness", "amdahl"), budget_s=100 + la.MIN_PART_S - 10, clock=clock)
     assert calls == [("exactness", 100 + la.MIN_PART_S - 10)] and "not run" in result["errors"]["amdahl"]
 
     # Without a budget every part gets timeout_s.
     now[0], calls[:] = 0.0, []
-    la.linear_attention_suite(timeout_s=300, budget_s=None)
+    la.linear_attention_suite(timeout_s=300, budget_s=None, clock=clock)
     assert calls == [(name, 300) for name in la.PARTS]
     # The default budget ends before the recording script kills the suite (its limit read from the script).
     script = (Path(__file__).resolve().parents[1] / "scripts" / "gpu_record.sh").read_text()

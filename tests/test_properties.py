@@ -30,6 +30,7 @@ from attn_gym_lite.ops.attention import varlen_attention, varlen_attention_refer
 from attn_gym_lite.ops.kda import kda_chunked, kda_recurrent, kda_triton
 from attn_gym_lite.ops.kda.reference import check_kda_metadata
 from attn_gym_lite.ops.kernels import INTERPRETED, varlen_attention_triton
+from attn_gym_lite.ops.kernels.offsets import launch_chunk_offsets
 from attn_gym_lite.ops.short_conv import ShortConv, short_conv, short_conv_reference
 from attn_gym_lite.ragged import cu_seqlens_from_lengths, pad_cu_seqlens
 
@@ -160,6 +161,7 @@ if KERNELS_RUN:
         lambda cu: kda_triton(*_kda_inputs(DEVICE, DTYPE, 16), _on_device(cu)), False)
     CONSUMERS["ops.kernels.varlen.varlen_attention_triton (dynamic)"] = (
         lambda cu: varlen_attention_triton(*_qkv(), _on_device(cu), schedule="dynamic"), False)
+    CONSUMERS["ops.kernels.offsets.launch_chunk_offsets"] = (lambda cu: launch_chunk_offsets(_on_device(cu), 4), False)
 
 
 
@@ -211,7 +213,8 @@ CONSUMERS.update({
 })
 
 #: Consumers tested only where the Triton kernels run (compiled on a GPU, or the interpreter).
-KERNEL_CONSUMERS = {"ops.kernels.varlen.varlen_attention_triton", "ops.kda.chunked_triton.kda_triton"}
+KERNEL_CONSUMERS = {"ops.kernels.varlen.varlen_attention_triton", "ops.kda.chunked_triton.kda_triton",
+                    "ops.kernels.offsets.launch_chunk_offsets"}
 
 #: Public callables that take ``cu_seqlens`` but are no consumers to test, each with the reason.
 NOT_CONSUMERS = {
@@ -265,6 +268,7 @@ def test_every_public_cu_seqlens_callable_is_a_tested_consumer():
 #: Consumers that take cu_seqlens alone have no other tensor whose device it could contradict.
 ALONE = {"ragged.validate_cu_seqlens", "ragged.max_seqlen", "ragged.lengths_from_cu_seqlens", "ragged.pad_cu_seqlens",
          "ragged.active_token_mask", "ragged.positions_in_sequence", "schedule.chunk_offsets",
+         "ops.kernels.offsets.launch_chunk_offsets",
          "models.attention.VarLenAttention.rotary_tables"}
 
 

@@ -44,7 +44,7 @@ from collections.abc import Callable, Sequence
 import torch
 import torch.nn.functional as F
 
-from ..isolation import run_isolated, run_within_budget
+from ..isolation import describe_error, run_isolated, run_within_budget
 from ..ops.kda import kda_chunked, kda_recurrent
 from ..ragged import cu_seqlens_from_lengths, pad_cu_seqlens, zipf_lengths
 from ..testing.exactness import error_stats
@@ -83,7 +83,7 @@ SUITE_BUDGET_S = 540.0
 #: A part is not started with less than this left of the budget (a fresh process, torch and CUDA
 #: initialisation alone take several seconds).
 MIN_PART_S = 15.0
-_clock = time.monotonic  # the budget's clock (a test replaces it)
+_ERROR_CHARS = 2000  # of an error message in the record (an isolated part's carries its stderr's end)
 
 
 # --------------------------------------------------------------------------------------------
@@ -327,10 +327,6 @@ def amdahl_summary(points: Sequence[dict]) -> dict:
             "module_drop": 1 - half["module_us"] / by_T[full]["module_us"]}
 
 
-def _error(exc: BaseException) -> str:
-    return f"{type(exc).__name__}: {exc}".strip()[:2000]
-
-
 # --------------------------------------------------------------------------------------------
 # The parts. Each is a module-level function of JSON-ready arguments returning a JSON-ready dict,
 # so the suite can run it in a fresh process (attn_gym_lite.isolation.run_isolated).
@@ -377,7 +373,7 @@ def exactness(token_capacity: int = 1024, sequence_capacity: int = 16, heads: in
                     entries.append({"dtype": dtype_name, "mode": mode, "layout": i, "L": L,
                                     "M": sum(1 for n in lengths if n), **compare_outputs(ours, reference, L, dtype_name)})
             except Exception as exc:  # recorded; the other modes still run
-                errors[f"{dtype_name}/{mode}"] = _error(exc)
+                errors[f"{dtype_name}/{mode}"] = describe_error(exc, max_chars=_ERROR_CHARS)
     return {
         "config": {"T": token_capacity, "N": sequence_capacity, "H": heads, "K": key_dim, "V": value_dim,
                    "layouts": all_layouts, "reference": "kda_chunked, float64, same device",
@@ -423,7 +419,7 @@ def exact_shape(token_capacity: int = SHAPE["T"], active_sequences: int = SHAPE[
                         implementation, inputs, cu, active_sequences, backward=backward, graph=graph, iters=iters)
             rows[implementation] = row
         except Exception as exc:
-            errors[implementation] = _error(exc)
+            errors[implementation] = describe_error(exc, max_chars=_ERROR_CHARS)
         torch.cuda.empty_cache()
     ratios = {}
     if "ours" in rows and "fla_graph" in rows:
@@ -478,7 +474,7 @@ def overcapture(token_capacity: int = SHAPE["T"], sequence_capacity: int = SHAPE
             series[implementation] = rows
             del captured
         except Exception as exc:
-            errors[implementation] = _error(exc)
+            errors[implementation] = describe_error(exc, max_chars=_ERROR_CHARS)
         torch.cuda.empty_cache()
     return {
         "config": {"T": token_capacity, "N": sequence_capacity, "M": active_sequences, "H": heads, "K": key_dim,
@@ -531,7 +527,7 @@ def amdahl(hidden_size: int = LAYER["hidden_size"], num_heads: int = LAYER["num_
             del step, layer
             points.append(amdahl_point(T, M, core_us, module_us))
         except Exception as exc:
-            errors[f"T={T}"] = _error(exc)
+            errors[f"T={T}"] = describe_error(exc, max_chars=_ERROR_CHARS)
         torch.cuda.empty_cache()
     return {
         "config": {"hidden_size": hidden_size, "num_heads": num_heads, "head_dim": head_dim, "head_v_dim": head_dim,
@@ -556,11 +552,12 @@ def _fla_version() -> str:
 
         return str(getattr(fla, "__version__", "unknown"))
     except Exception as exc:
-        return _error(exc)
+        return describe_error(exc, max_chars=_ERROR_CHARS)
 
 
 def linear_attention_suite(parts: Sequence[str] = PARTS, *, isolate: bool = True, timeout_s: float = 300,
-                           budget_s: float | None = SUITE_BUDGET_S) -> dict:
+                           budget_s: float | None = SUITE_BUDGET_S,
+                           clock: Callable[[], float] = time.monotonic) -> dict:
     """All parts, each guarded: an exception or a time-out becomes an entry of ``errors``.
 
     Args:
@@ -573,6 +570,8 @@ def linear_attention_suite(parts: Sequence[str] = PARTS, *, isolate: bool = True
             An isolated part is stopped when the budget runs out (its timeout is at most what is
             left); a part with less than :data:`MIN_PART_S` left is not started, and says so in
             ``errors``.
+        clock: the budget's clock, seconds from any fixed origin, monotonic (default
+            :func:`time.monotonic`; a test passes a fake one).
 
     Returns:
         ``{"config": {"fla", "parts", "budget_s"}, <part>: <its dict>, ..., "errors": {part:
@@ -593,7 +592,8 @@ def linear_attention_suite(parts: Sequence[str] = PARTS, *, isolate: bool = True
 
     # One harness for the budget (attn_gym_lite.isolation), as the scale-out suite uses.
     done, errors = run_within_budget({name: part(name) for name in parts}, timeout_s=timeout_s,
-                                     budget_s=budget_s, min_part_s=MIN_PART_S, clock=_clock, describe=_error)
+                                     budget_s=budget_s, min_part_s=MIN_PART_S, clock=clock,
+                                     describe=lambda exc: describe_error(exc, max_chars=_ERROR_CHARS))
     result: dict = {"config": {"fla": _fla_version(), "parts": list(parts), "budget_s": budget_s}, **done}
     result["errors"] = errors
     return result

@@ -175,13 +175,17 @@ class KDAAttention(nn.Module):
         TypeError / ValueError: a size that is not an int >= 1, an ``impl`` outside
             :data:`KDA_IMPLEMENTATIONS`, ``masks`` given as a string or naming a site not in
             :data:`KDA_MASK_SITES`, a ``dtype`` that is not floating; in ``forward``, ``x`` not
-            ``[T, hidden_size]`` in the parameters' dtype and device, or a malformed
-            ``cu_seqlens``. The values of ``cu_seqlens`` (starts at 0, never decreases, ``L <=
-            T``) are checked when it is a CPU tensor or the core is an eager reference (which
-            reads them on the host anyway); a CUDA ``cu_seqlens`` with ``impl="triton"`` is
-            trusted, so that ``forward`` stays capturable: validate those batches where they are
-            built (:func:`attn_gym_lite.ragged.validate_cu_seqlens`), since the kernels index
-            memory with unchecked values. Also, in the core's words (its rules live there only),
+            ``[T, hidden_size]`` in the parameters' dtype and device, or a ``cu_seqlens`` of the
+            wrong layout (1-D int32 ``[N + 1 >= 2]`` on ``x``'s device). The values of
+            ``cu_seqlens`` (starts at 0, never decreases, ``L <= T``) are checked by the core,
+            once, read on the host once, before it indexes memory with them (the projections and
+            the short convolution before it are tensor ops that never do), with the core's
+            messages naming ``cu_seqlens``: always by the eager references (they read them on
+            the host anyway), by ``impl="triton"`` when ``cu_seqlens`` is a CPU tensor. A CUDA
+            ``cu_seqlens`` with ``impl="triton"`` is trusted, so that ``forward`` stays
+            capturable: validate those batches where they are built
+            (:func:`attn_gym_lite.ragged.validate_cu_seqlens`), since the kernels index memory
+            with unchecked values. Also, in the core's words (its rules live there only),
             whatever the core refuses at the first ``forward``: with ``impl="triton"``, a width
             outside 16, 32, 64, 128 (named as ``q``'s ``K`` for ``head_dim``, ``v``'s ``V`` for
             ``head_v_dim``), a ``chunk_size`` outside 16, 32, 64, float64 (named as ``q``; such
@@ -251,8 +255,9 @@ class KDAAttention(nn.Module):
             # Imported here: the kernel module loads Triton, which the references do not need.
             from ..ops.kda import kda_triton
 
-            # validate=False: _check_input already checked every cu_seqlens it can read for free.
-            o, _ = kda_triton(q, k, v, g, beta, cu_seqlens, chunk_size=self.chunk_size, validate=False)
+            # validate=None: the kernel checks the values of a CPU cu_seqlens (free to read) and
+            # trusts a CUDA one (no sync, capturable); the layer itself does not read them.
+            o, _ = kda_triton(q, k, v, g, beta, cu_seqlens, chunk_size=self.chunk_size)
         elif self.impl == "chunked":
             o, _ = kda_chunked(q, k, v, g, beta, cu_seqlens, chunk_size=self.chunk_size)
         else:
@@ -282,7 +287,8 @@ class KDAAttention(nn.Module):
         return self.o_proj(o.reshape(T, self.num_heads * self.head_v_dim))
 
     def _masked_input(self, x: Tensor, cu_seqlens: Tensor) -> tuple[Tensor, Tensor]:
-        """Checks, the active-row mask (on the device, from ``cu_seqlens[-1]``) and the input mask."""
+        """Metadata checks, the active-row mask (on the device, from ``cu_seqlens[-1]``) and the
+        input mask."""
         self._check_input(x, cu_seqlens)
         active = active_token_mask(x, cu_seqlens)
         return (mask_inactive_tokens(x, active) if "input" in self.masks else x), active
@@ -308,11 +314,9 @@ class KDAAttention(nn.Module):
         if x.shape[1] != self.hidden_size:
             raise ValueError(f"x must have shape [T, {self.hidden_size}] (hidden_size), got {tuple(x.shape)}")
         checks.check_cu_seqlens(cu_seqlens, device=x.device)
-        # The values: read where that costs no device sync (a host tensor) or where the core reads
-        # them on the host anyway (the eager references), before the short convolution and the
-        # core index memory with them. A CUDA cu_seqlens for the Triton core is trusted (capturable).
-        if cu_seqlens.device.type == "cpu" or self.impl != "triton":
-            checks.check_cu_seqlens_values(cu_seqlens, token_capacity=x.shape[0])
+        # Not the values: the core checks them (see the class docstring), and a second check here
+        # would read cu_seqlens on the host a second time. Nothing before the core indexes memory
+        # with them: the short convolution and the masks are tensor ops (searchsorted, where).
 
     def extra_repr(self) -> str:
         return (f"hidden_size={self.hidden_size}, num_heads={self.num_heads}, head_dim={self.head_dim}, "

@@ -9,11 +9,18 @@ captured once replays correctly for every layout of the same capacity.
 Work is cut the way a ragged kernel cuts it (DESIGN.md's vocabulary): every sequence is split into
 chunks of ``C`` tokens starting at its first row, a chunk never spans two sequences, and
 ``chunk_offsets`` (built on the device by
-:func:`attn_gym_lite.ops.kernels.offsets.chunk_offsets_kernel`) numbers the ``G_active`` chunks
+:func:`attn_gym_lite.ops.kernels.offsets.launch_chunk_offsets`) numbers the ``G_active`` chunks
 of the batch. Per-chunk kernels run on a flat grid of ``G_cap = min(T, N) + (T - min(T, N)) // C``
 programs per head (:func:`attn_gym_lite.schedule.chunk_capacity`); a program past ``G_active``
 exits. The recurrence across chunks runs on a grid of one program per (sequence slot, head,
 value block), each looping over its own sequence's chunks.
+
+The per-chunk kernels are written in the package's task-loop form
+(:mod:`attn_gym_lite.ops.kernels.tasks`) but take no schedule: the flat one is fixed in them. It
+is the only one under which a program's index is its chunk's place in the flat chunk list, which
+is where :func:`kda_chunk_backward_kernel` finds the chunk's saved entering state (a persistent or
+dynamic program runs several chunks, a rectangular one is indexed by sequence and chunk, and the
+dynamic schedule would also need a task counter of its own).
 
 Forward, four kernels (one head of one chunk of ``c <= C`` rows; ``G`` is the within-chunk
 cumulative log-decay, ``E_rj = exp(G_r - G_j)`` for ``j <= r``)::
@@ -60,22 +67,18 @@ import triton.language as tl
 from ... import checks
 from ...schedule import chunk_capacity
 from ..kernels import INTERPRETED
-from ..kernels.offsets import chunk_offsets_kernel
+from ..kernels.offsets import launch_chunk_offsets
 from ..kernels.tasks import first_task, next_task, task_at
 from .reference import check_kda_metadata
 
 Tensor = torch.Tensor
 
-__all__ = ["KDA_TRITON_CHUNK_SIZES", "KDA_TRITON_DTYPES", "KDA_TRITON_WIDTHS", "kda_triton"]
+__all__ = ["kda_triton"]
 
+# What kda_triton accepts (its docstring states them; its checks refuse the rest).
 _DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 _WIDTHS = (16, 32, 64, 128)  # K and V: tl.dot needs >= 16, registers cap the state at 128 x 128
 _CHUNKS = (16, 32, 64)
-#: What :func:`kda_triton` accepts, for callers that want to know before they call it (its own
-#: checks are the ones that refuse): input dtypes, key/value widths, chunk sizes.
-KDA_TRITON_DTYPES = _DTYPES
-KDA_TRITON_WIDTHS = _WIDTHS
-KDA_TRITON_CHUNK_SIZES = _CHUNKS
 _SUB = 16  # sub-block of the intra-chunk kernel
 # Launch options of the sequential kernels and of the per-chunk backward (ignored by the
 # interpreter). Triton pipelines their loops' loads through shared memory; with K = V = 128,
@@ -149,31 +152,30 @@ def _sequence_program(cu_seqlens, chunk_offsets, BV: tl.constexpr):
 
 @triton.jit(do_not_specialize=["num_seqs"])
 def kda_cumsum_kernel(g, g_cum, cu_seqlens, chunk_offsets, num_seqs, H,
-                      K: tl.constexpr, C: tl.constexpr, SCHEDULE: tl.constexpr):
+                      K: tl.constexpr, C: tl.constexpr):
     """``g_cum[r] = g[first row of r's chunk] + ... + g[r]`` (float32), per head and channel.
     Grid ``(G_cap, H)``, flat schedule."""
-    task = first_task(cu_seqlens, cu_seqlens, chunk_offsets, num_seqs, H, C, SCHEDULE)
+    task = first_task(cu_seqlens, cu_seqlens, chunk_offsets, num_seqs, H, C, "flat")
     while task >= 0:
-        seq_start, seq_len, chunk, head = task_at(task, cu_seqlens, chunk_offsets, num_seqs, SCHEDULE)
+        seq_start, seq_len, chunk, head = task_at(task, cu_seqlens, chunk_offsets, num_seqs, "flat")
         rows, ok = _chunk_rows(seq_start, seq_len, chunk, C)
         x = _load_rows(g, rows, ok, head, H, K)
         _store_rows(g_cum, tl.cumsum(x, 0), rows, ok, head, H, K)
-        task = next_task(task, cu_seqlens, chunk_offsets, num_seqs, H, SCHEDULE)
+        task = next_task(task, cu_seqlens, chunk_offsets, num_seqs, H, "flat")
 
 
 @triton.jit(do_not_specialize=["num_seqs"])
 def kda_intra_kernel(q, k, g_cum, gram, qk, cu_seqlens, chunk_offsets, num_seqs, H, scale,
-                     K: tl.constexpr, C: tl.constexpr, BC: tl.constexpr, SCHEDULE: tl.constexpr,
-                     PRECISION: tl.constexpr):
+                     K: tl.constexpr, C: tl.constexpr, BC: tl.constexpr, PRECISION: tl.constexpr):
     """The decayed Gram matrices of one chunk, stored row by row into ``[T, H, C]`` buffers::
 
         gram[r, j] = Σ_d k_rd k_jd exp(G_rd - G_jd)           j <  r   (other entries unspecified)
         qk[r, j]   = scale Σ_d q_rd k_jd exp(G_rd - G_jd)     j <= r   (other entries unspecified)
 
     ``r, j`` are positions in the chunk. Grid ``(G_cap, H)``, flat schedule."""
-    task = first_task(cu_seqlens, cu_seqlens, chunk_offsets, num_seqs, H, C, SCHEDULE)
+    task = first_task(cu_seqlens, cu_seqlens, chunk_offsets, num_seqs, H, C, "flat")
     while task >= 0:
-        seq_start, seq_len, chunk, head = task_at(task, cu_seqlens, chunk_offsets, num_seqs, SCHEDULE)
+        seq_start, seq_len, chunk, head = task_at(task, cu_seqlens, chunk_offsets, num_seqs, "flat")
         chunk_start = seq_start + chunk * C  # packed row of position 0
         valid = tl.minimum(seq_len - chunk * C, C)  # rows of this chunk inside the sequence
         sub = tl.arange(0, BC)
@@ -215,7 +217,7 @@ def kda_intra_kernel(q, k, g_cum, gram, qk, cu_seqlens, chunk_offsets, num_seqs,
             cols_i = i * BC + sub
             tl.store(gram + out + cols_i[None, :], gram_diag, mask=ok_i[:, None])
             tl.store(qk + out + cols_i[None, :], qk_diag * scale, mask=ok_i[:, None])
-        task = next_task(task, cu_seqlens, chunk_offsets, num_seqs, H, SCHEDULE)
+        task = next_task(task, cu_seqlens, chunk_offsets, num_seqs, H, "flat")
 
 
 @triton.jit
@@ -240,16 +242,16 @@ def _chunk_tail(g_cum, seq_start, seq_len, chunk, head, H, K: tl.constexpr, C: t
 
 @triton.jit(do_not_specialize=["num_seqs"])
 def kda_wy_kernel(q, k, v, g_cum, beta, gram, inverse, w, u, q_decayed, k_to_end, cu_seqlens, chunk_offsets,
-                  num_seqs, H, scale, K: tl.constexpr, V: tl.constexpr, C: tl.constexpr, SCHEDULE: tl.constexpr,
+                  num_seqs, H, scale, K: tl.constexpr, V: tl.constexpr, C: tl.constexpr,
                   PRECISION: tl.constexpr):
     """The UT transform of one chunk: ``M = (I + Diag(beta) Γ)^{-1}`` by forward substitution, then
     the WY factors ``W = M Diag(beta) (K ⊙ exp(G))`` and ``U_0 = M Diag(beta) V``. Stores ``M``
     (``[T, H, C]``, rows of the chunk), ``W`` (``[T, H, K]``) and ``U_0`` (``[T, H, V]``), and,
     so that the sequential kernels do no exponentials, ``scale Q ⊙ exp(G)`` and
     ``K ⊙ exp(G_last - G)`` (``[T, H, K]``). Grid ``(G_cap, H)``, flat schedule."""
-    task = first_task(cu_seqlens, cu_seqlens, chunk_offsets, num_seqs, H, C, SCHEDULE)
+    task = first_task(cu_seqlens, cu_seqlens, chunk_offsets, num_seqs, H, C, "flat")
     while task >= 0:
-        seq_start, seq_len, chunk, head = task_at(task, cu_seqlens, chunk_offsets, num_seqs, SCHEDULE)
+        seq_start, seq_len, chunk, head = task_at(task, cu_seqlens, chunk_offsets, num_seqs, "flat")
         rows, ok = _chunk_rows(seq_start, seq_len, chunk, C)
         b = tl.load(beta + rows * H + head, mask=ok, other=0.0).to(tl.float32)
         A = _load_square(gram, rows, ok, head, H, C, True) * b[:, None]  # strictly lower
@@ -274,19 +276,20 @@ def kda_wy_kernel(q, k, v, g_cum, beta, gram, inverse, w, u, q_decayed, k_to_end
         G_last = _chunk_tail(g_cum, seq_start, seq_len, chunk, head, H, K, C)
         # Rows past the sequence have k = 0, but their exponent G_last - 0 may be positive: mask it.
         _store_rows(k_to_end, k_c * tl.exp(tl.where(ok[:, None], G_last[None, :] - G, 0.0)), rows, ok, head, H, K)
-        task = next_task(task, cu_seqlens, chunk_offsets, num_seqs, H, SCHEDULE)
+        task = next_task(task, cu_seqlens, chunk_offsets, num_seqs, H, "flat")
 
 
 @triton.jit
 def kda_state_kernel(g_cum, q_decayed, k_to_end, qk, w, u, o, states, final, cu_seqlens, chunk_offsets, H,
                      K: tl.constexpr, V: tl.constexpr, C: tl.constexpr, BV: tl.constexpr,
-                     PRECISION: tl.constexpr):
+                     PRECISION: tl.constexpr, STORE_FINAL: tl.constexpr):
     """The recurrence across chunks. Program ``(n, head, v_block)`` walks sequence slot ``n``'s
     chunks in order with its ``[K, BV]`` state block in registers: saves the entering state of
     each chunk in ``states`` (float32 ``[G_cap, H, K, V]``, indexed by ``chunk_offsets``), writes
-    the chunk's output rows, and stores the state after the last chunk in ``final`` (float32
-    ``[N, H, K, V]``; zero for an empty sequence). Everything it reads per chunk was prepared by
-    the parallel kernels, so the loop is loads and four products. Grid ``(N, H, V // BV)``."""
+    the chunk's output rows, and, if ``STORE_FINAL``, stores the state after the last chunk in
+    ``final`` (float32 ``[N, H, K, V]``; zero for an empty sequence; otherwise ``final`` is never
+    touched and may be any pointer). Everything it reads per chunk was prepared by the parallel
+    kernels, so the loop is loads and four products. Grid ``(N, H, V // BV)``."""
     n, head, v_block, seq_start, seq_len, first, cols = _sequence_program(cu_seqlens, chunk_offsets, BV)
     S = tl.zeros([K, BV], tl.float32)
     for chunk in range(0, tl.cdiv(seq_len, C)):
@@ -305,7 +308,8 @@ def kda_state_kernel(g_cum, q_decayed, k_to_end, qk, w, u, o, states, final, cu_
         K_e = _load_rows(k_to_end, rows, ok, head, H, K)
         S = tl.exp(G_last)[:, None] * S
         S = tl.dot(tl.trans(K_e), U, S, input_precision=PRECISION)
-    tl.store(_state_ptrs(final, n, head, H, K, V, BV, v_block), S)
+    if STORE_FINAL:
+        tl.store(_state_ptrs(final, n, head, H, K, V, BV, v_block), S)
 
 
 # -----------------------------------------------------------------------------
@@ -315,10 +319,10 @@ def kda_state_kernel(g_cum, q_decayed, k_to_end, qk, w, u, o, states, final, cu_
 @triton.jit
 def kda_state_backward_kernel(g_cum, q_decayed, k_to_end, qk, w, d_o, d_final, d_u, d_states, cu_seqlens,
                               chunk_offsets, H, K: tl.constexpr, V: tl.constexpr, C: tl.constexpr,
-                              BV: tl.constexpr, PRECISION: tl.constexpr):
+                              BV: tl.constexpr, PRECISION: tl.constexpr, HAS_D_FINAL: tl.constexpr):
     """The recurrence backwards. Program ``(n, head, v_block)`` walks sequence slot ``n``'s chunks
-    from last to first carrying ``dS``, the gradient of the state leaving the chunk (``d_final``
-    for the last one), and per chunk::
+    from last to first carrying ``dS``, the gradient of the state leaving the chunk (for the last
+    one, ``d_final`` if ``HAS_D_FINAL``, else zero and ``d_final`` is never read), and per chunk::
 
         d_states[chunk] = dS                                   (float32 [G_cap, H, K, V])
         dU = P^T dO + (K ⊙ exp(G_last - G)) dS                  (float32 [T, H, V], rows)
@@ -326,7 +330,10 @@ def kda_state_backward_kernel(g_cum, q_decayed, k_to_end, qk, w, d_o, d_final, d
 
     the last line being the gradient of the state entering the chunk. Grid ``(N, H, V // BV)``."""
     n, head, v_block, seq_start, seq_len, first, cols = _sequence_program(cu_seqlens, chunk_offsets, BV)
-    dS = tl.load(_state_ptrs(d_final, n, head, H, K, V, BV, v_block))
+    if HAS_D_FINAL:
+        dS = tl.load(_state_ptrs(d_final, n, head, H, K, V, BV, v_block))
+    else:
+        dS = tl.zeros([K, BV], tl.float32)
     num_chunks = tl.cdiv(seq_len, C)
     for step in range(0, num_chunks):
         chunk = num_chunks - 1 - step
@@ -352,18 +359,19 @@ def kda_chunk_backward_kernel(q, k, v, g_cum, beta, gram, inverse, w, u, states,
                               dv, dbeta, d_qk_out, d_gram_out, dq_part, dk_part, dG_part,
                               cu_seqlens, chunk_offsets, num_seqs, H, scale,
                               K: tl.constexpr, V: tl.constexpr, C: tl.constexpr, BV: tl.constexpr,
-                              SCHEDULE: tl.constexpr, PRECISION: tl.constexpr):
+                              PRECISION: tl.constexpr):
     """The per-chunk backward up to the pairwise terms, given ``dO``, ``dU`` and the state
     gradients from :func:`kda_state_backward_kernel` (equations in :func:`_kda_backward`).
     Writes the chunk's rows of ``dv`` and ``dbeta`` (final), the coefficients of the pairwise
     terms ``d_qk_out`` (dL/dP times ``scale``) and ``d_gram_out`` (dL/dA_rj times ``beta_r``),
     both float32 ``[T, H, C]``, and float32 partial ``dq, dk`` and ``dL/dG`` for
-    :func:`kda_pairwise_backward_kernel`. Grid ``(G_cap, H)``, flat schedule (program 0's index
-    is the chunk's slot in ``states``)."""
-    task = first_task(cu_seqlens, cu_seqlens, chunk_offsets, num_seqs, H, C, SCHEDULE)
+    :func:`kda_pairwise_backward_kernel`. Grid ``(G_cap, H)``, flat schedule (fixed, not a
+    parameter: under it, program ``(i, head)`` has chunk ``i`` of the flat chunk list, whose
+    entering state and state gradient are slot ``i`` of ``states`` and ``d_states``)."""
+    task = first_task(cu_seqlens, cu_seqlens, chunk_offsets, num_seqs, H, C, "flat")
     while task >= 0:
-        seq_start, seq_len, chunk, head = task_at(task, cu_seqlens, chunk_offsets, num_seqs, SCHEDULE)
-        slot = tl.program_id(0)
+        seq_start, seq_len, chunk, head = task_at(task, cu_seqlens, chunk_offsets, num_seqs, "flat")
+        slot = tl.program_id(0)  # = chunk_offsets[sequence] + chunk, the flat schedule's one task
         rows, ok = _chunk_rows(seq_start, seq_len, chunk, C)
         valid = tl.minimum(seq_len - chunk * C, C)
         pos = tl.arange(0, C)
@@ -432,7 +440,7 @@ def kda_chunk_backward_kernel(q, k, v, g_cum, beta, gram, inverse, w, u, states,
         _store_rows(dk_part, d_k, rows, ok, head, H, K)
         _store_rows(dG_part, dG, rows, ok, head, H, K)
         tl.store(dbeta + rows * H + head, db.to(dbeta.dtype.element_ty), mask=ok)
-        task = next_task(task, cu_seqlens, chunk_offsets, num_seqs, H, SCHEDULE)
+        task = next_task(task, cu_seqlens, chunk_offsets, num_seqs, H, "flat")
 
 
 @triton.jit
@@ -444,7 +452,7 @@ def _load_block(ptr, rows, ok, cols, head, H, C: tl.constexpr):
 @triton.jit(do_not_specialize=["num_seqs"])
 def kda_pairwise_backward_kernel(q, k, g_cum, d_qk, d_gram, dq_part, dk_part, dG_part, dq, dk, dg,
                                  cu_seqlens, chunk_offsets, num_seqs, H, K: tl.constexpr, C: tl.constexpr,
-                                 BC: tl.constexpr, SCHEDULE: tl.constexpr, PRECISION: tl.constexpr):
+                                 BC: tl.constexpr, PRECISION: tl.constexpr):
     """The pairwise terms of the backward, then the chain through ``G = cumsum(g)``.
 
     With coefficients ``c^P_rj`` (``d_qk``: dL/dP_rj, times ``scale``) and ``c^Γ_rj``
@@ -459,9 +467,9 @@ def kda_pairwise_backward_kernel(q, k, g_cum, d_qk, d_gram, dq_part, dk_part, dG
     Sub-blocks run from the chunk's last to its first, carrying ``Σ dG`` of the later rows, so
     ``dg_r = Σ_{r' >= r} dG_r'`` comes out block by block. Adds the partial gradients of
     :func:`kda_chunk_backward_kernel` and writes ``dq, dk, dg``. Grid ``(G_cap, H)``, flat schedule."""
-    task = first_task(cu_seqlens, cu_seqlens, chunk_offsets, num_seqs, H, C, SCHEDULE)
+    task = first_task(cu_seqlens, cu_seqlens, chunk_offsets, num_seqs, H, C, "flat")
     while task >= 0:
-        seq_start, seq_len, chunk, head = task_at(task, cu_seqlens, chunk_offsets, num_seqs, SCHEDULE)
+        seq_start, seq_len, chunk, head = task_at(task, cu_seqlens, chunk_offsets, num_seqs, "flat")
         chunk_start = seq_start + chunk * C
         valid = tl.minimum(seq_len - chunk * C, C)
         sub = tl.arange(0, BC)
@@ -534,7 +542,7 @@ def kda_pairwise_backward_kernel(q, k, g_cum, d_qk, d_gram, dq_part, dk_part, dG
             _store_rows(dq, d_q, rows_i, ok_i, head, H, K)
             _store_rows(dk, d_k, rows_i, ok_i, head, H, K)
             _store_rows(dg, d_g, rows_i, ok_i, head, H, K)
-        task = next_task(task, cu_seqlens, chunk_offsets, num_seqs, H, SCHEDULE)
+        task = next_task(task, cu_seqlens, chunk_offsets, num_seqs, H, "flat")
 
 
 # -----------------------------------------------------------------------------
@@ -557,8 +565,8 @@ class _Plan:
     precision: str  # tl.dot's input_precision
     value_block: int  # BV of the sequential kernels
     backward_value_block: int  # BV of kda_chunk_backward_kernel (see _CHUNK_BACKWARD)
-    offsets_block: int  # rows of cu_seqlens the offsets kernel reads per step
     validate: bool  # validate=None resolved: read cu_seqlens's values (a host tensor only)
+    final_state: bool  # output_final_state: allocate and write the [N, H, K, V] final states
 
 
 def _check_arguments(q: object, k: object, v: object, g: object, beta: object, cu_seqlens: object,
@@ -604,9 +612,9 @@ def _check_arguments(q: object, k: object, v: object, g: object, beta: object, c
         # more coarsely than tf32 rounds the float32 intermediates.
         precision="ieee" if q.dtype == torch.float32 else "tf32",
         value_block=_value_block(V), backward_value_block=_value_block(V, 32),
-        offsets_block=max(16, min(1024, triton.next_power_of_2(N + 1))),
         # A host tensor's values cost nothing to read; a device tensor's would cost a sync.
         validate=cu_seqlens.device.type == "cpu" if validate is None else validate,
+        final_state=output_final_state,
     )
 
 
@@ -636,24 +644,15 @@ def _plan(q: object, k: object, v: object, g: object, beta: object, cu_seqlens: 
     return plan
 
 
-def _chunk_offsets(cu_seqlens: Tensor, plan: _Plan) -> Tensor:
-    """``chunk_offsets`` for chunk size ``C`` on the device, one launch, no host read."""
-    # ops.kernels.varlen launches the same kernel in its _chunk_metadata, private there and tied
-    # to attention's plan (several chunk sizes, a task counter): this is the one-size case.
-    offsets = torch.empty(plan.N + 1, dtype=torch.int32, device=cu_seqlens.device)
-    chunk_offsets_kernel[(1,)](cu_seqlens, offsets, offsets, plan.N, NUM_COUNTERS=0, CHUNK=plan.C,
-                               BLOCK=plan.offsets_block)
-    return offsets
-
-
 def _kda_forward(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, cu_seqlens: Tensor,
-                 plan: _Plan) -> tuple[Tensor, Tensor, dict[str, Tensor]]:
-    """Runs the four forward kernels; returns ``(o, final_state, saved)`` where ``saved`` holds the
-    per-chunk quantities the backward reads (``chunk_offsets``, ``G``, ``Γ``, ``P``, ``M``, ``W``,
-    ``U_0``, ``Q_g``, ``K_e`` and the entering states)."""
+                 plan: _Plan) -> tuple[Tensor, Tensor | None, dict[str, Tensor]]:
+    """Runs the four forward kernels; returns ``(o, final_state, saved)`` where ``final_state`` is
+    ``None`` unless ``plan.final_state`` (then it is neither allocated nor written) and ``saved``
+    holds the per-chunk quantities the backward reads (``chunk_offsets``, ``G``, ``Γ``, ``P``,
+    ``M``, ``W``, ``U_0``, ``Q_g``, ``K_e`` and the entering states)."""
     T, H, K, V, N, C = plan.T, plan.H, plan.K, plan.V, plan.N, plan.C
     f32 = dict(dtype=torch.float32, device=q.device)
-    offsets = _chunk_offsets(cu_seqlens, plan)
+    offsets = launch_chunk_offsets(cu_seqlens, C)  # on the device, one launch, no host read
     g_cum = torch.empty(T, H, K, **f32)
     gram = torch.empty(T, H, C, **f32)
     qk = torch.empty(T, H, C, **f32)
@@ -663,20 +662,22 @@ def _kda_forward(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, cu_se
     q_decayed = torch.empty(T, H, K, **f32)
     k_to_end = torch.empty(T, H, K, **f32)
     states = torch.empty(max(plan.G_cap, 1), H, K, V, **f32)
-    final = torch.empty(N, H, K, V, **f32)
+    final = torch.empty(N, H, K, V, **f32) if plan.final_state else None
     o = torch.zeros(T, H, V, dtype=q.dtype, device=q.device)  # rows L .. T - 1 stay zero
     precision = plan.precision
     if plan.G_cap > 0:
         grid = (plan.G_cap, H)
         common = (cu_seqlens, offsets, N, H)
-        kda_cumsum_kernel[grid](g, g_cum, *common, K=K, C=C, SCHEDULE="flat")
-        kda_intra_kernel[grid](q, k, g_cum, gram, qk, *common, plan.scale, K=K, C=C, BC=_SUB, SCHEDULE="flat",
+        kda_cumsum_kernel[grid](g, g_cum, *common, K=K, C=C)
+        kda_intra_kernel[grid](q, k, g_cum, gram, qk, *common, plan.scale, K=K, C=C, BC=_SUB,
                                PRECISION=precision)
         kda_wy_kernel[grid](q, k, v, g_cum, beta, gram, inverse, w, u, q_decayed, k_to_end, *common, plan.scale,
-                            K=K, V=V, C=C, SCHEDULE="flat", PRECISION=precision)
+                            K=K, V=V, C=C, PRECISION=precision)
     BV = plan.value_block
-    kda_state_kernel[(N, H, V // BV)](g_cum, q_decayed, k_to_end, qk, w, u, o, states, final, cu_seqlens, offsets,
-                                      H, K=K, V=V, C=C, BV=BV, PRECISION=precision, **_SEQUENTIAL)
+    # Without a final state, `states` stands in for its pointer: STORE_FINAL=False never writes it.
+    kda_state_kernel[(N, H, V // BV)](g_cum, q_decayed, k_to_end, qk, w, u, o, states,
+                                      states if final is None else final, cu_seqlens, offsets, H, K=K, V=V, C=C,
+                                      BV=BV, PRECISION=precision, STORE_FINAL=final is not None, **_SEQUENTIAL)
     saved = dict(offsets=offsets, g_cum=g_cum, gram=gram, qk=qk, inverse=inverse, w=w, u=u, q_decayed=q_decayed,
                  k_to_end=k_to_end, states=states)
     return o, final, saved
@@ -706,8 +707,11 @@ def _kda_backward(q: Tensor, k: Tensor, v: Tensor, g_dtype: torch.dtype, beta: T
     T, H, K, V, N, C = plan.T, plan.H, plan.K, plan.V, plan.N, plan.C
     device = q.device
     f32 = dict(dtype=torch.float32, device=device)
+    # A None gradient (nothing downstream used that output; the Function does not materialise
+    # zeros) is zero: dO is read by three kernels, so it becomes a zero buffer; dS_final only
+    # starts the reverse recurrence, which starts from zero instead (HAS_D_FINAL=False).
     d_o = torch.zeros(T, H, V, dtype=q.dtype, device=device) if d_o is None else d_o.contiguous()
-    d_final = torch.zeros(N, H, K, V, **f32) if d_final is None else d_final.float().contiguous()
+    d_final = None if d_final is None else d_final.float().contiguous()
     d_u = torch.empty(T, H, V, **f32)
     d_states = torch.empty_like(saved["states"])
     d_qk, d_gram = torch.empty(T, H, C, **f32), torch.empty(T, H, C, **f32)
@@ -719,18 +723,19 @@ def _kda_backward(q: Tensor, k: Tensor, v: Tensor, g_dtype: torch.dtype, beta: T
     BV = plan.value_block
     offsets = saved["offsets"]
     kda_state_backward_kernel[(N, H, V // BV)](saved["g_cum"], saved["q_decayed"], saved["k_to_end"], saved["qk"],
-                                               saved["w"], d_o, d_final, d_u, d_states, cu_seqlens, offsets, H,
-                                               K=K, V=V, C=C, BV=BV, PRECISION=precision, **_SEQUENTIAL)
+                                               saved["w"], d_o, d_states if d_final is None else d_final, d_u,
+                                               d_states, cu_seqlens, offsets, H, K=K, V=V, C=C, BV=BV,
+                                               PRECISION=precision, HAS_D_FINAL=d_final is not None, **_SEQUENTIAL)
     if plan.G_cap > 0:
         kda_chunk_backward_kernel[(plan.G_cap, H)](
             q, k, v, saved["g_cum"], beta, saved["gram"], saved["inverse"], saved["w"], saved["u"],
             saved["states"], d_o, d_u, d_states, dv, dbeta, d_qk, d_gram, dq_part, dk_part, dG_part,
             cu_seqlens, offsets, N, H, plan.scale,
-            K=K, V=V, C=C, BV=plan.backward_value_block, SCHEDULE="flat", PRECISION=precision, **_CHUNK_BACKWARD,
+            K=K, V=V, C=C, BV=plan.backward_value_block, PRECISION=precision, **_CHUNK_BACKWARD,
         )
         kda_pairwise_backward_kernel[(plan.G_cap, H)](
             q, k, saved["g_cum"], d_qk, d_gram, dq_part, dk_part, dG_part, dq, dk, dg, cu_seqlens, offsets, N, H,
-            K=K, C=C, BC=_SUB, SCHEDULE="flat", PRECISION=precision,
+            K=K, C=C, BC=_SUB, PRECISION=precision,
         )
     return dq, dk, dv, dg, dbeta
 
@@ -738,7 +743,10 @@ def _kda_backward(q: Tensor, k: Tensor, v: Tensor, g_dtype: torch.dtype, beta: T
 class _KDATriton(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, cu_seqlens: Tensor,
-                plan: _Plan) -> tuple[Tensor, Tensor]:
+                plan: _Plan) -> tuple[Tensor, Tensor | None]:
+        # An output nothing downstream used gets a None gradient instead of a zero tensor (the
+        # backward treats None as zero): no [N, H, K, V] buffer of zeros for an unused final state.
+        ctx.set_materialize_grads(False)
         o, final, saved = _kda_forward(q, k, v, g, beta, cu_seqlens, plan)
         ctx.save_for_backward(q, k, v, beta, cu_seqlens, *saved.values())
         ctx.saved_names = tuple(saved)
@@ -783,7 +791,8 @@ def kda_triton(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, cu_seql
         scale: factor on ``q``; default ``K ** -0.5``.
         chunk_size: ``C``, 16, 32 or 64 tokens per chunk (default 64, fla's). The result does
             not depend on it up to rounding.
-        output_final_state: also return every sequence's state after its last token.
+        output_final_state: also return every sequence's state after its last token. Without
+            it the ``[N, H, K, V]`` buffer is neither allocated nor written.
         validate: read ``cu_seqlens`` on the host and check its values (starts at 0, never
             decreases, ``L <= T``) before any kernel runs. ``None`` (default): only when
             ``cu_seqlens`` is a CPU tensor (the interpreter), where reading it costs no device
@@ -817,7 +826,8 @@ def kda_triton(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, cu_seql
     (:func:`attn_gym_lite.schedule.chunk_capacity`), the recurrence on ``N x H x V / BV``
     programs, each looping over its own sequence's chunks. Memory kept for the backward: float32
     ``[T, H, 4K + V + 3C]`` and the entering state of every chunk, ``[G_cap, H, K, V]``; the
-    backward adds float32 ``[T, H, 3K + V + 2C]`` and ``[G_cap, H, K, V]`` of scratch.
+    backward adds float32 ``[T, H, 3K + V + 2C]`` and ``[G_cap, H, K, V]`` of scratch (and a
+    ``[T, H, V]`` zero ``dO`` when only ``final_state`` is used downstream).
     On the host, the argument checks above and the launch plan depend only on metadata (shapes,
     strides, dtypes, devices, the other arguments): they run once per such signature, and a
     repeated call costs a dictionary lookup (plus the values check when ``validate`` says so).
@@ -832,5 +842,5 @@ def kda_triton(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, cu_seql
     if plan.validate and not (cu_seqlens.is_cuda and torch.cuda.is_current_stream_capturing()):
         checks.check_cu_seqlens_values(cu_seqlens, token_capacity=plan.T)
     q, k, v, g, beta = (x.contiguous() for x in (q, k, v, g, beta))
-    o, final = _KDATriton.apply(q, k, v, g, beta, cu_seqlens, plan)
-    return o, (final if output_final_state else None)
+    o, final = _KDATriton.apply(q, k, v, g, beta, cu_seqlens, plan)  # final: None unless output_final_state
+    return o, final

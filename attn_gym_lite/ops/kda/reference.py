@@ -160,15 +160,15 @@ def _check_kda_arguments(q: object, k: object, v: object, g: object, beta: objec
                          scale: object, output_final_state: object) -> tuple[list[int], float, torch.dtype]:
     """Checks shared by both references; returns ``(cu_seqlens on the host, scale, compute dtype)``.
 
-    Metadata checks first (:func:`check_kda_metadata`), then the values of ``cu_seqlens`` (read on
-    the host).
+    Metadata checks first (:func:`check_kda_metadata`), then the values of ``cu_seqlens``, read on
+    the host once (one device sync for a CUDA tensor): checked there, and returned as the bounds.
     """
     T, _, K = check_kda_metadata(q, k, v, g, beta, cu_seqlens)
-    checks.check_cu_seqlens_values(cu_seqlens, token_capacity=T)
+    host = checks.check_cu_seqlens_values(cu_seqlens, token_capacity=T)  # the one read, the checked values
     scale = K**-0.5 if scale is None else checks.check_real("scale", scale)
     checks.check_bool("output_final_state", output_final_state)
     compute = torch.promote_types(torch.promote_types(q.dtype, g.dtype), torch.promote_types(beta.dtype, torch.float32))
-    return checks.host_values("cu_seqlens", cu_seqlens).tolist(), scale, compute
+    return host.tolist(), scale, compute
 
 
 def kda_recurrent(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, cu_seqlens: Tensor, *,

@@ -10,12 +10,21 @@ all of it: one CTA walks ``cu_seqlens`` in blocks, with a running total carried 
 Capture-safe like the torch version: it reads ``cu_seqlens`` on the device only, so a graph that
 captured it recomputes the offsets (and re-zeroes the counters) on every replay.
 
+:func:`launch_chunk_offsets` is the one host-side launch of it: every op that needs
+``chunk_offsets`` on the device (the attention kernels of :mod:`.varlen`, the KDA kernels of
+:mod:`attn_gym_lite.ops.kda.chunked_triton`) calls it.
+
 Source: the seed article, "Scheduling without max_seqlen" (``chunk_offsets``); the counters are
 FlashAttention-3's dynamic tile scheduler's.
 """
 
+from __future__ import annotations
+
+import torch
 import triton
 import triton.language as tl
+
+from ... import checks
 
 
 @triton.jit
@@ -36,3 +45,66 @@ def chunk_offsets_kernel(cu_seqlens, offsets, counters, num_seqs, NUM_COUNTERS: 
     if NUM_COUNTERS > 0:
         slots = tl.arange(0, 4)
         tl.store(counters + slots, tl.zeros([4], tl.int32), mask=slots < NUM_COUNTERS)
+
+
+_MAX_COUNTERS = 4  # the kernel zeroes at most this many counters (its tl.arange(0, 4))
+
+
+def _is_int32_buffer(x: object, device: torch.device) -> bool:
+    """A contiguous 1-D int32 tensor on exactly ``device``."""
+    return (isinstance(x, torch.Tensor) and x.dtype == torch.int32 and x.dim() == 1 and x.is_contiguous()
+            and x.device == device)
+
+
+def launch_chunk_offsets(cu_seqlens: torch.Tensor, chunk_size: int, *, out: torch.Tensor | None = None,
+                         counters: torch.Tensor | None = None) -> torch.Tensor:
+    """``chunk_offsets`` of ``cu_seqlens`` for chunk size ``chunk_size``, on the device, in one launch.
+
+    The same values as :func:`attn_gym_lite.schedule.chunk_offsets` (the definition, five torch
+    kernels), computed by :func:`chunk_offsets_kernel` with no host read of ``cu_seqlens``:
+    capturable, and a replay recomputes them from the captured buffer.
+
+    Args:
+        cu_seqlens: int32 ``[N + 1]`` contiguous prefix sums, on the device the kernels run on (a
+            CPU tensor under ``TRITON_INTERPRET=1``). Its values are not read on the host.
+        chunk_size: ``C``, tokens per chunk, an int ``>= 1`` (each value compiles once).
+        out: int32 ``[N + 1]`` contiguous buffer on ``cu_seqlens``'s device to write into;
+            default: a new one.
+        counters: int32 1-D contiguous buffer of at most 4 task counters on that device, set to
+            zero by the same launch (the dynamic schedule's); default: none.
+
+    Returns:
+        ``out`` (or the new buffer): int32 ``[N + 1]``, ``[0, ..., G_active]``.
+
+    Raises:
+        TypeError / ValueError: ``cu_seqlens`` breaks a layout rule
+            (:func:`attn_gym_lite.checks.check_cu_seqlens`), ``chunk_size`` is not an int ``>= 1``,
+            ``out`` is not such an ``[N + 1]`` buffer, ``counters`` not such a buffer of at most 4.
+            Metadata only: a few host microseconds per call.
+    """
+    # The ops call this on every call: each rule is one cheap test, and the package's checks
+    # (which build the messages) run only when it fails.
+    checks.check_cu_seqlens(cu_seqlens)
+    if type(chunk_size) is not int or chunk_size < 1:
+        chunk_size = checks.check_int("chunk_size", chunk_size, minimum=1)
+    N = cu_seqlens.numel() - 1
+    device = cu_seqlens.device
+    if out is None:
+        out = torch.empty(N + 1, dtype=torch.int32, device=device)
+    elif not _is_int32_buffer(out, device) or out.numel() != N + 1:
+        checks.check_cu_seqlens(out, device=device, sequence_capacity=N, argument="out")
+        raise ValueError(f"out must be on device {device}, got {out.device}")  # e.g. cuda:1 for cuda:0
+    count = 0
+    if counters is not None:
+        if not _is_int32_buffer(counters, device) or counters.numel() > _MAX_COUNTERS:
+            checks.check_tensor("counters", counters, ndim=1, shape=f"[<= {_MAX_COUNTERS}]", dtypes=(torch.int32,),
+                                device=device)
+            raise ValueError(f"counters must be a contiguous buffer of at most {_MAX_COUNTERS} entries on device "
+                             f"{device}, got shape {tuple(counters.shape)}, stride {counters.stride()}, device "
+                             f"{counters.device}")
+        count = counters.numel()
+    # One CTA walks cu_seqlens in blocks of up to 1024 rows, the carry between blocks in a register.
+    block = max(16, min(1024, 1 << N.bit_length()))  # next power of two >= N + 1 (triton's helper costs ~1 µs)
+    chunk_offsets_kernel[(1,)](cu_seqlens, out, out if counters is None else counters, N, NUM_COUNTERS=count,
+                               CHUNK=chunk_size, BLOCK=block)
+    return out

@@ -21,7 +21,7 @@ from ...schedule import SCHEDULES, choose_schedule, launch_grid, num_sms
 from .backward import attention_backward_kernel
 from .forward import attention_forward_kernel
 from .inactive import zero_inactive_rows_kernel
-from .offsets import chunk_offsets_kernel
+from .offsets import launch_chunk_offsets
 
 Tensor = torch.Tensor
 
@@ -134,7 +134,6 @@ class _Plan:
     dkdv: _Launch
     num_sms: int
     chunks: tuple[int, ...]  # chunk sizes whose chunk_offsets some kernel reads (rect reads none)
-    offsets_block: int  # rows of cu_seqlens the offsets kernel reads per step
 
 
 def _launch(schedule: str, chunk: int, config: KernelConfig, *, T: int, N: int, H: int,
@@ -288,7 +287,7 @@ def _plan(q: Tensor, k: Tensor, v: Tensor, cu_seqlens: Tensor, causal: bool, sch
     dkdv = _launch(schedule, config.dkdv.block_n, config.dkdv, **sizes)
     chunks = tuple(sorted({launch.chunk for launch in (forward, dq, dkdv) if launch.schedule != "rect"}))
     plan = _Plan(causal=causal, zero_inactive=zero_inactive, forward=forward, dq=dq, dkdv=dkdv, num_sms=sms,
-                 chunks=chunks, offsets_block=max(16, min(1024, triton.next_power_of_2(N + 1))))
+                 chunks=chunks)
     _PLANS.put(key, plan)
     return plan
 
@@ -307,9 +306,7 @@ def _chunk_metadata(cu_seqlens: Tensor, plan: _Plan) -> tuple[dict[int, Tensor],
     offsets = {}
     for i, chunk in enumerate(plan.chunks):
         offsets[chunk] = work[i * slots:(i + 1) * slots]
-        first = i == 0 and counter is not None
-        chunk_offsets_kernel[(1,)](cu_seqlens, offsets[chunk], counter if first else offsets[chunk], slots - 1,
-                                   NUM_COUNTERS=counters if first else 0, CHUNK=chunk, BLOCK=plan.offsets_block)
+        launch_chunk_offsets(cu_seqlens, chunk, out=offsets[chunk], counters=counter if i == 0 else None)
     return offsets, counter
 
 
