@@ -237,3 +237,28 @@ def test_suite_parts_share_a_budget_under_the_recording_limit(monkeypatch):
     assert la.SUITE_BUDGET_S + la.MIN_PART_S <= limit
     with pytest.raises(ValueError, match="budget_s"):
         la.linear_attention_suite(budget_s=-1)
+    with pytest.raises(ValueError, match="budget_s"):
+        la.linear_attention_suite(budget_s="later")
+
+
+def test_the_default_budget_comes_from_the_environment_when_set(monkeypatch):
+    now = [0.0]
+    calls = []
+
+    def fake_run(function, *, timeout_s):
+        calls.append((function.__name__, timeout_s))
+        now[0] += 100.0
+        return {"part": function.__name__}
+
+    monkeypatch.setattr(la, "run_isolated", fake_run)
+    monkeypatch.delenv(la.BUDGET_ENV, raising=False)
+    assert la.default_budget_s() == la.SUITE_BUDGET_S
+    monkeypatch.setenv(la.BUDGET_ENV, "230")
+    result = la.linear_attention_suite(clock=lambda: now[0])
+    # 230 s: two parts of 100 s, then 30 s left (>= MIN_PART_S) for the third, none for the fourth.
+    assert calls == [("exactness", 230.0), ("exact_shape", 130.0), ("overcapture", 30.0)]
+    assert result["config"]["budget_s"] == 230.0 and "not run" in result["errors"]["amdahl"]
+    for bad in ("0", "-5", "soon", "inf", "nan"):
+        monkeypatch.setenv(la.BUDGET_ENV, bad)
+        with pytest.raises(ValueError, match=la.BUDGET_ENV):
+            la.default_budget_s()

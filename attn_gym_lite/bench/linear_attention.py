@@ -38,6 +38,7 @@ report (arXiv:2510.26692); flash-linear-attention (fla-org/flash-linear-attentio
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable, Sequence
 
@@ -80,6 +81,10 @@ AMDAHL_T = (4096, 2048, 1024, 512)
 #: exactness part took about 76 s and the exact-shape part did not finish in the 194 s a 270 s
 #: budget left it (2026-12-01, d24bb81), hence 540 s.
 SUITE_BUDGET_S = 540.0
+#: An environment variable that, when set, replaces :data:`SUITE_BUDGET_S` as the default budget
+#: (seconds > 0): the recording script sets it when its device call has less time left than usual.
+#: The budget a run had is recorded in its ``config``.
+BUDGET_ENV = "ATTN_GYM_LITE_LA_BUDGET_S"
 #: A part is not started with less than this left of the budget (a fresh process, torch and CUDA
 #: initialisation alone take several seconds).
 MIN_PART_S = 15.0
@@ -555,8 +560,27 @@ def _fla_version() -> str:
         return describe_error(exc, max_chars=_ERROR_CHARS)
 
 
-def linear_attention_suite(parts: Sequence[str] = PARTS, *, isolate: bool = True, timeout_s: float = 300,
-                           budget_s: float | None = SUITE_BUDGET_S,
+def default_budget_s() -> float:
+    """The suite's default budget in seconds: the environment's :data:`BUDGET_ENV` if set, else
+    :data:`SUITE_BUDGET_S`.
+
+    Raises:
+        ValueError: the variable is set to something that is not a number > 0 (named in the message).
+    """
+    text = os.environ.get(BUDGET_ENV)
+    if text is None:
+        return SUITE_BUDGET_S
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not value > 0 or value == float("inf"):
+        raise ValueError(f"{BUDGET_ENV} must be a number of seconds > 0, got {text!r}")
+    return value
+
+
+def linear_attention_suite(parts: Sequence[str] = PARTS, *, isolate: bool = True, timeout_s: float = 450,
+                           budget_s: float | None | str = "default",
                            clock: Callable[[], float] = time.monotonic) -> dict:
     """All parts, each guarded: an exception or a time-out becomes an entry of ``errors``.
 
@@ -564,9 +588,10 @@ def linear_attention_suite(parts: Sequence[str] = PARTS, *, isolate: bool = True
         parts: which of :data:`PARTS` to run.
         isolate: run each part in a fresh process (:func:`attn_gym_lite.isolation.run_isolated`),
             so that a CUDA fault in one leaves the others measurable.
-        timeout_s: per part, when isolated (seconds).
-        budget_s: seconds for the whole suite, counted from this call (default
-            :data:`SUITE_BUDGET_S`, under the recording script's limit), or ``None`` for no bound.
+        timeout_s: per part, when isolated (seconds; the budget left bounds it too).
+        budget_s: seconds for the whole suite, counted from this call; ``"default"`` for
+            :func:`default_budget_s` (:data:`SUITE_BUDGET_S`, under the recording script's limit,
+            unless :data:`BUDGET_ENV` says otherwise), or ``None`` for no bound.
             An isolated part is stopped when the budget runs out (its timeout is at most what is
             left); a part with less than :data:`MIN_PART_S` left is not started, and says so in
             ``errors``.
@@ -582,6 +607,10 @@ def linear_attention_suite(parts: Sequence[str] = PARTS, *, isolate: bool = True
         ValueError: a part not in :data:`PARTS`; a ``timeout_s`` or ``budget_s`` that is not > 0.
         TypeError: ``timeout_s`` or ``budget_s`` is not a real number.
     """
+    if isinstance(budget_s, str):
+        if budget_s != "default":
+            raise ValueError(f"budget_s must be a number of seconds > 0, None or 'default', got {budget_s!r}")
+        budget_s = default_budget_s()
     unknown = [p for p in parts if p not in PARTS]
     if unknown:
         raise ValueError(f"parts must be names from {PARTS}, got unknown {unknown}")
