@@ -188,7 +188,7 @@ def test_an_eager_step_refuses_another_capacity_like_a_graph(eager_rows):
 @pytest.mark.gpu
 @pytest.mark.parametrize("capacities", [None, [8, 16]])
 def test_a_graph_step_refuses_another_capacity(capacities):
-    model = PackedLM(11, 16, 2, device="cuda", dtype=torch.bfloat16)
+    model = PackedLM(11, 128, 2, device="cuda", dtype=torch.bfloat16)  # head dim 64: the Triton path, the graph-safe one
     trainer = FixedCapacityTrainer(model, _capacity_16_3().pin_memory(), use_graph=True, capacities=capacities)
     _refuses_other_capacities(trainer)
     assert torch.isfinite(trainer.step(_capacity_16_3((2, 9, 1)).pin_memory()))
