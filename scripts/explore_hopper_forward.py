@@ -109,18 +109,26 @@ def scratch(size: int, alignment: int, stream):
     return torch.empty(size, device="cuda", dtype=torch.int8)
 
 
-def event_us(fn, iters=30):
+def event_us(fn, iters=30, repeats=5):
+    """Device time per call: ``iters`` calls back to back between two CUDA events, the median of
+    ``repeats`` such runs. Back to back, the host enqueues the next launch while the device runs the
+    current one, so the host's launch time stays out of the figure as long as a call's device work
+    is longer than its launch (it is here: hundreds of µs against tens). Timing each call alone,
+    with a synchronisation after it, would add the host's launch time to every call (the first run
+    of this script on the H200 did that: every variant, cuDNN too, looked 1.3-1.6x slower than the
+    recorded graph replays)."""
     for _ in range(3):
         fn()
     torch.cuda.synchronize()
     times = []
-    for _ in range(iters):
+    for _ in range(repeats):
         a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         a.record()
-        fn()
+        for _ in range(iters):
+            fn()
         b.record()
         b.synchronize()
-        times.append(a.elapsed_time(b) * 1e3)
+        times.append(a.elapsed_time(b) * 1e3 / iters)
     return sorted(times)[len(times) // 2]
 
 
