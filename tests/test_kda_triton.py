@@ -21,11 +21,14 @@ import torch
 from helpers import kda_bounds
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from attn_gym_lite.bench.linear_attention import TOLERANCE as SUITE_TOLERANCE
 from attn_gym_lite.bench.linear_attention import kda_inputs
 from attn_gym_lite.ops.kda import chunked_triton, kda_chunked, kda_recurrent, kda_triton
+from attn_gym_lite.testing.exactness import error_stats
 
 F64 = torch.float64
 TOLERANCE = 2e-4
+BF16_TOLERANCE = SUITE_TOLERANCE["bfloat16"]  # 5e-2 of the reference's largest magnitude
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 # Inputs come from the suite's kda_inputs (its last entry, grad_o, unused here), NaN in rows
 # L .. T - 1, with g uniform in [DECAY, 0]: milder than the references' tests, as the kernel runs
@@ -286,6 +289,46 @@ def test_g_and_beta_outside_their_ranges_are_computed_as_the_recurrence_says():
 
 
 # -----------------------------------------------------------------------------
+# bfloat16 / float16 in the interpreter: the saved operands and the matrix products in that dtype.
+
+# (cu_seqlens, T, C, K, V): empty first and in the middle, length 1, lengths not multiples of C
+# (a 33-row chunk after a full one), L < T; and C = 16 with one value block of 16.
+LOW_PRECISION_LAYOUTS = [
+    ((0, 0, 1, 40, 40, 97, 130), 140, 64, 32, 32),
+    ((0, 5, 5, 6, 39, 60), 64, 16, 32, 16),
+]
+
+
+@pytest.mark.parametrize(("bounds", "T", "C", "K", "V"), LOW_PRECISION_LAYOUTS)
+@pytest.mark.parametrize(("dtype", "bound"), [(torch.bfloat16, BF16_TOLERANCE), (torch.float16, 1e-2)])
+def test_low_precision_matches_float64_reference(bounds, T, C, K, V, dtype, bound):
+    """Low-precision inputs keep states, W, U, P, Q_g, K_e, dU and dS in their dtype and multiply
+    them there with float32 accumulation (the interpreter widens the operands exactly, so it sees
+    the same roundings a GPU does). Output, final state and all five gradients, compared with the
+    float64 reference on the same rounded inputs by the benchmark suite's measure: the largest
+    error over the reference's largest magnitude. Bounds: bfloat16, the suite's 5e-2 (measured
+    here: up to ~2e-2, about 3x the float32-storage path, the roundings of P and U dominating,
+    as in fla's kernels, which round the same operands); float16 rounds 8x finer, 1e-2."""
+    H = 2
+    cu_seqlens = cu(*bounds)
+    L, N = bounds[-1], len(bounds) - 1
+    *inputs, _ = kda_inputs(T, H, K, V, dtype=F64, device="cpu", seed=sum(bounds), active_tokens=L,
+                            min_log_decay=DECAY).values()
+    inputs = [x.to(dtype) for x in inputs]
+    gen = torch.Generator().manual_seed(L)
+    weights = (torch.randn(T, H, V, generator=gen, dtype=F64), torch.randn(N, H, K, V, generator=gen, dtype=F64))
+    o_ref, s_ref, d_ref = gradients(kda_chunked, [x.to(F64) for x in inputs], cu_seqlens, weights, chunk_size=C)
+    o, s, d = gradients(kda_triton, inputs, cu_seqlens, weights, chunk_size=C)
+    assert o.dtype == dtype and s.dtype == torch.float32
+    for name, x, x_ref in zip(("o", "final_state", "dq", "dk", "dv", "dg", "dbeta"), (o, s, *d), (o_ref, s_ref, *d_ref)):
+        if name != "final_state":
+            assert torch.equal(x[L:], torch.zeros_like(x[L:])), name  # NaN rows past L: zero
+            x, x_ref = x[:L], x_ref[:L]
+        stats = error_stats(x, x_ref)
+        assert stats["nonfinite"] == 0 and stats["rel_err"] <= bound, (name, stats)
+
+
+# -----------------------------------------------------------------------------
 # GPU (skipped without CUDA): bfloat16 at the production shape, and a captured graph.
 
 
@@ -306,8 +349,11 @@ def leaves_and_weights(inputs, N, seed):
 def test_gpu_bfloat16_matches_chunked_reference():
     """bfloat16 inputs, K = V = 128, C = 64, a ragged layout with an empty and a length-1 sequence,
     forward and all five gradients. The reference runs in float64 on the same (bfloat16-rounded)
-    inputs, so the error is the kernels' own: tf32 products (10-bit mantissa) in float32
-    arithmetic, then a bfloat16 output and bfloat16 gradients (8-bit mantissa, 4e-3 relative)."""
+    inputs, so the error is the kernels' own: the saved operands (states, W, U, P, Q_g, K_e, dU,
+    dS) rounded to bfloat16 and multiplied with float32 accumulation, tf32 products elsewhere,
+    then a bfloat16 output and bfloat16 gradients (8-bit mantissa, 4e-3 relative). This layout in
+    the interpreter (same roundings, other summation order) measured norm-relative errors of
+    1.0e-2 for o, 5e-3 for the state, up to 1.1e-2 for the gradients: bounds 2e-2 and 3e-2."""
     bounds, T, H, K, V = (0, 300, 300, 301, 1000, 1129), 1200, 4, 128, 128
     N, L = len(bounds) - 1, bounds[-1]
     cu_seqlens = cu(*bounds, device="cuda")
@@ -318,10 +364,10 @@ def test_gpu_bfloat16_matches_chunked_reference():
     o_ref, s_ref, d_ref = gradients(kda_chunked, [x.to(F64) for x in inputs], cu_seqlens, weights, chunk_size=64)
     o, s, d = gradients(kda_triton, inputs, cu_seqlens, weights, chunk_size=64)
     assert o.dtype == torch.bfloat16 and torch.equal(o[L:], torch.zeros_like(o[L:]))
-    assert relative_error(o, o_ref) < 1e-2 and relative_error(s, s_ref) < 1e-2
+    assert relative_error(o, o_ref) < 2e-2 and relative_error(s, s_ref) < 2e-2
     for name, dx, dx_ref in zip(("q", "k", "v", "g", "beta"), d, d_ref):
         assert dx.dtype == torch.bfloat16 and torch.equal(dx[L:], torch.zeros_like(dx[L:])), name
-        assert relative_error(dx, dx_ref) < 2e-2, (name, relative_error(dx, dx_ref))
+        assert relative_error(dx, dx_ref) < 3e-2, (name, relative_error(dx, dx_ref))
 
 
 @pytest.mark.gpu
@@ -357,4 +403,4 @@ def test_gpu_graph_replays_two_layouts():
         for name, replayed, expected in zip(("o", "final_state", "dq", "dk", "dv", "dg", "dbeta"), static_out, eager):
             torch.testing.assert_close(replayed, expected, rtol=0, atol=0, msg=lambda m, name=name: f"{name}: {m}")
         o_ref, _ = kda_chunked(*(x.to(F64) for x in inputs), cu(*bounds, device="cuda"))
-        assert relative_error(static_out[0], o_ref) < 1e-2
+        assert relative_error(static_out[0], o_ref) < 2e-2  # as in the test above

@@ -22,7 +22,7 @@ is where :func:`kda_chunk_backward_kernel` finds the chunk's saved entering stat
 dynamic program runs several chunks, a rectangular one is indexed by sequence and chunk, and the
 dynamic schedule would also need a task counter of its own).
 
-Forward, four kernels (one head of one chunk of ``c <= C`` rows; ``G`` is the within-chunk
+Forward, five kernels (one head of one chunk of ``c <= C`` rows; ``G`` is the within-chunk
 cumulative log-decay, ``E_rj = exp(G_r - G_j)`` for ``j <= r``)::
 
     1. cumsum   G = cumsum(g)                                           per chunk, parallel
@@ -33,9 +33,13 @@ cumulative log-decay, ``E_rj = exp(G_r - G_j)`` for ``j <= r``)::
                 Q_g = scale Q ⊙ exp(G),          K_e = K ⊙ exp(G_last - G)
     4. state    for each chunk of the sequence, in order, from S = 0:   per (sequence, head, V block)
                     H_chunk = S                  (saved for the backward)
-                    U = U_0 - W S
-                    O = Q_g S + P U
+                    U = U_0 - W S                (saved, in U_0's place)
                     S = Diag(exp(G_last)) S + K_e^T U
+    5. output   O = Q_g H_chunk + P U                                   per chunk, parallel
+
+Kernel 4 is the only sequential one, so the longest sequence's chunk count times its loop body is
+the forward's critical path: the body is two dependent products, and the output, which the
+recurrence never reads back, is computed afterwards for all chunks at once.
 
 Every exponent is ``<= 0`` when ``g <= 0``. Kernel 2 computes ``Γ`` and ``P`` in ``16 x 16``
 sub-blocks: an off-diagonal block (rows in sub-block ``i``, columns in an earlier sub-block) is one
@@ -43,12 +47,13 @@ sub-blocks: an off-diagonal block (rows in sub-block ``i``, columns in an earlie
 decay at the first row of sub-block ``i`` (both factors ``<= 1``); a diagonal block is built column
 by column with the exponent masked to ``j <= r`` before ``exp``.
 
-Backward, three kernels: a reverse sequential loop per (sequence, head, V block) carrying ``dS``
-(the gradient of the state leaving a chunk) and producing ``dU``; then, per chunk in parallel,
-one kernel that rebuilds ``U`` from the saved entering state and turns ``dO``, ``dU`` and ``dS``
-into ``dv``, ``dbeta`` and the gradients of ``P`` and ``Γ``, and one that takes those through the
-pairwise decays (the same sub-blocks as the forward's) and through ``G = cumsum(g)`` into
-``dq, dk, dg``. See :func:`_kda_backward` for the equations.
+Backward, four kernels: per chunk in parallel, ``P^T dO`` (the part of ``dU`` that does not depend
+on the state gradient); a reverse sequential loop per (sequence, head, V block) carrying ``dS``
+(the gradient of the state leaving a chunk) and completing ``dU`` (two dependent products per
+chunk); then, per chunk in parallel, one kernel that turns ``dO``, ``dU`` and ``dS`` (with the
+saved ``U`` and entering state) into ``dv``, ``dbeta`` and the gradients of ``P`` and ``Γ``, and
+one that takes those through the pairwise decays (the same sub-blocks as the forward's) and
+through ``G = cumsum(g)`` into ``dq, dk, dg``. See :func:`_kda_backward` for the equations.
 
 Sources: Kimi Team, *Kimi Linear* (arXiv:2510.26692), chunkwise KDA with the WY representation and
 the UT transform; flash-linear-attention ``fla/ops/kda/`` (``chunk_kda``: the same factorisation
@@ -85,6 +90,11 @@ _SUB = 16  # sub-block of the intra-chunk kernel
 # C = 64 and BV = 64, three stages (the default) ask for more than the 227 KiB an H200 block
 # may use (about 320 KiB for the state kernel, compiled for sm_90); these fit.
 _SEQUENTIAL = dict(num_warps=4, num_stages=1)
+# With bfloat16/float16 inputs the sequential kernels' tiles are stored and multiplied in that
+# dtype, and the forward no longer loads Q_g and P: a stage takes about a quarter of the shared
+# memory the float32 four-product loop took, so two stages (the next chunk's tiles loaded while
+# this one's products run) should fit. UNMEASURED: chosen by that arithmetic, not on the H200.
+_SEQUENTIAL_LOW_PRECISION = dict(num_warps=4, num_stages=2)
 _CHUNK_BACKWARD = dict(num_warps=8, num_stages=2)  # with value blocks of 32, to fit the H200's shared memory
 
 
@@ -108,6 +118,31 @@ def _load_rows(ptr, rows, ok, head, H, D: tl.constexpr):
 
 
 @triton.jit
+def _load_tile(ptr, rows, ok, head, H, D: tl.constexpr):
+    """As :func:`_load_rows`, but in the buffer's own dtype: a saved matrix-product operand
+    (bfloat16 for bfloat16 inputs) goes to ``tl.dot`` as stored."""
+    offs = (rows[:, None] * H + head) * D + tl.arange(0, D)[None, :]
+    return tl.load(ptr + offs, mask=ok[:, None], other=0.0)
+
+
+# The interpreter multiplies bfloat16 tiles as the 16-bit integers it stores them in (Triton 3.9's
+# create_dot has no bfloat16 case), so there _dot widens its operands to float32 first. That is
+# exact (a product of two bfloat16 or float16 values fits in float32's mantissa), so the
+# interpreter still sees every rounding the GPU does: only the summation order differs.
+_WIDEN_DOT_OPERANDS = tl.constexpr(INTERPRETED)
+
+
+@triton.jit
+def _dot(a, b, acc, PRECISION: tl.constexpr):
+    """``acc + a @ b`` in float32 (``acc`` may be ``None``). Operands of the inputs' low precision
+    use the tensor cores at their full rate; float32 operands use ``PRECISION``."""
+    if _WIDEN_DOT_OPERANDS:
+        return tl.dot(a.to(tl.float32), b.to(tl.float32), acc, input_precision="ieee")
+    else:
+        return tl.dot(a, b, acc, input_precision=PRECISION)
+
+
+@triton.jit
 def _store_rows(ptr, x, rows, ok, head, H, D: tl.constexpr):
     offs = (rows[:, None] * H + head) * D + tl.arange(0, D)[None, :]
     tl.store(ptr + offs, x.to(ptr.dtype.element_ty), mask=ok[:, None])
@@ -125,7 +160,7 @@ def _load_row(ptr, row, ok, head, H, D: tl.constexpr):
 @triton.jit
 def _state_ptrs(ptr, slot, head, H, K: tl.constexpr, V: tl.constexpr, BV: tl.constexpr, v_block):
     """Pointers to the ``[K, BV]`` block ``v_block`` of ``ptr[slot, head]``, ``ptr`` a contiguous
-    float32 ``[*, H, K, V]`` (64-bit offsets: ``G_cap * H * K * V`` may pass 2**31)."""
+    ``[*, H, K, V]`` (64-bit offsets: ``G_cap * H * K * V`` may pass 2**31)."""
     base = (slot.to(tl.int64) * H + head) * (K * V)
     return ptr + base + tl.arange(0, K)[:, None] * V + v_block * BV + tl.arange(0, BV)[None, :]
 
@@ -280,55 +315,111 @@ def kda_wy_kernel(q, k, v, g_cum, beta, gram, inverse, w, u, q_decayed, k_to_end
 
 
 @triton.jit
-def kda_state_kernel(g_cum, q_decayed, k_to_end, qk, w, u, o, states, final, cu_seqlens, chunk_offsets, H,
+def kda_state_kernel(g_cum, k_to_end, w, u, states, final, cu_seqlens, chunk_offsets, H,
                      K: tl.constexpr, V: tl.constexpr, C: tl.constexpr, BV: tl.constexpr,
                      PRECISION: tl.constexpr, STORE_FINAL: tl.constexpr):
-    """The recurrence across chunks. Program ``(n, head, v_block)`` walks sequence slot ``n``'s
-    chunks in order with its ``[K, BV]`` state block in registers: saves the entering state of
-    each chunk in ``states`` (float32 ``[G_cap, H, K, V]``, indexed by ``chunk_offsets``), writes
-    the chunk's output rows, and, if ``STORE_FINAL``, stores the state after the last chunk in
-    ``final`` (float32 ``[N, H, K, V]``; zero for an empty sequence; otherwise ``final`` is never
-    touched and may be any pointer). Everything it reads per chunk was prepared by the parallel
-    kernels, so the loop is loads and four products. Grid ``(N, H, V // BV)``."""
+    """The recurrence across chunks, and nothing else. Program ``(n, head, v_block)`` walks
+    sequence slot ``n``'s chunks in order with its ``[K, BV]`` state block in registers and, per
+    chunk, saves the entering state ``S`` in ``states`` (``[G_cap, H, K, V]`` in the storage dtype,
+    indexed by ``chunk_offsets``), turns ``U_0`` into ``U = U_0 - W S`` in place in ``u`` and moves the
+    state on; if ``STORE_FINAL``, it stores the state after the last chunk in ``final`` (float32
+    ``[N, H, K, V]``; zero for an empty sequence; otherwise ``final`` is never touched and may be
+    any pointer). Grid ``(N, H, V // BV)``.
+
+    This loop is the critical path of the whole forward: the longest sequence's chunks run one
+    after another here while every other kernel is parallel over chunks. So it holds only what
+    the next chunk's state needs, two dependent products per chunk (``W S``, then ``K_e^T U``);
+    the output ``Q_g S + P U``, which nothing later in the loop reads, is left to
+    :func:`kda_output_kernel`, which runs on every chunk at once from the saved ``S`` and ``U``."""
     n, head, v_block, seq_start, seq_len, first, cols = _sequence_program(cu_seqlens, chunk_offsets, BV)
+    # S accumulates in float32; its products take it, and U, rounded to the saved buffers' dtype
+    # (the inputs' for bfloat16/float16), the same rounded values the later kernels read back.
     S = tl.zeros([K, BV], tl.float32)
     for chunk in range(0, tl.cdiv(seq_len, C)):
         rows, ok = _chunk_rows(seq_start, seq_len, chunk, C)
-        tl.store(_state_ptrs(states, first + chunk, head, H, K, V, BV, v_block), S)
+        S_in = S.to(states.dtype.element_ty)
+        tl.store(_state_ptrs(states, first + chunk, head, H, K, V, BV, v_block), S_in)
         row_offs = (rows[:, None] * H + head) * V + cols[None, :]
         U0 = tl.load(u + row_offs, mask=ok[:, None], other=0.0).to(tl.float32)
-        W = _load_rows(w, rows, ok, head, H, K)
-        U = U0 - tl.dot(W, S, input_precision=PRECISION)
-        Q_g = _load_rows(q_decayed, rows, ok, head, H, K)
-        P = _load_square(qk, rows, ok, head, H, C, False)
-        out = tl.dot(Q_g, S, input_precision=PRECISION)
-        out = tl.dot(P, U, out, input_precision=PRECISION)
-        tl.store(o + row_offs, out.to(o.dtype.element_ty), mask=ok[:, None])
+        W = _load_tile(w, rows, ok, head, H, K)
+        U = (U0 - _dot(W, S_in, None, PRECISION)).to(u.dtype.element_ty)
+        # In place: this program is the only one that reads or writes these rows and columns.
+        tl.store(u + row_offs, U, mask=ok[:, None])
         G_last = _chunk_tail(g_cum, seq_start, seq_len, chunk, head, H, K, C)
-        K_e = _load_rows(k_to_end, rows, ok, head, H, K)
+        K_e = _load_tile(k_to_end, rows, ok, head, H, K)
         S = tl.exp(G_last)[:, None] * S
-        S = tl.dot(tl.trans(K_e), U, S, input_precision=PRECISION)
+        S = _dot(tl.trans(K_e), U, S, PRECISION)
     if STORE_FINAL:
         tl.store(_state_ptrs(final, n, head, H, K, V, BV, v_block), S)
+
+
+@triton.jit(do_not_specialize=["num_seqs"])
+def kda_output_kernel(q_decayed, qk, u, states, o, cu_seqlens, chunk_offsets, num_seqs, H,
+                      K: tl.constexpr, V: tl.constexpr, C: tl.constexpr, BV: tl.constexpr,
+                      PRECISION: tl.constexpr):
+    """The output of one chunk, ``O = Q_g S + P U`` (``Q_g = scale Q ⊙ exp(G)``, ``S`` the saved
+    entering state, ``U`` the state-corrected values :func:`kda_state_kernel` left in ``u``), for
+    the ``BV`` value columns of block ``program_id(2)``. Grid ``(G_cap, H, V // BV)``, flat
+    schedule: program ``(i, head, v_block)`` has chunk ``i`` of the flat chunk list, whose
+    entering state is slot ``i`` of ``states``."""
+    task = first_task(cu_seqlens, cu_seqlens, chunk_offsets, num_seqs, H, C, "flat")
+    while task >= 0:
+        seq_start, seq_len, chunk, head = task_at(task, cu_seqlens, chunk_offsets, num_seqs, "flat")
+        slot = tl.program_id(0)
+        v_block = tl.program_id(2)
+        rows, ok = _chunk_rows(seq_start, seq_len, chunk, C)
+        row_offs = (rows[:, None] * H + head) * V + v_block * BV + tl.arange(0, BV)[None, :]
+        # Every operand as saved (the inputs' dtype for bfloat16/float16), float32 accumulation.
+        S = tl.load(_state_ptrs(states, slot, head, H, K, V, BV, v_block))
+        Q_g = _load_tile(q_decayed, rows, ok, head, H, K)
+        P = _load_square(qk, rows, ok, head, H, C, False)
+        U = tl.load(u + row_offs, mask=ok[:, None], other=0.0)
+        out = _dot(Q_g, S, None, PRECISION)
+        out = _dot(P, U, out, PRECISION)
+        tl.store(o + row_offs, out.to(o.dtype.element_ty), mask=ok[:, None])
+        task = next_task(task, cu_seqlens, chunk_offsets, num_seqs, H, "flat")
 
 
 # -----------------------------------------------------------------------------
 # Backward kernels.
 
 
+@triton.jit(do_not_specialize=["num_seqs"])
+def kda_local_du_kernel(qk, d_o, d_u, cu_seqlens, chunk_offsets, num_seqs, H, V: tl.constexpr,
+                        C: tl.constexpr, BV: tl.constexpr, PRECISION: tl.constexpr):
+    """The part of ``dU`` that does not depend on the state gradient, ``P^T dO`` (rows of the
+    storage-dtype ``[T, H, V]`` ``d_u``), for the ``BV`` value columns of block ``program_id(2)``.
+    It runs on every chunk at once, before :func:`kda_state_backward_kernel`, which adds the
+    rest: that keeps this product off the backward's sequential critical path.
+    Grid ``(G_cap, H, V // BV)``, flat schedule."""
+    task = first_task(cu_seqlens, cu_seqlens, chunk_offsets, num_seqs, H, C, "flat")
+    while task >= 0:
+        seq_start, seq_len, chunk, head = task_at(task, cu_seqlens, chunk_offsets, num_seqs, "flat")
+        rows, ok = _chunk_rows(seq_start, seq_len, chunk, C)
+        row_offs = (rows[:, None] * H + head) * V + tl.program_id(2) * BV + tl.arange(0, BV)[None, :]
+        P = _load_square(qk, rows, ok, head, H, C, False)
+        dO = tl.load(d_o + row_offs, mask=ok[:, None], other=0.0).to(P.dtype)
+        tl.store(d_u + row_offs, _dot(tl.trans(P), dO, None, PRECISION).to(d_u.dtype.element_ty), mask=ok[:, None])
+        task = next_task(task, cu_seqlens, chunk_offsets, num_seqs, H, "flat")
+
+
 @triton.jit
-def kda_state_backward_kernel(g_cum, q_decayed, k_to_end, qk, w, d_o, d_final, d_u, d_states, cu_seqlens,
+def kda_state_backward_kernel(g_cum, q_decayed, k_to_end, w, d_o, d_final, d_u, d_states, cu_seqlens,
                               chunk_offsets, H, K: tl.constexpr, V: tl.constexpr, C: tl.constexpr,
                               BV: tl.constexpr, PRECISION: tl.constexpr, HAS_D_FINAL: tl.constexpr):
     """The recurrence backwards. Program ``(n, head, v_block)`` walks sequence slot ``n``'s chunks
     from last to first carrying ``dS``, the gradient of the state leaving the chunk (for the last
     one, ``d_final`` if ``HAS_D_FINAL``, else zero and ``d_final`` is never read), and per chunk::
 
-        d_states[chunk] = dS                                   (float32 [G_cap, H, K, V])
-        dU = P^T dO + (K ⊙ exp(G_last - G)) dS                  (float32 [T, H, V], rows)
+        d_states[chunk] = dS                                   ([G_cap, H, K, V], storage dtype)
+        dU += (K ⊙ exp(G_last - G)) dS                          ([T, H, V] rows, in place)
         dS = Diag(exp(G_last)) dS + (scale Q ⊙ exp(G))^T dO - W^T dU
 
-    the last line being the gradient of the state entering the chunk. Grid ``(N, H, V // BV)``."""
+    the last line being the gradient of the state entering the chunk; ``d_u`` arrives holding
+    ``P^T dO`` (:func:`kda_local_du_kernel`). The critical path from one chunk's ``dS`` to the
+    next is two dependent products (``K_e dS``, then ``W^T dU``); ``Q_g^T dO`` does not depend on
+    ``dS`` and overlaps them (taking it out too would cost a ``[G_cap, H, K, V]`` buffer written
+    and read back, more traffic than the two tiles it reads). Grid ``(N, H, V // BV)``."""
     n, head, v_block, seq_start, seq_len, first, cols = _sequence_program(cu_seqlens, chunk_offsets, BV)
     if HAS_D_FINAL:
         dS = tl.load(_state_ptrs(d_final, n, head, H, K, V, BV, v_block))
@@ -338,24 +429,28 @@ def kda_state_backward_kernel(g_cum, q_decayed, k_to_end, qk, w, d_o, d_final, d
     for step in range(0, num_chunks):
         chunk = num_chunks - 1 - step
         rows, ok = _chunk_rows(seq_start, seq_len, chunk, C)
-        tl.store(_state_ptrs(d_states, first + chunk, head, H, K, V, BV, v_block), dS)
+        # As in the forward: dS accumulates in float32, the products take it rounded to the
+        # saved buffers' dtype, and dU rounded as stored.
+        dS_in = dS.to(d_states.dtype.element_ty)
+        tl.store(_state_ptrs(d_states, first + chunk, head, H, K, V, BV, v_block), dS_in)
         row_offs = (rows[:, None] * H + head) * V + cols[None, :]
-        dO = tl.load(d_o + row_offs, mask=ok[:, None], other=0.0).to(tl.float32)
-        P = _load_square(qk, rows, ok, head, H, C, False)
-        K_e = _load_rows(k_to_end, rows, ok, head, H, K)
-        dU = tl.dot(tl.trans(P), dO, input_precision=PRECISION)
-        dU = tl.dot(K_e, dS, dU, input_precision=PRECISION)
-        tl.store(d_u + row_offs, dU, mask=ok[:, None])
-        Q_g = _load_rows(q_decayed, rows, ok, head, H, K)
-        W = _load_rows(w, rows, ok, head, H, K)
+        K_e = _load_tile(k_to_end, rows, ok, head, H, K)
+        dO = tl.load(d_o + row_offs, mask=ok[:, None], other=0.0).to(K_e.dtype)
+        dU = tl.load(d_u + row_offs, mask=ok[:, None], other=0.0).to(tl.float32)
+        dU = _dot(K_e, dS_in, dU, PRECISION)
+        tl.store(d_u + row_offs, dU.to(d_u.dtype.element_ty), mask=ok[:, None])
+        Q_g = _load_tile(q_decayed, rows, ok, head, H, K)
+        W = _load_tile(w, rows, ok, head, H, K)
         G_last = _chunk_tail(g_cum, seq_start, seq_len, chunk, head, H, K, C)
         dS = tl.exp(G_last)[:, None] * dS
-        dS = tl.dot(tl.trans(Q_g), dO, dS, input_precision=PRECISION)
-        dS = tl.dot(tl.trans(-W), dU, dS, input_precision=PRECISION)
+        dS = _dot(tl.trans(Q_g), dO, dS, PRECISION)
+        # -dU negated before the cast (the stored dU's exact negative: rounding is symmetric),
+        # never a bfloat16 tile: the interpreter negates those as integers.
+        dS = _dot(tl.trans(W), (-dU).to(d_u.dtype.element_ty), dS, PRECISION)
 
 
 @triton.jit(do_not_specialize=["num_seqs"])
-def kda_chunk_backward_kernel(q, k, v, g_cum, beta, gram, inverse, w, u, states, d_o, d_u, d_states,
+def kda_chunk_backward_kernel(q, k, v, g_cum, beta, gram, inverse, u, states, d_o, d_u, d_states,
                               dv, dbeta, d_qk_out, d_gram_out, dq_part, dk_part, dG_part,
                               cu_seqlens, chunk_offsets, num_seqs, H, scale,
                               K: tl.constexpr, V: tl.constexpr, C: tl.constexpr, BV: tl.constexpr,
@@ -380,7 +475,6 @@ def kda_chunk_backward_kernel(q, k, v, g_cum, beta, gram, inverse, w, u, states,
         k_c = _load_rows(k, rows, ok, head, H, K)
         G = _load_rows(g_cum, rows, ok, head, H, K)
         G_last = _chunk_tail(g_cum, seq_start, seq_len, chunk, head, H, K, C)
-        W = _load_rows(w, rows, ok, head, H, K)
         M = _load_square(inverse, rows, ok, head, H, C, False)
         gram_c = _load_square(gram, rows, ok, head, H, C, True)
         k_decayed = k_c * tl.exp(G)  # K ⊙ exp(G), exponent <= 0 (0 on padding rows, where k = 0)
@@ -397,13 +491,12 @@ def kda_chunk_backward_kernel(q, k, v, g_cum, beta, gram, inverse, w, u, states,
         for v_block in range(0, V // BV):
             cols = v_block * BV + tl.arange(0, BV)
             row_offs = (rows[:, None] * H + head) * V + cols[None, :]
-            S0 = tl.load(_state_ptrs(states, slot, head, H, K, V, BV, v_block))
-            dS1 = tl.load(_state_ptrs(d_states, slot, head, H, K, V, BV, v_block))
-            U0 = tl.load(u + row_offs, mask=ok[:, None], other=0.0)
-            dU = tl.load(d_u + row_offs, mask=ok[:, None], other=0.0)
+            S0 = tl.load(_state_ptrs(states, slot, head, H, K, V, BV, v_block)).to(tl.float32)
+            dS1 = tl.load(_state_ptrs(d_states, slot, head, H, K, V, BV, v_block)).to(tl.float32)
+            U = tl.load(u + row_offs, mask=ok[:, None], other=0.0).to(tl.float32)  # saved by the forward
+            dU = tl.load(d_u + row_offs, mask=ok[:, None], other=0.0).to(tl.float32)
             dO = tl.load(d_o + row_offs, mask=ok[:, None], other=0.0).to(tl.float32)
             v_c = tl.load(v + row_offs, mask=ok[:, None], other=0.0).to(tl.float32)
-            U = U0 - tl.dot(W, S0, input_precision=PRECISION)
             dP = tl.dot(dO, tl.trans(U), dP, input_precision=PRECISION)
             dQg = tl.dot(dO, tl.trans(S0), dQg, input_precision=PRECISION)
             dW = tl.dot(-dU, tl.trans(S0), dW, input_precision=PRECISION)
@@ -562,7 +655,8 @@ class _Plan:
     C: int
     scale: float
     G_cap: int  # programs per head of the per-chunk kernels
-    precision: str  # tl.dot's input_precision
+    precision: str  # tl.dot's input_precision (for float32 operands)
+    storage: torch.dtype  # dtype of the saved matrix-product operands (states, W, U, P, Q_g, K_e, dU, dS)
     value_block: int  # BV of the sequential kernels
     backward_value_block: int  # BV of kda_chunk_backward_kernel (see _CHUNK_BACKWARD)
     validate: bool  # validate=None resolved: read cu_seqlens's values (a host tensor only)
@@ -611,11 +705,19 @@ def _check_arguments(q: object, k: object, v: object, g: object, beta: object, c
         # float32 inputs get full-precision products; lower-precision inputs are already rounded
         # more coarsely than tf32 rounds the float32 intermediates.
         precision="ieee" if q.dtype == torch.float32 else "tf32",
+        # bfloat16/float16 inputs: the operands that feed only matrix products are stored and
+        # multiplied in that dtype, accumulated in float32 (as fla does); float32 stays float32.
+        storage=q.dtype,
         value_block=_value_block(V), backward_value_block=_value_block(V, 32),
         # A host tensor's values cost nothing to read; a device tensor's would cost a sync.
         validate=cu_seqlens.device.type == "cpu" if validate is None else validate,
         final_state=output_final_state,
     )
+
+
+def _sequential(plan: _Plan) -> dict:
+    """Launch options of the sequential kernels for the plan's storage dtype."""
+    return _SEQUENTIAL if plan.storage == torch.float32 else _SEQUENTIAL_LOW_PRECISION
 
 
 def _value_block(V: int, largest: int = 64) -> int:
@@ -646,22 +748,27 @@ def _plan(q: object, k: object, v: object, g: object, beta: object, cu_seqlens: 
 
 def _kda_forward(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, cu_seqlens: Tensor,
                  plan: _Plan) -> tuple[Tensor, Tensor | None, dict[str, Tensor]]:
-    """Runs the four forward kernels; returns ``(o, final_state, saved)`` where ``final_state`` is
+    """Runs the five forward kernels; returns ``(o, final_state, saved)`` where ``final_state`` is
     ``None`` unless ``plan.final_state`` (then it is neither allocated nor written) and ``saved``
     holds the per-chunk quantities the backward reads (``chunk_offsets``, ``G``, ``Γ``, ``P``,
-    ``M``, ``W``, ``U_0``, ``Q_g``, ``K_e`` and the entering states)."""
+    ``M``, ``W``, ``U`` (in ``u``, where kernel 3 left ``U_0``), ``Q_g``, ``K_e`` and the entering
+    states)."""
     T, H, K, V, N, C = plan.T, plan.H, plan.K, plan.V, plan.N, plan.C
     f32 = dict(dtype=torch.float32, device=q.device)
+    # What only feeds matrix products is kept in plan.storage (the inputs' dtype for bfloat16 and
+    # float16, float32 for float32); the decay cumsum, Γ (which builds A) and the inverse M stay
+    # float32, as the triangular solve needs them exact to float32.
+    low = dict(dtype=plan.storage, device=q.device)
     offsets = launch_chunk_offsets(cu_seqlens, C)  # on the device, one launch, no host read
     g_cum = torch.empty(T, H, K, **f32)
     gram = torch.empty(T, H, C, **f32)
-    qk = torch.empty(T, H, C, **f32)
+    qk = torch.empty(T, H, C, **low)
     inverse = torch.empty(T, H, C, **f32)
-    w = torch.empty(T, H, K, **f32)
-    u = torch.empty(T, H, V, **f32)
-    q_decayed = torch.empty(T, H, K, **f32)
-    k_to_end = torch.empty(T, H, K, **f32)
-    states = torch.empty(max(plan.G_cap, 1), H, K, V, **f32)
+    w = torch.empty(T, H, K, **low)
+    u = torch.empty(T, H, V, **low)
+    q_decayed = torch.empty(T, H, K, **low)
+    k_to_end = torch.empty(T, H, K, **low)
+    states = torch.empty(max(plan.G_cap, 1), H, K, V, **low)
     final = torch.empty(N, H, K, V, **f32) if plan.final_state else None
     o = torch.zeros(T, H, V, dtype=q.dtype, device=q.device)  # rows L .. T - 1 stay zero
     precision = plan.precision
@@ -675,9 +782,12 @@ def _kda_forward(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, cu_se
                             K=K, V=V, C=C, PRECISION=precision)
     BV = plan.value_block
     # Without a final state, `states` stands in for its pointer: STORE_FINAL=False never writes it.
-    kda_state_kernel[(N, H, V // BV)](g_cum, q_decayed, k_to_end, qk, w, u, o, states,
-                                      states if final is None else final, cu_seqlens, offsets, H, K=K, V=V, C=C,
-                                      BV=BV, PRECISION=precision, STORE_FINAL=final is not None, **_SEQUENTIAL)
+    kda_state_kernel[(N, H, V // BV)](g_cum, k_to_end, w, u, states, states if final is None else final,
+                                      cu_seqlens, offsets, H, K=K, V=V, C=C, BV=BV, PRECISION=precision,
+                                      STORE_FINAL=final is not None, **_sequential(plan))
+    if plan.G_cap > 0:  # u now holds U = U_0 - W S
+        kda_output_kernel[(plan.G_cap, H, V // BV)](q_decayed, qk, u, states, o, cu_seqlens, offsets, N, H,
+                                                    K=K, V=V, C=C, BV=BV, PRECISION=precision)
     saved = dict(offsets=offsets, g_cum=g_cum, gram=gram, qk=qk, inverse=inverse, w=w, u=u, q_decayed=q_decayed,
                  k_to_end=k_to_end, states=states)
     return o, final, saved
@@ -686,14 +796,15 @@ def _kda_forward(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, cu_se
 def _kda_backward(q: Tensor, k: Tensor, v: Tensor, g_dtype: torch.dtype, beta: Tensor, cu_seqlens: Tensor,
                   saved: dict[str, Tensor], d_o: Tensor | None, d_final: Tensor | None,
                   plan: _Plan) -> tuple[Tensor, ...]:
-    r"""Gradients of ``(q, k, v, g, beta)`` from those of ``o`` and ``final_state``; three kernels.
+    r"""Gradients of ``(q, k, v, g, beta)`` from those of ``o`` and ``final_state``; four kernels.
 
     Per chunk (one head; ``S_0``, ``S_1`` the states entering and leaving it, ``Q_g = scale Q ⊙
     exp(G)``, ``K_e = K ⊙ exp(G_last - G)``, ``B_k = Diag(beta) (K ⊙ exp(G))``, ``B_v = Diag(beta)
     V``, ``M = (I + Diag(beta) Γ)^{-1}``), from ``O = Q_g S_0 + P U``, ``U = M B_v - M B_k S_0``,
     ``S_1 = Diag(exp(G_last)) S_0 + K_e^T U``::
 
-        sequential (reverse):  dU = P^T dO + K_e dS_1
+        per chunk:             dU = P^T dO
+        sequential (reverse):  dU += K_e dS_1
                                dS_0 = Q_g^T dO + Diag(exp(G_last)) dS_1 - W^T dU
         per chunk:             dP = tril(dO U^T)     dQ_g = dO S_0^T     dW = -dU S_0^T
                                dK_e = U dS_1^T       dB_v = M^T dU       dB_k = M^T dW
@@ -712,8 +823,8 @@ def _kda_backward(q: Tensor, k: Tensor, v: Tensor, g_dtype: torch.dtype, beta: T
     # starts the reverse recurrence, which starts from zero instead (HAS_D_FINAL=False).
     d_o = torch.zeros(T, H, V, dtype=q.dtype, device=device) if d_o is None else d_o.contiguous()
     d_final = None if d_final is None else d_final.float().contiguous()
-    d_u = torch.empty(T, H, V, **f32)
-    d_states = torch.empty_like(saved["states"])
+    d_u = torch.empty(T, H, V, dtype=plan.storage, device=device)
+    d_states = torch.empty_like(saved["states"])  # plan.storage too
     d_qk, d_gram = torch.empty(T, H, C, **f32), torch.empty(T, H, C, **f32)
     dq_part, dk_part, dG_part = (torch.empty(T, H, K, **f32) for _ in range(3))
     dq, dk, dv = (torch.zeros_like(x) for x in (q, k, v))  # rows L .. T - 1 stay zero
@@ -722,13 +833,16 @@ def _kda_backward(q: Tensor, k: Tensor, v: Tensor, g_dtype: torch.dtype, beta: T
     precision = plan.precision
     BV = plan.value_block
     offsets = saved["offsets"]
-    kda_state_backward_kernel[(N, H, V // BV)](saved["g_cum"], saved["q_decayed"], saved["k_to_end"], saved["qk"],
-                                               saved["w"], d_o, d_states if d_final is None else d_final, d_u,
-                                               d_states, cu_seqlens, offsets, H, K=K, V=V, C=C, BV=BV,
-                                               PRECISION=precision, HAS_D_FINAL=d_final is not None, **_SEQUENTIAL)
+    if plan.G_cap > 0:  # d_u = P^T dO, on every chunk at once
+        kda_local_du_kernel[(plan.G_cap, H, V // BV)](saved["qk"], d_o, d_u, cu_seqlens, offsets, N, H, V=V, C=C,
+                                                      BV=BV, PRECISION=precision)
+    kda_state_backward_kernel[(N, H, V // BV)](saved["g_cum"], saved["q_decayed"], saved["k_to_end"], saved["w"],
+                                               d_o, d_states if d_final is None else d_final, d_u, d_states,
+                                               cu_seqlens, offsets, H, K=K, V=V, C=C, BV=BV, PRECISION=precision,
+                                               HAS_D_FINAL=d_final is not None, **_sequential(plan))
     if plan.G_cap > 0:
         kda_chunk_backward_kernel[(plan.G_cap, H)](
-            q, k, v, saved["g_cum"], beta, saved["gram"], saved["inverse"], saved["w"], saved["u"],
+            q, k, v, saved["g_cum"], beta, saved["gram"], saved["inverse"], saved["u"],
             saved["states"], d_o, d_u, d_states, dv, dbeta, d_qk, d_gram, dq_part, dk_part, dG_part,
             cu_seqlens, offsets, N, H, plan.scale,
             K=K, V=V, C=C, BV=plan.backward_value_block, PRECISION=precision, **_CHUNK_BACKWARD,
@@ -806,8 +920,12 @@ def kda_triton(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, cu_seql
     Returns:
         ``(o, final_state)``: ``o`` ``[T, H, V]`` in ``q``'s dtype, rows ``L .. T - 1`` zero;
         ``final_state`` float32 ``[N, H, K, V]`` (zero for an empty sequence) if
-        ``output_final_state``, else ``None``. Arithmetic is float32 throughout (on the GPU,
-        products of bfloat16/float16 inputs use tf32 tensor cores). Differentiable with respect
+        ``output_final_state``, else ``None``. float32 inputs: float32 throughout. bfloat16/float16
+        inputs: the operands that only feed matrix products (per-chunk states and their
+        gradients, ``W``, ``U``, ``P``, ``Q_g``, ``K_e``, ``dU``) are stored and multiplied in that
+        dtype with float32 accumulation, as fla does; the decay cumsum, the exponentials, ``Γ``,
+        ``A`` and the triangular solve stay float32 (other products of float32 intermediates use
+        tf32 tensor cores on the GPU). Differentiable with respect
         to ``q, k, v, g, beta`` (and through ``final_state``); rows ``L .. T - 1`` of the inputs
         are never read (NaN there is harmless) and get zero gradients.
 
@@ -822,12 +940,14 @@ def kda_triton(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, cu_seql
             layout (and, when validated, malformed values), a ``[T, H, *]`` buffer of 2**31
             elements or more.
 
-    Cost: the per-chunk kernels run on ``G_cap`` programs per head
-    (:func:`attn_gym_lite.schedule.chunk_capacity`), the recurrence on ``N x H x V / BV``
+    Cost: the per-chunk kernels run on ``G_cap`` programs per head (``G_cap x V / BV`` for the
+    output and ``P^T dO``; :func:`attn_gym_lite.schedule.chunk_capacity`), the recurrence on ``N x H x V / BV``
     programs, each looping over its own sequence's chunks. Memory kept for the backward: float32
-    ``[T, H, 4K + V + 3C]`` and the entering state of every chunk, ``[G_cap, H, K, V]``; the
-    backward adds float32 ``[T, H, 3K + V + 2C]`` and ``[G_cap, H, K, V]`` of scratch (and a
-    ``[T, H, V]`` zero ``dO`` when only ``final_state`` is used downstream).
+    ``[T, H, K + 2C]``, ``[T, H, 3K + V + C]`` and the entering state of every chunk,
+    ``[G_cap, H, K, V]``, in the storage dtype (the inputs' for bfloat16/float16, else float32);
+    the backward adds float32 ``[T, H, 3K + 2C]``, storage-dtype ``[T, H, V]`` and
+    ``[G_cap, H, K, V]`` of scratch (and a ``[T, H, V]`` zero ``dO`` when only ``final_state`` is
+    used downstream).
     On the host, the argument checks above and the launch plan depend only on metadata (shapes,
     strides, dtypes, devices, the other arguments): they run once per such signature, and a
     repeated call costs a dictionary lookup (plus the values check when ``validate`` says so).
