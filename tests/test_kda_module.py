@@ -5,7 +5,7 @@ the three cores, and argument errors."""
 import pytest
 import torch
 
-from attn_gym_lite.models.kda import KDA_MASK_SITES, KDAAttention
+from attn_gym_lite.models.kda import KDA_MASK_SITES, KDA_REGIONS, KDAAttention
 from attn_gym_lite.ops.kda import kda_recurrent
 from attn_gym_lite.ops.masking import uninitialized_memory_as_nan
 from attn_gym_lite.ragged import cu_seqlens_from_lengths, pad_cu_seqlens
@@ -132,6 +132,56 @@ def test_gradients_agree_between_the_cores():
         tol = 1e-9 if impl != "triton" else 1e-4
         for name, g in results["chunked"].items():
             torch.testing.assert_close(results[impl][name].double(), g, rtol=tol, atol=tol, msg=f"{impl}: {name}")
+
+
+def _forward_and_gradients(layer: KDAAttention, x: torch.Tensor, cu: torch.Tensor) -> list[torch.Tensor]:
+    leaf = x.clone().requires_grad_(True)
+    y = layer(leaf, cu)
+    return [y, *torch.autograd.grad((y * y).sum(), [leaf, *layer.parameters()])]
+
+
+@pytest.mark.parametrize("impl", ["chunked", "triton"])
+def test_layer_marks_its_stages_as_regions_in_forward_order(impl):
+    """Each of KDA_REGIONS is entered once per forward, in forward order, as a record_function range
+    holding the layer's own torch ops; nothing else is entered."""
+    from attn_gym_lite.profiling import profile
+    from attn_gym_lite.regions import collect_region_names
+
+    layer = _layer(impl, dtype=torch.float32)
+    x, cu = torch.randn(40, HIDDEN), cu_seqlens_from_lengths([17, 0, 20])
+    with collect_region_names() as names:
+        _forward_and_gradients(layer, x, cu)
+    assert names == set(KDA_REGIONS)
+    with profile(None) as recording:
+        _forward_and_gradients(layer, x, cu)
+    events = recording.trace["traceEvents"]
+    ranges = sorted((e for e in events if e.get("cat") == "user_annotation" and e["name"] in KDA_REGIONS),
+                    key=lambda e: e["ts"])
+    assert [r["name"] for r in ranges] == list(KDA_REGIONS)
+    ops = [e for e in events if e.get("cat") == "cpu_op"]
+    for r in ranges:
+        inside = [o["name"] for o in ops if o["tid"] == r["tid"] and r["ts"] <= o["ts"] and o["ts"] + o["dur"] <= r["ts"] + r["dur"]]
+        assert inside, f"{r['name']} holds no torch op"
+    linear = {r["name"] for r in ranges for o in ops
+              if o["name"] == "aten::linear" and o["tid"] == r["tid"] and r["ts"] <= o["ts"] <= r["ts"] + r["dur"]}
+    assert linear == {"kda.qkv_proj", "kda.gates", "kda.norm_gate", "kda.out_proj"}  # the layer's projections
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_region_labels_change_no_value(impl, monkeypatch):
+    """The layer with its regions and with every region replaced by a no-op context: the same
+    output and gradients, bit for bit."""
+    import contextlib
+
+    from attn_gym_lite.models import kda as kda_module
+
+    layer = _layer(impl, dtype=torch.float32 if impl == "triton" else torch.float64)
+    x = torch.randn(30, HIDDEN, dtype=layer.qkv_proj.weight.dtype)
+    cu = pad_cu_seqlens(cu_seqlens_from_lengths([11, 0, 1, 14]), 6)
+    labelled = _forward_and_gradients(layer, x, cu)
+    monkeypatch.setattr(kda_module, "mark_kernels", lambda name: contextlib.nullcontext())
+    plain = _forward_and_gradients(layer, x, cu)
+    assert all(torch.equal(a, b) for a, b in zip(labelled, plain, strict=True))
 
 
 def test_layer_shapes_dtypes_and_parameters():

@@ -1,6 +1,8 @@
 """The ``linear-attention`` suite's CPU-testable pieces (layouts, comparisons, the exactness harness,
-the row builders, the guards) and, on a GPU, its parts at small shapes."""
+the row builders, the region table of a labelled trace, the guards, the budget, the output folder)
+and, on a GPU, its parts at small shapes."""
 
+import dataclasses
 import importlib.util
 import re
 from pathlib import Path
@@ -10,7 +12,9 @@ import torch
 
 from attn_gym_lite.bench import linear_attention as la
 from attn_gym_lite.isolation import IsolatedRunError
+from attn_gym_lite.models.kda import KDA_REGIONS
 from attn_gym_lite.ops.kda import kda_chunked
+from attn_gym_lite.profiling import CAPTURE_ORDER, GraphAnnotations, annotate_trace, graphs_from_capture_trace, load_trace
 from attn_gym_lite.testing.exactness import error_stats
 
 
@@ -131,7 +135,7 @@ def test_exactness_of_the_triton_kernel_in_the_interpreter():
 
 
 def test_suite_records_a_failed_part_as_its_bounded_error(monkeypatch):
-    def crash(function, *, timeout_s):
+    def crash(function, *args, timeout_s):
         raise IsolatedRunError(f"{function.__name__} exited with code 1", "Traceback\n" + "x" * 5000)
 
     monkeypatch.setattr(la, "run_isolated", crash)
@@ -209,7 +213,7 @@ def test_suite_parts_share_a_budget_under_the_recording_limit(monkeypatch):
     now = [1000.0]
     calls = []
 
-    def fake_run(function, *, timeout_s):
+    def fake_run(function, *args, timeout_s):
         calls.append((function.__name__, timeout_s))
         now[0] += 100.0
         return {"part": function.__name__}
@@ -219,7 +223,8 @@ def test_suite_parts_share_a_budget_under_the_recording_limit(monkeypatch):
     result = la.linear_attention_suite(timeout_s=150, budget_s=270, clock=clock)
     assert calls == [("exactness", 150), ("exact_shape", 150), ("overcapture", 70)]
     assert [name for name in la.PARTS if name in result] == ["exactness", "exact_shape", "overcapture"]
-    assert set(result["errors"]) == {"amdahl"} and "not run" in result["errors"]["amdahl"]
+    assert set(result["errors"]) == {"amdahl", "trace"}
+    assert all("not run" in result["errors"][name] for name in ("amdahl", "trace"))
     assert result["config"]["budget_s"] == 270
 
     # 10 s short of MIN_PART_S after the first part: the rest are not started.
@@ -245,7 +250,7 @@ def test_the_default_budget_comes_from_the_environment_when_set(monkeypatch):
     now = [0.0]
     calls = []
 
-    def fake_run(function, *, timeout_s):
+    def fake_run(function, *args, timeout_s):
         calls.append((function.__name__, timeout_s))
         now[0] += 100.0
         return {"part": function.__name__}
@@ -255,10 +260,177 @@ def test_the_default_budget_comes_from_the_environment_when_set(monkeypatch):
     assert la.default_budget_s() == la.SUITE_BUDGET_S
     monkeypatch.setenv(la.BUDGET_ENV, "230")
     result = la.linear_attention_suite(clock=lambda: now[0])
-    # 230 s: two parts of 100 s, then 30 s left (>= MIN_PART_S) for the third, none for the fourth.
+    # 230 s: two parts of 100 s, then 30 s left (>= MIN_PART_S) for the third, none for the others.
     assert calls == [("exactness", 230.0), ("exact_shape", 130.0), ("overcapture", 30.0)]
     assert result["config"]["budget_s"] == 230.0 and "not run" in result["errors"]["amdahl"]
+    assert "not run" in result["errors"]["trace"]
     for bad in ("0", "-5", "soon", "inf", "nan"):
         monkeypatch.setenv(la.BUDGET_ENV, bad)
         with pytest.raises(ValueError, match=la.BUDGET_ENV):
             la.default_budget_s()
+
+
+# ---- the trace part: its region table, its output folder ---------------------------------------
+
+STREAM = 7
+
+
+def _device(cat, ts, dur, correlation=7, region=None):
+    args = {"correlation": correlation, "stream": STREAM, **({"region": region} if region else {})}
+    return {"ph": "X", "cat": cat, "name": f"{cat}@{ts}", "pid": 0, "tid": STREAM, "ts": ts, "dur": dur, "args": args}
+
+
+def _host(name, ts, dur, cat="cpu_op", tid=10, **args):
+    return {"ph": "X", "cat": cat, "name": name, "pid": 1, "tid": tid, "ts": ts, "dur": dur, "args": args}
+
+
+def test_region_table_against_a_hand_computation():
+    """A labelled trace of one replay: forward and backward kernels of two regions, a memset, an
+    unlabelled kernel and one of a node created outside every region; a region box (not device
+    work) and the profiler's step ranges around it."""
+    events = [
+        _device("kernel", 100, 10, region="kda.qkv_proj"),
+        _device("kernel", 112, 30, region="kda.core"),
+        _device("gpu_memset", 143, 2, region="kda.core"),
+        _device("kernel", 150, 50, region="kda.core backward"),
+        _device("kernel", 201, 4, region="kda.qkv_proj backward"),
+        _device("kernel", 206, 3),
+        _device("kernel", 210, 6, region="backward"),
+        {"ph": "X", "cat": "graph_region", "name": "kda.core", "pid": 0, "tid": 500_007, "ts": 112, "dur": 88,
+         "args": {"region": "kda.core"}},
+        _host("ProfilerStep#1", 0, 50), _host("cudaGraphLaunch", 1, 2, cat="cuda_runtime", correlation=7),
+        _host("ProfilerStep#2", 50, 1),
+    ]
+    table = la.region_table({"traceEvents": events})
+    total = 10 + 30 + 2 + 50 + 4 + 3 + 6
+    assert table["device_us"] == total and table["kernels"] == 6 and table["device_events"] == 7
+    assert table["window_us"] == 216 - 100 and table["busy_us"] == total  # no two events overlap
+
+    def row(us, kernels, count):
+        return {"us": us, "share": pytest.approx(us / total), "kernels": kernels, "device_events": count}
+
+    assert table["regions"] == {"kda.core backward": row(50, 1, 1), "kda.core": row(32, 1, 2), "kda.qkv_proj": row(10, 1, 1),
+                                "backward": row(6, 1, 1), "kda.qkv_proj backward": row(4, 1, 1),
+                                la.UNLABELLED: row(3, 1, 1)}
+    assert list(table["regions"]) == ["kda.core backward", "kda.core", "kda.qkv_proj", "backward",
+                                      "kda.qkv_proj backward", la.UNLABELLED]  # by decreasing time
+    assert table["stages"] == {"kda.core": row(82, 2, 3), "kda.qkv_proj": row(14, 2, 2), "backward": row(6, 1, 1),
+                               la.UNLABELLED: row(3, 1, 1)}
+    assert [la.region_stage(n) for n in ("kda.core backward", "kda.core", "backward", la.UNLABELLED)] == [
+        "kda.core", "kda.core", "backward", la.UNLABELLED]
+    with pytest.raises(ValueError, match="no kernel, memcpy or memset"):
+        la.region_table({"traceEvents": events[-3:]})
+
+
+def test_region_table_reads_what_the_profiling_layer_labels():
+    """The labelling chain the trace part uses, on hand-made traces (capture order route): a capture
+    with a projection, the core (a kernel and a memset) and the backward of each, then one replay of
+    that graph; annotate_trace labels the replay and region_table sums it."""
+    capture = {"traceEvents": [
+        _host("cudaStreamBeginCapture", 10, 1, cat="cuda_runtime", correlation=101),
+        _host("kda.qkv_proj", 11, 10, cat="user_annotation"),
+        _host("aten::mm", 12, 5, **{"Sequence number": 1}),
+        _host("cudaLaunchKernel", 13, 1, cat="cuda_runtime", correlation=102),
+        _host("kda.core", 30, 20, cat="user_annotation"),
+        _host("KDAFunction", 31, 10, **{"Sequence number": 2}),
+        _host("cuLaunchKernelEx", 32, 1, cat="cuda_driver", correlation=103),
+        _host("cudaMemsetAsync", 34, 1, cat="cuda_runtime", correlation=104),
+        _host("autograd::engine::evaluate_function: KDAFunctionBackward", 60, 10, tid=11, **{"Sequence number": 2}),
+        _host("cuLaunchKernelEx", 61, 1, cat="cuda_driver", tid=11, correlation=105),
+        _host("autograd::engine::evaluate_function: MmBackward0", 72, 5, tid=11, **{"Sequence number": 1}),
+        _host("cudaLaunchKernel", 73, 1, cat="cuda_runtime", tid=11, correlation=106),
+        _host("cudaStreamEndCapture", 90, 1, cat="cuda_runtime", correlation=107),
+    ]}
+    annotations = GraphAnnotations(CAPTURE_ORDER, graphs_from_capture_trace(capture, set(KDA_REGIONS), ["kda layer"]),
+                                   region_names=["kda.core", "kda.qkv_proj"])
+    replay = {"traceEvents": [
+        _host("ProfilerStep#1", 190, 100), _host("cudaGraphLaunch", 200, 5, cat="cuda_runtime", correlation=7),
+        _device("kernel", 300, 10), _device("kernel", 312, 40), _device("gpu_memset", 353, 2),
+        _device("kernel", 356, 60), _device("kernel", 417, 5), _host("ProfilerStep#2", 290, 1),
+    ]}
+    labelled = annotate_trace(replay, annotations)
+    assert labelled["attn_gym_lite"]["labelled_events"] == 5 and labelled["attn_gym_lite"]["unmatched_replays"] == []
+    table = la.region_table(labelled)
+    total = 10 + 40 + 2 + 60 + 5
+    assert table["device_us"] == total and table["window_us"] == 422 - 300 and table["busy_us"] == total
+    assert {name: (r["us"], r["kernels"], r["device_events"]) for name, r in table["regions"].items()} == {
+        "kda.core backward": (60, 1, 1), "kda.core": (42, 1, 2), "kda.qkv_proj": (10, 1, 1),
+        "kda.qkv_proj backward": (5, 1, 1)}
+    assert {name: (r["us"], r["kernels"]) for name, r in table["stages"].items()} == {
+        "kda.core": (102, 2), "kda.qkv_proj": (15, 2)}
+    assert table["stages"]["kda.core"]["share"] == pytest.approx(102 / 117)
+
+
+def test_the_trace_part_runs_last_and_alone_gets_the_output_folder(monkeypatch, tmp_path):
+    assert la.PARTS[-1] == "trace" and la.PARTS[:-1] == ("exactness", "exact_shape", "overcapture", "amdahl")
+    calls = []
+
+    def fake_run(function, *args, timeout_s):
+        calls.append((function.__name__, args))
+        return {}
+
+    monkeypatch.setattr(la, "run_isolated", fake_run)
+    la.linear_attention_suite(out=tmp_path, budget_s=None, clock=lambda: 0.0)
+    assert calls == [(name, ()) for name in la.PARTS[:-1]] + [("trace", (str(tmp_path),))]  # a string: JSON
+    calls.clear()
+    la.linear_attention_suite(parts=("amdahl", "trace"), budget_s=None, clock=lambda: 0.0)
+    assert calls == [("amdahl", ()), ("trace", (None,))]
+
+    # Not isolated: the same arguments, in this process.
+    direct = []
+    for name in la.PARTS:
+        monkeypatch.setitem(la.PART_FUNCTIONS, name, lambda *args, name=name: direct.append((name, args)) or {"ran": name})
+    result = la.linear_attention_suite(parts=("exactness", "trace"), out=tmp_path, isolate=False, budget_s=None)
+    assert direct == [("exactness", ()), ("trace", (str(tmp_path),))]
+    assert result["trace"] == {"ran": "trace"} and result["errors"] == {}
+
+
+def test_the_cli_publishes_the_trace_beside_the_suites_json(monkeypatch, tmp_path):
+    """What the recording does, with fake parts: ``python -m attn_gym_lite.bench linear-attention``
+    passes its staging folder as ``out``, the trace part writes into it, and the trace ends up
+    under ``<out>/linear_attention_traces/`` next to ``linear_attention.json``."""
+    import json
+
+    from attn_gym_lite.bench.__main__ import record
+    from attn_gym_lite.bench.suites import SUITES
+
+    assert SUITES["linear-attention"].writes_files
+
+    def fake_trace(out):
+        path = Path(out) / la.TRACE_FOLDER / la.TRACE_FILE
+        path.parent.mkdir(parents=True)
+        path.write_bytes(b"trace")
+        return {"trace_file": f"{la.TRACE_FOLDER}/{la.TRACE_FILE}", "errors": {}}
+
+    def fake_run(function, *args, timeout_s):
+        return fake_trace(*args) if function.__name__ == "trace" else {"errors": {}}
+
+    monkeypatch.setattr(la, "run_isolated", fake_run)
+    monkeypatch.delenv(la.BUDGET_ENV, raising=False)
+    path = record(dataclasses.replace(SUITES["linear-attention"], needs_cuda=False), tmp_path)
+    written = json.loads(path.read_text())
+    assert written["trace"]["trace_file"] == "linear_attention_traces/kda_layer_replay.json.gz"
+    assert (tmp_path / written["trace"]["trace_file"]).read_bytes() == b"trace"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["linear_attention.json", "linear_attention_traces"]
+
+
+@pytest.mark.gpu
+def test_trace_labels_every_stage_of_one_layer_replay(tmp_path):
+    result = la.trace(str(tmp_path), 256, 2, 64, 4, 512, warmup=2)
+    assert result["errors"] == {}, result["errors"]
+    assert result["annotation"]["replays"] == 1 and result["annotation"]["unmatched_replays"] == []
+    assert result["trace_file"] == f"{la.TRACE_FOLDER}/{la.TRACE_FILE}"
+    written = load_trace(tmp_path / result["trace_file"])
+    assert la.region_table(written)["regions"] == result["regions"]  # the numbers are the file's
+    regions = result["regions"]
+    for region in KDA_REGIONS:  # every stage launched forward kernels of its own, labelled as such
+        assert regions.get(region, {}).get("kernels", 0) >= 1, (region, regions)
+    assert regions["kda.core backward"]["kernels"] >= 1 and regions["kda.qkv_proj backward"]["kernels"] >= 1
+    assert sum(r["us"] for r in regions.values()) == pytest.approx(result["device_us"])
+    assert sum(r["share"] for r in result["stages"].values()) == pytest.approx(1.0)
+    assert sum(r["kernels"] for r in regions.values()) == result["kernels"]
+    # annotate_trace's own count of labelled events against the table's.
+    labelled = sum(r["device_events"] for name, r in regions.items() if name != la.UNLABELLED)
+    assert labelled == result["annotation"]["labelled_events"]
+    assert 0 < result["busy_us"] <= result["window_us"]
+    assert la.trace(None, 256, 2, 64, 4, 256, warmup=1)["trace_file"] is None

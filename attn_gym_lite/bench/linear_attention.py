@@ -1,6 +1,6 @@
 r"""Benchmark suite ``linear-attention``: KDA on ragged batches under CUDA graphs, against fla.
 
-Four parts, each run in a fresh process (a CUDA fault in one is recorded, the others still run):
+Five parts, each run in a fresh process (a CUDA fault in one is recorded, the others still run):
 
 * ``exactness``: the package's Triton KDA (:func:`attn_gym_lite.ops.kda.kda_triton`, "ours")
   against :func:`~attn_gym_lite.ops.kda.kda_chunked` in float64 on the GPU, on random ragged
@@ -19,6 +19,11 @@ Four parts, each run in a fresh process (a CUDA fault in one is recorded, the ot
 * ``amdahl``: :class:`~attn_gym_lite.models.kda.KDAAttention` forward + backward against its
   KDA core alone on the layer's own inputs, both replayed from exact-shape graphs, at
   ``T = 4096`` and half of it (and two smaller ``T`` for the scaling figure).
+* ``trace``: one replay of the Amdahl study's layer graph (forward + backward, exact shape, its
+  largest ``T``), profiled with the layer's region labels
+  (:data:`~attn_gym_lite.models.kda.KDA_REGIONS`) and written as gzipped Chrome JSON,
+  ``<out>/linear_attention_traces/kda_layer_replay.json.gz`` (ui.perfetto.dev opens it), with the
+  device time and kernel count of each region (:func:`region_table`).
 
 Shapes: ``H = 16`` heads, ``K = V = 128``, bfloat16 (``g`` float32, as the layer makes it);
 ``q, k`` L2-normalised, ``g = logsigmoid(N(0, 1))`` per channel, ``beta = sigmoid(N(0, 1))``
@@ -38,9 +43,12 @@ report (arXiv:2510.26692); flash-linear-attention (fla-org/flash-linear-attentio
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import time
+from collections import Counter
 from collections.abc import Callable, Sequence
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -60,7 +68,10 @@ CAPTURABLE = ("ours", "fla_graph")
 #: The gradients every exactness entry compares, besides the output ``o``.
 GRADIENTS = ("q", "k", "v", "g", "beta")
 #: The suite's parts, in the order they run.
-PARTS = ("exactness", "exact_shape", "overcapture", "amdahl")
+PARTS = ("exactness", "exact_shape", "overcapture", "amdahl", "trace")
+#: The parts that write files beside the suite's JSON: each takes the output folder (a string, or
+#: ``None`` to write nothing) as its first argument.
+WRITES_FILES = ("trace",)
 #: Relative error bound (largest |difference| over the float64 reference's largest |value|) under
 #: which an exactness entry is ``ok``, per dtype of ours.
 TOLERANCE = {"float32": 2e-3, "bfloat16": 5e-2}
@@ -73,6 +84,12 @@ SWEEP_L = (512, 1024, 2048, 4096, 8192)
 #: The Amdahl study's layer and token counts (the seed's T = 4096 and half of it first).
 LAYER = {"hidden_size": 2304, "num_heads": 32, "head_dim": 128, "N": 32}
 AMDAHL_T = (4096, 2048, 1024, 512)
+#: Where the ``trace`` part writes its trace, under the suite's output folder (beside the
+#: ``profiling`` suite's ``profiling_traces/``).
+TRACE_FOLDER = "linear_attention_traces"
+TRACE_FILE = "kda_layer_replay.json.gz"
+#: What :func:`~attn_gym_lite.profiling.trace_summary` calls device work that carries no region.
+UNLABELLED = "(unlabelled)"
 #: Seconds the whole suite may take by default. The recording script (``scripts/gpu_record.sh``,
 #: pass L, a device call of its own) gives the ``linear-attention`` run a fixed time in all and kills
 #: it after, which would lose every part, finished or not; so the parts share this budget and the
@@ -332,6 +349,61 @@ def amdahl_summary(points: Sequence[dict]) -> dict:
             "module_drop": 1 - half["module_us"] / by_T[full]["module_us"]}
 
 
+def region_stage(label: str) -> str:
+    """The stage a region label belongs to: ``"kda.core backward"`` -> ``"kda.core"``; a label of no
+    region's backward (``"backward"``, :data:`UNLABELLED`) is its own stage."""
+    return label.removesuffix(" backward") or label
+
+
+def region_table(trace: dict) -> dict:
+    """Device time and kernels per region of a labelled trace of one graph replay (what
+    :func:`~attn_gym_lite.profiling.annotate_trace` returns).
+
+    The µs per region are :func:`~attn_gym_lite.profiling.trace_summary`'s ``region_us`` (the sum of
+    the durations of the kernel, memcpy and memset events carrying that ``args["region"]``, events
+    with none under :data:`UNLABELLED`); the counts come from
+    :func:`~attn_gym_lite.profiling.device_events` with the same rule. A region's ``share`` is its
+    µs over ``device_us``, the sum over all regions: the replay's device time as the sum of its
+    events' durations (events that overlap each count in full; ``busy_us`` is their union).
+
+    Args:
+        trace: a Chrome trace dict of one replay, labelled.
+
+    Returns:
+        ``{"regions": {label: row}, "stages": {stage: row}, "device_us", "kernels", "device_events",
+        "window_us", "busy_us"}`` with ``row = {"us", "share", "kernels", "device_events"}``, both
+        tables in decreasing µs; ``stages`` adds each ``"<region> backward"`` to its region
+        (:func:`region_stage`), so a stage's row is its forward + backward. ``window_us`` is the span
+        from the first device event's start to the last one's end, ``busy_us`` the union of the events
+        (both from :func:`~attn_gym_lite.profiling.trace_summary`).
+
+    Raises:
+        TypeError / ValueError: what :func:`~attn_gym_lite.profiling.trace_summary` raises (a
+            malformed trace, or one without device events).
+    """
+    from ..profiling import device_events, trace_summary
+
+    summary = trace_summary(trace, steps=1)
+    events = device_events(trace)
+    labels = [(e.get("args", {}).get("region", UNLABELLED), e["cat"] == "kernel") for e in events]
+    total = sum(summary["region_us"].values())
+
+    def table(key: Callable[[str], str]) -> dict:
+        us, kernels, counts = Counter(), Counter(), Counter()
+        for label, time_us in summary["region_us"].items():
+            us[key(label)] += time_us
+        for label, is_kernel in labels:
+            counts[key(label)] += 1
+            kernels[key(label)] += is_kernel
+        return {name: {"us": value, "share": value / total if total > 0 else 0.0, "kernels": kernels[name],
+                       "device_events": counts[name]}
+                for name, value in sorted(us.items(), key=lambda item: (-item[1], item[0]))}
+
+    return {"regions": table(lambda label: label), "stages": table(region_stage), "device_us": total,
+            "kernels": summary["kernels"], "device_events": summary["device_events"],
+            "window_us": summary["window_us"], "busy_us": summary["busy_us"]}
+
+
 # --------------------------------------------------------------------------------------------
 # The parts. Each is a module-level function of JSON-ready arguments returning a JSON-ready dict,
 # so the suite can run it in a fresh process (attn_gym_lite.isolation.run_isolated).
@@ -490,6 +562,51 @@ def overcapture(token_capacity: int = SHAPE["T"], sequence_capacity: int = SHAPE
     }
 
 
+@dataclasses.dataclass
+class LayerStep:
+    """The Amdahl study's layer on one exact-shape batch (``T = L``, ``M`` Zipf(1.2) sequences), in
+    bfloat16 on the GPU: calling it runs :class:`~attn_gym_lite.models.kda.KDAAttention` forward and
+    returns the gradients of ``x`` and of every parameter for the output gradient ``grad_y`` (what
+    the ``amdahl`` part times and the ``trace`` part profiles, both from a captured graph).
+
+    Attributes:
+        layer: the layer (``torch.manual_seed(seed)`` before it is made).
+        x, grad_y: ``[T, hidden_size]`` input (a leaf that requires grad) and output gradient.
+        cu_seqlens: int32 ``[M + 1]``, ``cu_seqlens[-1] = T``.
+        M: active sequences, ``min(N, T)``.
+        generator: the CPU generator that drew the layout, ``x`` and ``grad_y`` (seeded with
+            ``seed``), left where they left it for the caller's further draws.
+        parameters: the layer's parameters that require grad, in ``layer.parameters()`` order.
+    """
+
+    layer: torch.nn.Module
+    x: Tensor
+    grad_y: Tensor
+    cu_seqlens: Tensor
+    M: int
+    generator: torch.Generator
+    parameters: list[Tensor]
+
+    @classmethod
+    def build(cls, token_count: int, hidden_size: int, num_heads: int, head_dim: int, active_sequences: int,
+              seed: int) -> LayerStep:
+        """The layer and batch at ``T = token_count`` with ``N = active_sequences`` (``M = min(N, T)``)."""
+        from ..models.kda import KDAAttention
+
+        torch.manual_seed(seed)
+        layer = KDAAttention(hidden_size, num_heads, head_dim, device="cuda", dtype=torch.bfloat16)
+        generator = torch.Generator().manual_seed(seed)
+        M = min(active_sequences, token_count)
+        cu = cu_seqlens_from_lengths(zipf_lengths(token_count, M, generator=generator), device="cuda")
+        x = torch.randn(token_count, hidden_size, generator=generator).to("cuda", torch.bfloat16).requires_grad_(True)
+        grad_y = torch.randn(token_count, hidden_size, generator=generator).to("cuda", torch.bfloat16)
+        parameters = [p for p in layer.parameters() if p.requires_grad]
+        return cls(layer, x, grad_y, cu, M, generator, parameters)
+
+    def __call__(self) -> tuple[Tensor, ...]:
+        return torch.autograd.grad(self.layer(self.x, self.cu_seqlens), [self.x, *self.parameters], self.grad_y)
+
+
 def amdahl(hidden_size: int = LAYER["hidden_size"], num_heads: int = LAYER["num_heads"],
            head_dim: int = LAYER["head_dim"], active_sequences: int = LAYER["N"],
            token_counts: Sequence[int] = AMDAHL_T, iters: int = 30, seed: int = 0) -> dict:
@@ -501,23 +618,13 @@ def amdahl(hidden_size: int = LAYER["hidden_size"], num_heads: int = LAYER["num_
         ``{"config", "points": [amdahl_point, ...], "summary": amdahl_summary, "errors"}``.
     """
     from ..graph.capture import capture_graph
-    from ..models.kda import KDAAttention
 
     points, errors = [], {}
     for T in token_counts:
         try:
-            torch.manual_seed(seed)
-            layer = KDAAttention(hidden_size, num_heads, head_dim, device="cuda", dtype=torch.bfloat16)
-            generator = torch.Generator().manual_seed(seed)
-            M = min(active_sequences, T)
-            cu = cu_seqlens_from_lengths(zipf_lengths(T, M, generator=generator), device="cuda")
-            x = torch.randn(T, hidden_size, generator=generator).to("cuda", torch.bfloat16).requires_grad_(True)
-            grad_y = torch.randn(T, hidden_size, generator=generator).to("cuda", torch.bfloat16)
-            parameters = [p for p in layer.parameters() if p.requires_grad]
-
-            def module_step(layer=layer, x=x, grad_y=grad_y, cu=cu, parameters=parameters):
-                return torch.autograd.grad(layer(x, cu), [x, *parameters], grad_y)
-
+            module_step = LayerStep.build(T, hidden_size, num_heads, head_dim, active_sequences, seed)
+            layer, x, cu, M, generator = (module_step.layer, module_step.x, module_step.cu_seqlens, module_step.M,
+                                          module_step.generator)
             module_graph, _ = capture_graph(module_step)
             module_us = median(cuda_event_us(module_graph.replay, iters))
             del module_graph
@@ -529,7 +636,7 @@ def amdahl(hidden_size: int = LAYER["hidden_size"], num_heads: int = LAYER["num_
             step.load(None, cu)
             step.capture()
             core_us = step.time_us(iters)
-            del step, layer
+            del step, layer, module_step
             points.append(amdahl_point(T, M, core_us, module_us))
         except Exception as exc:
             errors[f"T={T}"] = describe_error(exc, max_chars=_ERROR_CHARS)
@@ -546,8 +653,75 @@ def amdahl(hidden_size: int = LAYER["hidden_size"], num_heads: int = LAYER["num_
     }
 
 
+def trace(out: str | None = None, hidden_size: int = LAYER["hidden_size"], num_heads: int = LAYER["num_heads"],
+          head_dim: int = LAYER["head_dim"], active_sequences: int = LAYER["N"], token_count: int = max(AMDAHL_T),
+          warmup: int = 3, seed: int = 0) -> dict:
+    """A labelled trace of one replay of the Amdahl study's layer graph: :class:`LayerStep` (forward
+    + backward at the exact shape ``T = token_count``, the study's largest ``T`` by default) captured
+    inside :func:`~attn_gym_lite.profiling.record_annotations`, replayed ``warmup`` times, then
+    profiled (:func:`~attn_gym_lite.profiling.profile`, one discarded replay for the profiler's
+    start-up, then the recorded one), labelled by :func:`~attn_gym_lite.profiling.annotate_trace`
+    with the layer's regions (:data:`~attn_gym_lite.models.kda.KDA_REGIONS`, backward kernels as
+    ``"<region> backward"``) and summarised by :func:`region_table`.
+
+    Args:
+        out: the suite's output folder: the trace goes to ``out/linear_attention_traces/
+            kda_layer_replay.json.gz`` (gzipped Chrome JSON, for ui.perfetto.dev). ``None`` writes
+            nothing (a notebook's live run).
+        hidden_size, num_heads, head_dim, active_sequences, seed: the layer and batch, as in
+            :func:`amdahl`.
+        token_count: ``T``.
+        warmup: replays before the profiled ones.
+
+    Returns:
+        ``{"config", "route", "trace_file", "annotation", **region_table, "errors"}``:
+        ``trace_file`` is the trace's path relative to ``out`` (``None`` when ``out`` is),
+        ``route`` the labelling route (graph node id or capture order), ``annotation`` what
+        :func:`~attn_gym_lite.profiling.annotate_trace` reported. ``errors`` says so when the trace
+        does not hold exactly one labelled replay (its numbers are then not one replay's).
+    """
+    from ..graph.capture import capture_graph
+    from ..profiling import annotate_trace, profile, record_annotations, save_trace
+
+    step = LayerStep.build(token_count, hidden_size, num_heads, head_dim, active_sequences, seed)
+    with record_annotations(["kda layer"]) as annotations:
+        graph, _ = capture_graph(step)
+    for _ in range(warmup):
+        graph.replay()
+    torch.cuda.synchronize()
+    with profile(None, warmup=1) as recording:
+        for _ in range(2):  # the profiler's warm-up replay (discarded), then the recorded one
+            graph.replay()
+            torch.cuda.synchronize()
+            recording.step()
+    labelled = annotate_trace(recording.trace, annotations)
+    report = labelled["attn_gym_lite"]
+    errors = {}
+    if report["replays"] != 1:
+        errors["replays"] = f"the trace holds {report['replays']} graph replays, not 1"
+    if report["unmatched_replays"]:
+        errors["labels"] = "replays left unlabelled: " + "; ".join(r["reason"] for r in report["unmatched_replays"])
+    trace_file = None
+    if out is not None:
+        save_trace(labelled, Path(out) / TRACE_FOLDER / TRACE_FILE)
+        trace_file = f"{TRACE_FOLDER}/{TRACE_FILE}"
+    return {
+        "config": {"hidden_size": hidden_size, "num_heads": num_heads, "head_dim": head_dim, "head_v_dim": head_dim,
+                   "T": token_count, "L": token_count, "N": active_sequences, "M": step.M, "dtype": "bfloat16",
+                   "lengths": "Zipf(1.2)", "seed": seed, "warmup_replays": warmup, "profiled_replays": 1,
+                   "graph": "KDAAttention forward + backward (gradients of x and every parameter), "
+                            "captured at T = L, as in the amdahl part"},
+        "route": annotations.route,
+        "trace_file": trace_file,
+        "annotation": report,
+        **region_table(labelled),
+        "errors": errors,
+    }
+
+
 PART_FUNCTIONS: dict[str, Callable[..., dict]] = {
     "exactness": exactness, "exact_shape": exact_shape, "overcapture": overcapture, "amdahl": amdahl,
+    "trace": trace,
 }
 
 
@@ -579,13 +753,17 @@ def default_budget_s() -> float:
     return value
 
 
-def linear_attention_suite(parts: Sequence[str] = PARTS, *, isolate: bool = True, timeout_s: float = 450,
+def linear_attention_suite(parts: Sequence[str] = PARTS, *, out: Path | str | None = None, isolate: bool = True,
+                           timeout_s: float = 450,
                            budget_s: float | None | str = "default",
                            clock: Callable[[], float] = time.monotonic) -> dict:
     """All parts, each guarded: an exception or a time-out becomes an entry of ``errors``.
 
     Args:
         parts: which of :data:`PARTS` to run.
+        out: the folder the parts of :data:`WRITES_FILES` write into (the CLI passes its staging
+            folder, as for the ``profiling`` suite): the ``trace`` part's trace goes to
+            ``out/linear_attention_traces/``. ``None``: those parts still run and write nothing.
         isolate: run each part in a fresh process (:func:`attn_gym_lite.isolation.run_isolated`),
             so that a CUDA fault in one leaves the others measurable.
         timeout_s: per part, when isolated (seconds; the budget left bounds it too).
@@ -617,7 +795,11 @@ def linear_attention_suite(parts: Sequence[str] = PARTS, *, isolate: bool = True
 
     def part(name: str) -> Callable[[float], dict]:
         function = PART_FUNCTIONS[name]
-        return (lambda limit: run_isolated(function, timeout_s=limit)) if isolate else (lambda limit: function())
+        # The folder travels as a string: an isolated part gets its arguments as JSON.
+        args = (None if out is None else str(out),) if name in WRITES_FILES else ()
+        if isolate:
+            return lambda limit: run_isolated(function, *args, timeout_s=limit)
+        return lambda limit: function(*args)
 
     # One harness for the budget (attn_gym_lite.isolation), as the scale-out suite uses.
     done, errors = run_within_budget({name: part(name) for name in parts}, timeout_s=timeout_s,

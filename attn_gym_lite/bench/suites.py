@@ -1,9 +1,9 @@
 """The benchmark suites: one entry per suite, what it measures, and the function that runs it.
 
 Every suite is a function of no arguments returning a JSON-ready dict (a suite that also writes
-files, the profiling traces, takes the output folder as ``out``). The CLI adds provenance and
-writes ``<out>/<suite>.json``. The notebooks call the same functions for their live GPU runs, so
-the numbers a reader measures and the recorded ones come from one piece of code.
+files, the profiling and linear-attention traces, takes the output folder as ``out``). The CLI adds
+provenance and writes ``<out>/<suite>.json``. The notebooks call the same functions for their live
+GPU runs, so the numbers a reader measures and the recorded ones come from one piece of code.
 """
 
 from __future__ import annotations
@@ -52,7 +52,7 @@ SUITES: dict[str, Suite] = {
         Suite("packing-study", f"{_BENCH}.packing", "packing_study_suite", needs_cuda=False),
         Suite("profiling", f"{_BENCH}.profiling", "profiling_suite", writes_files=True),
         Suite("end-to-end", f"{_BENCH}.end_to_end", "end_to_end_suite"),
-        Suite("linear-attention", f"{_BENCH}.linear_attention", "linear_attention_suite"),
+        Suite("linear-attention", f"{_BENCH}.linear_attention", "linear_attention_suite", writes_files=True),
         Suite("scale-out", f"{_BENCH}.scale_out", "scale_out_suite"),
     )
 }

@@ -69,10 +69,12 @@ from .. import checks
 from ..ops.kda import kda_chunked, kda_recurrent
 from ..ops.masking import active_token_mask, mask_inactive_token_gradients, mask_inactive_tokens
 from ..ops.short_conv import ShortConv
+from ..regions import mark_kernels
 
 Tensor = torch.Tensor
 
-__all__ = ["KDA_IMPLEMENTATIONS", "KDAAttention", "KDA_MASK_SITES", "gated_rms_norm", "kda_gate", "l2_normalize"]
+__all__ = ["KDA_IMPLEMENTATIONS", "KDAAttention", "KDA_MASK_SITES", "KDA_REGIONS", "gated_rms_norm", "kda_gate",
+           "l2_normalize"]
 
 #: Where :class:`KDAAttention` masks, in forward order.
 KDA_MASK_SITES = ("input", "projection_grad", "gate_grad")
@@ -80,6 +82,15 @@ KDA_MASK_SITES = ("input", "projection_grad", "gate_grad")
 #: The KDA cores :class:`KDAAttention` can run: the Triton kernel (default, capturable) and the
 #: two eager references of :mod:`attn_gym_lite.ops.kda` (they read ``cu_seqlens`` on the host).
 KDA_IMPLEMENTATIONS = ("triton", "chunked", "recurrent")
+
+#: The regions :class:`KDAAttention` marks its stages with (:func:`attn_gym_lite.regions.mark_kernels`),
+#: in forward order: the input mask (active-row mask and input value mask), the q, k, v projection
+#: (with its gradient barrier), the short convolution and SiLU, the L2 norm of q and k, the gates
+#: (``g`` from ``f_proj``, ``beta`` from ``b_proj``, their gradient barrier), the KDA core, the output
+#: gate (``g_proj``) with the gated RMSNorm, and the output projection. In a labelled trace the
+#: backward kernels of a stage carry ``"<region> backward"``.
+KDA_REGIONS = ("kda.input_mask", "kda.qkv_proj", "kda.short_conv", "kda.qk_norm", "kda.gates", "kda.core",
+               "kda.norm_gate", "kda.out_proj")
 
 
 def l2_normalize(x: Tensor, eps: float = 1e-6) -> Tensor:
@@ -191,7 +202,9 @@ class KDAAttention(nn.Module):
             ``head_v_dim``), a ``chunk_size`` outside 16, 32, 64, float64 (named as ``q``; such
             a layer wants ``impl="chunked"``).
 
-    Capturable on CUDA with ``impl="triton"``: nothing in ``forward`` reads the device.
+    Capturable on CUDA with ``impl="triton"``: nothing in ``forward`` reads the device. Its stages are
+    marked as the regions of :data:`KDA_REGIONS` (``record_function`` ranges; no host read, so the
+    labels are capture-safe), which a profiled replay reports kernel by kernel.
     Source: Kimi Linear report (arXiv:2510.26692); fla ``fla/layers/kda.py``. See
     :mod:`attn_gym_lite.models.kda`.
     """
@@ -281,30 +294,39 @@ class KDAAttention(nn.Module):
         del max_seqlen
         x, active = self._masked_input(x, cu_seqlens)
         T = x.shape[0]
-        o = self._core(*self._core_inputs(x, active, cu_seqlens), cu_seqlens)
-        gate = self.g_proj(x).view(T, self.num_heads, self.head_v_dim)
-        o = gated_rms_norm(o, gate, self.o_norm_weight, self.norm_eps)
-        return self.o_proj(o.reshape(T, self.num_heads * self.head_v_dim))
+        q, k, v, g, beta = self._core_inputs(x, active, cu_seqlens)
+        with mark_kernels("kda.core"):
+            o = self._core(q, k, v, g, beta, cu_seqlens)
+        with mark_kernels("kda.norm_gate"):
+            gate = self.g_proj(x).view(T, self.num_heads, self.head_v_dim)
+            o = gated_rms_norm(o, gate, self.o_norm_weight, self.norm_eps)
+        with mark_kernels("kda.out_proj"):
+            return self.o_proj(o.reshape(T, self.num_heads * self.head_v_dim))
 
     def _masked_input(self, x: Tensor, cu_seqlens: Tensor) -> tuple[Tensor, Tensor]:
         """Metadata checks, the active-row mask (on the device, from ``cu_seqlens[-1]``) and the
         input mask."""
         self._check_input(x, cu_seqlens)
-        active = active_token_mask(x, cu_seqlens)
-        return (mask_inactive_tokens(x, active) if "input" in self.masks else x), active
+        with mark_kernels("kda.input_mask"):
+            active = active_token_mask(x, cu_seqlens)
+            return (mask_inactive_tokens(x, active) if "input" in self.masks else x), active
 
     def _core_inputs(self, x: Tensor, active: Tensor, cu_seqlens: Tensor) -> tuple[Tensor, ...]:
         T, H, K, V = x.shape[0], self.num_heads, self.head_dim, self.head_v_dim
-        qkv = self.qkv_proj(x)
-        if "projection_grad" in self.masks:
-            qkv = mask_inactive_token_gradients(qkv, active)
-        qkv = F.silu(self.conv(qkv, cu_seqlens))
-        q, k, v = qkv.split([H * K, H * K, H * V], dim=-1)
-        q, k = l2_normalize(q.reshape(T, H, K)), l2_normalize(k.reshape(T, H, K))
-        g = kda_gate(self.f_proj(x).view(T, H, K), self.A_log, self.dt_bias)
-        beta = torch.sigmoid(self.b_proj(x))
-        if "gate_grad" in self.masks:
-            g, beta = mask_inactive_token_gradients(g, active), mask_inactive_token_gradients(beta, active)
+        with mark_kernels("kda.qkv_proj"):
+            qkv = self.qkv_proj(x)
+            if "projection_grad" in self.masks:
+                qkv = mask_inactive_token_gradients(qkv, active)
+        with mark_kernels("kda.short_conv"):
+            qkv = F.silu(self.conv(qkv, cu_seqlens))
+            q, k, v = qkv.split([H * K, H * K, H * V], dim=-1)
+        with mark_kernels("kda.qk_norm"):
+            q, k = l2_normalize(q.reshape(T, H, K)), l2_normalize(k.reshape(T, H, K))
+        with mark_kernels("kda.gates"):
+            g = kda_gate(self.f_proj(x).view(T, H, K), self.A_log, self.dt_bias)
+            beta = torch.sigmoid(self.b_proj(x))
+            if "gate_grad" in self.masks:
+                g, beta = mask_inactive_token_gradients(g, active), mask_inactive_token_gradients(beta, active)
         return q, k, v.reshape(T, H, V), g, beta
 
     def _check_input(self, x: object, cu_seqlens: object) -> None:
