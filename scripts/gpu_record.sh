@@ -12,7 +12,8 @@
 #    UNFILTERED=0 leaves out the unfiltered kernel and property tests (when the kernels are unchanged
 #    since their last GPU run);
 # S: scale-out, on a host with two GPUs (NVLink multicast off in every process);
-# X: an exploration, not a recording: scripts/explore_hopper_forward.py for EXPLORE_S seconds.
+# X: explorations, not recordings: scripts/explore_hopper_forward.py, then scripts/explore_kda.py
+#    where the tree has it, EXPLORE_S seconds each.
 # Everything lands in $OUT: one tarball of recordings per pass, re-made after every suite so that a
 # call killed at its limit still returns what finished, and one log per pass.
 # Back in the checkout: tar -xzf results_<PASS>.tar.gz -C attn_gym_lite/results/h200 (the package's
@@ -93,7 +94,12 @@ PY
     X)
       timeout $(( ${EXPLORE_S:-100} + 30 )) python3 scripts/explore_hopper_forward.py "${EXPLORE_S:-100}" \
         > "$OUT/explore_forward.log" 2>&1
-      echo "explore: rc $?" | tee -a "$log"; tail -30 "$OUT/explore_forward.log" | tee -a "$log" ;;
+      echo "explore forward: rc $?" | tee -a "$log"; tail -30 "$OUT/explore_forward.log" | tee -a "$log"
+      if [ -f scripts/explore_kda.py ]; then  # on the branches with the KDA speed work
+        timeout $(( ${EXPLORE_S:-100} + 30 )) python3 scripts/explore_kda.py --budget "${EXPLORE_S:-100}" \
+          > "$OUT/explore_kda.log" 2>&1
+        echo "explore kda: rc $?" | tee -a "$log"; tail -30 "$OUT/explore_kda.log" | tee -a "$log"
+      fi ;;
     *) echo "unknown pass $pass (A, L, B, C, S or X)" | tee -a "$log"; exit 2 ;;
   esac
   ls -la "$REC" | tee -a "$log"

@@ -97,15 +97,29 @@ def test_there_are_recordings_for_the_book():
         assert load_result(suite)["suite"] == suite
 
 
-def test_load_result_names_what_exists():
-    with pytest.raises(FileNotFoundError, match="no recording .*nope.json; recorded for 'h200'"):
+def test_load_result_names_what_exists(tmp_path):
+    with pytest.raises(FileNotFoundError, match="no recording .*nope.json; recorded for 'h200'.*GPU folders under root: .*'h200'"):
         load_result("nope")
+    # The bench CLI's --out is a GPU folder; given as root, the message says how to load it instead.
+    mine = tmp_path / "my-gpu"
+    mine.mkdir()
+    (mine / "packing_study.json").write_text("{}")
+    with pytest.raises(FileNotFoundError, match=r"GPU folders under root: \[\]; .*itself holds packing_study.json.*"
+                                                 r"gpu='my-gpu'"):
+        load_result("packing-study", root=mine)
+    assert load_result("packing-study", gpu="my-gpu", root=tmp_path) == {}
+    with pytest.raises(FileNotFoundError, match="is not a folder"):
+        load_result("packing-study", root=tmp_path / "missing")
 
 
 def test_banner_and_provenance_line():
     record = load_result("hello-world")
     line = provenance_line(record)
     assert record["provenance"]["gpu"]["name"] in line and record["provenance"]["torch"] in line
+    # A CPU-only suite recorded without a GPU says so, instead of "no GPU (? SMs), driver None, CUDA None".
+    cpu_made = {"provenance": {**record["provenance"], "gpu": None, "driver": None, "cuda": None}}
+    assert provenance_line(cpu_made).startswith("a CPU (no GPU), torch ")
+    assert "None" not in provenance_line(cpu_made).split(", commit")[0]
     if not torch.cuda.is_available():
         assert banner(record, "the timings").startswith("CPU mode: no CUDA device here, so the timings did not run.")
 

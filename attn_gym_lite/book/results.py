@@ -51,13 +51,26 @@ def load_result(suite: str, gpu: str = "h200", root: Path | str | None = None) -
     ``"declared_stale"`` (added in memory, never written), which :func:`banner` prints.
 
     Raises:
-        FileNotFoundError: no such recording; the message lists the suites recorded for ``gpu``.
+        FileNotFoundError: no such recording; the message lists the suites recorded for ``gpu`` and
+            the GPU folders under ``root``, says when ``root`` does not exist, and when ``root`` is
+            itself a GPU folder (what ``python -m attn_gym_lite.bench SUITE --out DIR`` writes to:
+            pass its parent as ``root`` and its name as ``gpu``).
     """
-    folder = Path(root or RESULTS_ROOT) / gpu
-    path = folder / f"{suite.replace('-', '_')}.json"
+    base = Path(root or RESULTS_ROOT)
+    folder = base / gpu
+    name = f"{suite.replace('-', '_')}.json"
+    path = folder / name
     if not path.is_file():
+        if not base.is_dir():
+            raise FileNotFoundError(f"load_result: root {str(base)!r} is not a folder")
         known = sorted(p.stem for p in folder.glob("*.json")) if folder.is_dir() else []
-        raise FileNotFoundError(f"load_result: no recording {path}; recorded for {gpu!r}: {known}")
+        gpus = sorted(p.name for p in base.iterdir() if p.is_dir() and any(p.glob("*.json")))
+        hint = ""
+        if (base / name).is_file():
+            hint = (f"; {str(base)!r} itself holds {name}: the bench CLI's --out is a GPU folder, so load it "
+                    f"with root={str(base.parent)!r}, gpu={base.name!r}")
+        raise FileNotFoundError(f"load_result: no recording {path}; recorded for {gpu!r}: {known}; "
+                                f"GPU folders under root: {gpus}{hint}")
     record = json.loads(path.read_text())
     reason = declared_stale(root).get(f"{gpu}/{path.name}")
     if reason:
@@ -68,11 +81,13 @@ def load_result(suite: str, gpu: str = "h200", root: Path | str | None = None) -
 def provenance_line(record: dict) -> str:
     """One line naming GPU, versions, date, commit and command of a recorded result (plain text)."""
     p = record["provenance"]
-    gpu = p["gpu"] or {}
+    gpu = p["gpu"]
     commit = (p.get("commit") or "unknown")[:12]
+    # A CPU-only suite (packing-study) recorded where there is no GPU has no GPU, driver or CUDA.
+    machine = (f"{gpu.get('name', '?')} ({gpu.get('sm_count', '?')} SMs), driver {p.get('driver')}, CUDA {p['cuda']}"
+               if gpu else "a CPU (no GPU)")
     return (
-        f"{gpu.get('name', 'no GPU')} ({gpu.get('sm_count', '?')} SMs), driver {p.get('driver')}, "
-        f"CUDA {p['cuda']}, torch {p['torch']}, triton {p['triton']}, {p['date'][:10]}, "
+        f"{machine}, torch {p['torch']}, triton {p['triton']}, {p['date'][:10]}, "
         f"commit {commit}, command: {p['command']}"
     )
 
