@@ -278,3 +278,34 @@ def test_reference_takes_host_cu_seqlens_for_meta_inputs():
     assert counter.get_total_flops() == sum(2 * 2 * 2 * s * s * 4 for s in (5, 4))
     with pytest.raises(ValueError, match="cu_seqlens must be on device cpu, got meta"):
         varlen_attention_reference(*(torch.randn(9, 2, 4) for _ in range(3)), cu.to("meta"))
+
+
+# The new-user trial's layouts: with impl="triton" or "auto" (default schedule) they used to run the
+# kernels on them unchecked (L > T corrupted the interpreter's heap; the others gave wrong numbers).
+MALFORMED_HOST_LAYOUTS = {
+    "L past T": ([0, 8, 20], r"cu_seqlens\[-1\] \(active tokens L\) must be <= token_capacity T = 10, got L = 20"),
+    "first not 0": ([1, 8, 10], r"cu_seqlens\[0\] must be 0, got 1"),
+    "decreasing": ([0, 6, 4, 10], r"cu_seqlens must be non-decreasing, but cu_seqlens\[2\] = 4 < cu_seqlens\[1\] = 6"),
+}
+
+
+@pytest.mark.skipif(not INTERPRETED, reason="host (CPU) metadata reaches the kernels only in the interpreter")
+@pytest.mark.parametrize("impl", ["triton", "auto", "reference"])
+@pytest.mark.parametrize("layout", MALFORMED_HOST_LAYOUTS)
+def test_malformed_host_cu_seqlens_gets_the_reference_paths_message_on_every_path(layout, impl):
+    values, message = MALFORMED_HOST_LAYOUTS[layout]
+    q = torch.randn(20, 2, 16)[:10]
+    cu = torch.tensor(values, dtype=torch.int32)
+    assert resolve_impl(impl, q) == ("reference" if impl == "reference" else "triton")
+    with pytest.raises(ValueError, match=message):
+        varlen_attention(q, q, q, cu, impl=impl)
+    if impl != "reference":
+        from attn_gym_lite.ops.kernels import varlen_attention_triton
+
+        for schedule in ("auto", "flat", "dynamic"):
+            with pytest.raises(ValueError, match=message):
+                varlen_attention_triton(q, q, q, cu, schedule=schedule)
+    # The same batch, valid, runs and matches the float64 loop (nothing was lost to the check).
+    good = torch.tensor([0, 8, 10], dtype=torch.int32)
+    out = varlen_attention(q, q, q, good, impl=impl)
+    assert (out.double() - naive_attention(q, q, q, good, False)).abs().max() < 1e-5

@@ -112,11 +112,15 @@ def varlen_attention(
             module that masks inactive rows (``VarLenAttention(mask_inactive_capacity=True)``, as the
             "Masking" chapter proves) needs no zeros, and writing them costs memory traffic that
             grows with ``T - L``.
-        validate: outside a CUDA graph capture, check ``max_seqlen`` (when the implementation uses
-            it) and, for ``"reference"``, every value rule of ``cu_seqlens``, by reading it on the
-            host. For CUDA ``cu_seqlens`` that read synchronises with the device; pass ``False`` where
-            the batch was validated on the host already (``FixedCapacityTrainer`` does). Inside a
-            capture nothing is read: the bound is the graph's key.
+        validate: outside a CUDA graph capture (and outside ``torch.compile``), read ``cu_seqlens``
+            on the host to check its value rules (starts at 0, never decreases, ``L <= T``) and
+            ``max_seqlen`` (when the implementation uses it): always for ``"reference"`` and for a
+            CPU ``cu_seqlens`` (free: no device sync); for a CUDA one only where a ``max_seqlen``
+            is used, since that read synchronises with the device. Pass ``False`` where the batch
+            was validated on the host already (``FixedCapacityTrainer`` does). Inside a capture
+            nothing is read: the bound is the graph's key. Unchecked values reach the Triton
+            kernels, which clamp every sequence into the ``T`` rows: wrong results, no access
+            outside the tensors (see :func:`~attn_gym_lite.ops.kernels.varlen_attention_triton`).
         config: Triton tiles and launch parameters (:class:`~attn_gym_lite.ops.kernels.AttentionConfig`).
 
     Returns:
@@ -127,7 +131,8 @@ def varlen_attention(
     Raises:
         TypeError: a tensor argument is not a tensor or has the wrong dtype; a flag is not a bool.
         ValueError: shapes or devices disagree; ``cu_seqlens`` breaks a layout rule (1-D, int32,
-            contiguous, ``N + 1 >= 2``), or a value rule (for ``"reference"``: starts at 0, never
+            contiguous, ``N + 1 >= 2``), or (validated: for ``"reference"``, for a CPU
+            ``cu_seqlens``, and where ``max_seqlen`` is used) a value rule (starts at 0, never
             decreases, ``L <= T``); ``max_seqlen`` is missing where needed, given where refused, or
             (checked outside a capture) shorter than the longest sequence; ``impl`` or ``schedule``
             unknown; ``"varlen_attn"`` on CPU tensors or in another dtype than bf16/fp16;
@@ -154,16 +159,20 @@ def varlen_attention(
     if impl == "reference":
         # It reads cu_seqlens on the host and checks every value rule itself.
         return varlen_attention_reference(q, k, v, cu_seqlens, causal=causal)
-    if validate and reads_bound and not capturing:
-        checks.check_cu_seqlens_values(cu_seqlens, token_capacity=q.shape[0], max_seqlen=max_seqlen)
+    # A CPU cu_seqlens (the interpreter) costs no device sync to read: check every value rule there,
+    # as the reference path does; a CUDA one only where a bound must be checked (one sync).
+    if validate and (reads_bound or not cu_seqlens.is_cuda) and not capturing:
+        checks.check_cu_seqlens_values(cu_seqlens, token_capacity=q.shape[0],
+                                       max_seqlen=max_seqlen if reads_bound else None)
     if impl == "sdpa":
         return _padded_sdpa(q, k, v, cu_seqlens, max_seqlen, causal, validate and not capturing)
     if impl == "triton":
         from .kernels import varlen_attention_triton
 
+        # Validated above already (the kernels clamp what was not checked): no second host read.
         return varlen_attention_triton(q, k, v, cu_seqlens, causal=causal, schedule=schedule,
                                        max_seqlen=max_seqlen if reads_bound else None,
-                                       zero_inactive=zero_inactive, config=config)
+                                       zero_inactive=zero_inactive, validate=False, config=config)
     if schedule != "auto":
         raise ValueError(f"schedule is for impl='triton' only; impl='varlen_attn' got schedule={schedule!r}")
     if _varlen_attn is None:

@@ -68,7 +68,7 @@ from ... import checks
 from ...schedule import chunk_capacity
 from ..kernels import INTERPRETED
 from ..kernels.offsets import launch_chunk_offsets
-from ..kernels.tasks import first_task, next_task, task_at
+from ..kernels.tasks import first_task, next_task, sequence_bounds, task_at
 from .reference import check_kda_metadata
 
 Tensor = torch.Tensor
@@ -131,41 +131,45 @@ def _state_ptrs(ptr, slot, head, H, K: tl.constexpr, V: tl.constexpr, BV: tl.con
 
 
 @triton.jit
-def _sequence_program(cu_seqlens, chunk_offsets, BV: tl.constexpr):
+def _sequence_program(cu_seqlens, chunk_offsets, num_rows, C: tl.constexpr, BV: tl.constexpr):
     """What program ``(n, head, v_block)`` of a sequential kernel (grid ``(N, H, V // BV)``) walks:
-    returns ``n, head, v_block``, sequence slot ``n``'s first packed row and length, the index of
-    its first chunk in ``chunk_offsets`` (its slot in ``states``) and the ``BV`` value columns of
-    block ``v_block``. An empty slot has length 0, so the kernels' chunk loops do not run."""
+    returns ``n, head, v_block``, sequence slot ``n``'s first packed row and length (clamped into
+    the ``num_rows`` rows by :func:`~attn_gym_lite.ops.kernels.tasks.sequence_bounds`), the index
+    of its first chunk in ``chunk_offsets`` (its slot in ``states``), its number of chunks and the
+    ``BV`` value columns of block ``v_block``. An empty slot has no chunks, so the kernels' chunk
+    loops do not run. The chunk count is ``ceil(seq_len / C)`` capped at the slots
+    ``chunk_offsets`` gave the sequence (equal on a valid ``cu_seqlens``), so a malformed one
+    cannot index ``states`` past its ``G_cap`` slots."""
     n = tl.program_id(0)
     head = tl.program_id(1)
     v_block = tl.program_id(2)
-    seq_start = tl.load(cu_seqlens + n)
-    seq_len = tl.load(cu_seqlens + n + 1) - seq_start
+    seq_start, seq_len = sequence_bounds(cu_seqlens, n, num_rows)
     first = tl.load(chunk_offsets + n)
+    num_chunks = tl.minimum(tl.cdiv(seq_len, C), tl.load(chunk_offsets + n + 1) - first)
     cols = v_block * BV + tl.arange(0, BV)
-    return n, head, v_block, seq_start, seq_len, first, cols
+    return n, head, v_block, seq_start, seq_len, first, num_chunks, cols
 
 
 # -----------------------------------------------------------------------------
 # Forward kernels.
 
 
-@triton.jit(do_not_specialize=["num_seqs"])
-def kda_cumsum_kernel(g, g_cum, cu_seqlens, chunk_offsets, num_seqs, H,
+@triton.jit(do_not_specialize=["num_seqs", "num_rows"])
+def kda_cumsum_kernel(g, g_cum, cu_seqlens, chunk_offsets, num_seqs, num_rows, H,
                       K: tl.constexpr, C: tl.constexpr):
     """``g_cum[r] = g[first row of r's chunk] + ... + g[r]`` (float32), per head and channel.
     Grid ``(G_cap, H)``, flat schedule."""
-    task = first_task(cu_seqlens, cu_seqlens, chunk_offsets, num_seqs, H, C, "flat")
+    task = first_task(cu_seqlens, cu_seqlens, chunk_offsets, num_seqs, H, num_rows, C, "flat")
     while task >= 0:
-        seq_start, seq_len, chunk, head = task_at(task, cu_seqlens, chunk_offsets, num_seqs, "flat")
+        seq_start, seq_len, chunk, head = task_at(task, cu_seqlens, chunk_offsets, num_seqs, num_rows, "flat")
         rows, ok = _chunk_rows(seq_start, seq_len, chunk, C)
         x = _load_rows(g, rows, ok, head, H, K)
         _store_rows(g_cum, tl.cumsum(x, 0), rows, ok, head, H, K)
         task = next_task(task, cu_seqlens, chunk_offsets, num_seqs, H, "flat")
 
 
-@triton.jit(do_not_specialize=["num_seqs"])
-def kda_intra_kernel(q, k, g_cum, gram, qk, cu_seqlens, chunk_offsets, num_seqs, H, scale,
+@triton.jit(do_not_specialize=["num_seqs", "num_rows"])
+def kda_intra_kernel(q, k, g_cum, gram, qk, cu_seqlens, chunk_offsets, num_seqs, num_rows, H, scale,
                      K: tl.constexpr, C: tl.constexpr, BC: tl.constexpr, PRECISION: tl.constexpr):
     """The decayed Gram matrices of one chunk, stored row by row into ``[T, H, C]`` buffers::
 
@@ -173,9 +177,9 @@ def kda_intra_kernel(q, k, g_cum, gram, qk, cu_seqlens, chunk_offsets, num_seqs,
         qk[r, j]   = scale Σ_d q_rd k_jd exp(G_rd - G_jd)     j <= r   (other entries unspecified)
 
     ``r, j`` are positions in the chunk. Grid ``(G_cap, H)``, flat schedule."""
-    task = first_task(cu_seqlens, cu_seqlens, chunk_offsets, num_seqs, H, C, "flat")
+    task = first_task(cu_seqlens, cu_seqlens, chunk_offsets, num_seqs, H, num_rows, C, "flat")
     while task >= 0:
-        seq_start, seq_len, chunk, head = task_at(task, cu_seqlens, chunk_offsets, num_seqs, "flat")
+        seq_start, seq_len, chunk, head = task_at(task, cu_seqlens, chunk_offsets, num_seqs, num_rows, "flat")
         chunk_start = seq_start + chunk * C  # packed row of position 0
         valid = tl.minimum(seq_len - chunk * C, C)  # rows of this chunk inside the sequence
         sub = tl.arange(0, BC)
@@ -240,18 +244,18 @@ def _chunk_tail(g_cum, seq_start, seq_len, chunk, head, H, K: tl.constexpr, C: t
     return _load_row(g_cum, last, True, head, H, K)
 
 
-@triton.jit(do_not_specialize=["num_seqs"])
+@triton.jit(do_not_specialize=["num_seqs", "num_rows"])
 def kda_wy_kernel(q, k, v, g_cum, beta, gram, inverse, w, u, q_decayed, k_to_end, cu_seqlens, chunk_offsets,
-                  num_seqs, H, scale, K: tl.constexpr, V: tl.constexpr, C: tl.constexpr,
+                  num_seqs, num_rows, H, scale, K: tl.constexpr, V: tl.constexpr, C: tl.constexpr,
                   PRECISION: tl.constexpr):
     """The UT transform of one chunk: ``M = (I + Diag(beta) Γ)^{-1}`` by forward substitution, then
     the WY factors ``W = M Diag(beta) (K ⊙ exp(G))`` and ``U_0 = M Diag(beta) V``. Stores ``M``
     (``[T, H, C]``, rows of the chunk), ``W`` (``[T, H, K]``) and ``U_0`` (``[T, H, V]``), and,
     so that the sequential kernels do no exponentials, ``scale Q ⊙ exp(G)`` and
     ``K ⊙ exp(G_last - G)`` (``[T, H, K]``). Grid ``(G_cap, H)``, flat schedule."""
-    task = first_task(cu_seqlens, cu_seqlens, chunk_offsets, num_seqs, H, C, "flat")
+    task = first_task(cu_seqlens, cu_seqlens, chunk_offsets, num_seqs, H, num_rows, C, "flat")
     while task >= 0:
-        seq_start, seq_len, chunk, head = task_at(task, cu_seqlens, chunk_offsets, num_seqs, "flat")
+        seq_start, seq_len, chunk, head = task_at(task, cu_seqlens, chunk_offsets, num_seqs, num_rows, "flat")
         rows, ok = _chunk_rows(seq_start, seq_len, chunk, C)
         b = tl.load(beta + rows * H + head, mask=ok, other=0.0).to(tl.float32)
         A = _load_square(gram, rows, ok, head, H, C, True) * b[:, None]  # strictly lower
@@ -280,7 +284,7 @@ def kda_wy_kernel(q, k, v, g_cum, beta, gram, inverse, w, u, q_decayed, k_to_end
 
 
 @triton.jit
-def kda_state_kernel(g_cum, q_decayed, k_to_end, qk, w, u, o, states, final, cu_seqlens, chunk_offsets, H,
+def kda_state_kernel(g_cum, q_decayed, k_to_end, qk, w, u, o, states, final, cu_seqlens, chunk_offsets, num_rows, H,
                      K: tl.constexpr, V: tl.constexpr, C: tl.constexpr, BV: tl.constexpr,
                      PRECISION: tl.constexpr, STORE_FINAL: tl.constexpr):
     """The recurrence across chunks. Program ``(n, head, v_block)`` walks sequence slot ``n``'s
@@ -290,9 +294,10 @@ def kda_state_kernel(g_cum, q_decayed, k_to_end, qk, w, u, o, states, final, cu_
     ``final`` (float32 ``[N, H, K, V]``; zero for an empty sequence; otherwise ``final`` is never
     touched and may be any pointer). Everything it reads per chunk was prepared by the parallel
     kernels, so the loop is loads and four products. Grid ``(N, H, V // BV)``."""
-    n, head, v_block, seq_start, seq_len, first, cols = _sequence_program(cu_seqlens, chunk_offsets, BV)
+    n, head, v_block, seq_start, seq_len, first, num_chunks, cols = _sequence_program(cu_seqlens, chunk_offsets,
+                                                                                      num_rows, C, BV)
     S = tl.zeros([K, BV], tl.float32)
-    for chunk in range(0, tl.cdiv(seq_len, C)):
+    for chunk in range(0, num_chunks):
         rows, ok = _chunk_rows(seq_start, seq_len, chunk, C)
         tl.store(_state_ptrs(states, first + chunk, head, H, K, V, BV, v_block), S)
         row_offs = (rows[:, None] * H + head) * V + cols[None, :]
@@ -318,7 +323,7 @@ def kda_state_kernel(g_cum, q_decayed, k_to_end, qk, w, u, o, states, final, cu_
 
 @triton.jit
 def kda_state_backward_kernel(g_cum, q_decayed, k_to_end, qk, w, d_o, d_final, d_u, d_states, cu_seqlens,
-                              chunk_offsets, H, K: tl.constexpr, V: tl.constexpr, C: tl.constexpr,
+                              chunk_offsets, num_rows, H, K: tl.constexpr, V: tl.constexpr, C: tl.constexpr,
                               BV: tl.constexpr, PRECISION: tl.constexpr, HAS_D_FINAL: tl.constexpr):
     """The recurrence backwards. Program ``(n, head, v_block)`` walks sequence slot ``n``'s chunks
     from last to first carrying ``dS``, the gradient of the state leaving the chunk (for the last
@@ -329,12 +334,12 @@ def kda_state_backward_kernel(g_cum, q_decayed, k_to_end, qk, w, d_o, d_final, d
         dS = Diag(exp(G_last)) dS + (scale Q ⊙ exp(G))^T dO - W^T dU
 
     the last line being the gradient of the state entering the chunk. Grid ``(N, H, V // BV)``."""
-    n, head, v_block, seq_start, seq_len, first, cols = _sequence_program(cu_seqlens, chunk_offsets, BV)
+    n, head, v_block, seq_start, seq_len, first, num_chunks, cols = _sequence_program(cu_seqlens, chunk_offsets,
+                                                                                      num_rows, C, BV)
     if HAS_D_FINAL:
         dS = tl.load(_state_ptrs(d_final, n, head, H, K, V, BV, v_block))
     else:
         dS = tl.zeros([K, BV], tl.float32)
-    num_chunks = tl.cdiv(seq_len, C)
     for step in range(0, num_chunks):
         chunk = num_chunks - 1 - step
         rows, ok = _chunk_rows(seq_start, seq_len, chunk, C)
@@ -354,10 +359,10 @@ def kda_state_backward_kernel(g_cum, q_decayed, k_to_end, qk, w, d_o, d_final, d
         dS = tl.dot(tl.trans(-W), dU, dS, input_precision=PRECISION)
 
 
-@triton.jit(do_not_specialize=["num_seqs"])
+@triton.jit(do_not_specialize=["num_seqs", "num_rows"])
 def kda_chunk_backward_kernel(q, k, v, g_cum, beta, gram, inverse, w, u, states, d_o, d_u, d_states,
                               dv, dbeta, d_qk_out, d_gram_out, dq_part, dk_part, dG_part,
-                              cu_seqlens, chunk_offsets, num_seqs, H, scale,
+                              cu_seqlens, chunk_offsets, num_seqs, num_rows, H, scale,
                               K: tl.constexpr, V: tl.constexpr, C: tl.constexpr, BV: tl.constexpr,
                               PRECISION: tl.constexpr):
     """The per-chunk backward up to the pairwise terms, given ``dO``, ``dU`` and the state
@@ -368,9 +373,9 @@ def kda_chunk_backward_kernel(q, k, v, g_cum, beta, gram, inverse, w, u, states,
     :func:`kda_pairwise_backward_kernel`. Grid ``(G_cap, H)``, flat schedule (fixed, not a
     parameter: under it, program ``(i, head)`` has chunk ``i`` of the flat chunk list, whose
     entering state and state gradient are slot ``i`` of ``states`` and ``d_states``)."""
-    task = first_task(cu_seqlens, cu_seqlens, chunk_offsets, num_seqs, H, C, "flat")
+    task = first_task(cu_seqlens, cu_seqlens, chunk_offsets, num_seqs, H, num_rows, C, "flat")
     while task >= 0:
-        seq_start, seq_len, chunk, head = task_at(task, cu_seqlens, chunk_offsets, num_seqs, "flat")
+        seq_start, seq_len, chunk, head = task_at(task, cu_seqlens, chunk_offsets, num_seqs, num_rows, "flat")
         slot = tl.program_id(0)  # = chunk_offsets[sequence] + chunk, the flat schedule's one task
         rows, ok = _chunk_rows(seq_start, seq_len, chunk, C)
         valid = tl.minimum(seq_len - chunk * C, C)
@@ -449,9 +454,9 @@ def _load_block(ptr, rows, ok, cols, head, H, C: tl.constexpr):
     return tl.load(ptr + (rows[:, None] * H + head) * C + cols[None, :], mask=ok[:, None], other=0.0)
 
 
-@triton.jit(do_not_specialize=["num_seqs"])
+@triton.jit(do_not_specialize=["num_seqs", "num_rows"])
 def kda_pairwise_backward_kernel(q, k, g_cum, d_qk, d_gram, dq_part, dk_part, dG_part, dq, dk, dg,
-                                 cu_seqlens, chunk_offsets, num_seqs, H, K: tl.constexpr, C: tl.constexpr,
+                                 cu_seqlens, chunk_offsets, num_seqs, num_rows, H, K: tl.constexpr, C: tl.constexpr,
                                  BC: tl.constexpr, PRECISION: tl.constexpr):
     """The pairwise terms of the backward, then the chain through ``G = cumsum(g)``.
 
@@ -467,9 +472,9 @@ def kda_pairwise_backward_kernel(q, k, g_cum, d_qk, d_gram, dq_part, dk_part, dG
     Sub-blocks run from the chunk's last to its first, carrying ``Σ dG`` of the later rows, so
     ``dg_r = Σ_{r' >= r} dG_r'`` comes out block by block. Adds the partial gradients of
     :func:`kda_chunk_backward_kernel` and writes ``dq, dk, dg``. Grid ``(G_cap, H)``, flat schedule."""
-    task = first_task(cu_seqlens, cu_seqlens, chunk_offsets, num_seqs, H, C, "flat")
+    task = first_task(cu_seqlens, cu_seqlens, chunk_offsets, num_seqs, H, num_rows, C, "flat")
     while task >= 0:
-        seq_start, seq_len, chunk, head = task_at(task, cu_seqlens, chunk_offsets, num_seqs, "flat")
+        seq_start, seq_len, chunk, head = task_at(task, cu_seqlens, chunk_offsets, num_seqs, num_rows, "flat")
         chunk_start = seq_start + chunk * C
         valid = tl.minimum(seq_len - chunk * C, C)
         sub = tl.arange(0, BC)
@@ -652,7 +657,8 @@ def _kda_forward(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, cu_se
     ``M``, ``W``, ``U_0``, ``Q_g``, ``K_e`` and the entering states)."""
     T, H, K, V, N, C = plan.T, plan.H, plan.K, plan.V, plan.N, plan.C
     f32 = dict(dtype=torch.float32, device=q.device)
-    offsets = launch_chunk_offsets(cu_seqlens, C)  # on the device, one launch, no host read
+    # On the device, one launch, no host read; clamped into the T rows as the kernels clamp.
+    offsets = launch_chunk_offsets(cu_seqlens, C, token_capacity=T)
     g_cum = torch.empty(T, H, K, **f32)
     gram = torch.empty(T, H, C, **f32)
     qk = torch.empty(T, H, C, **f32)
@@ -667,7 +673,7 @@ def _kda_forward(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, cu_se
     precision = plan.precision
     if plan.G_cap > 0:
         grid = (plan.G_cap, H)
-        common = (cu_seqlens, offsets, N, H)
+        common = (cu_seqlens, offsets, N, T, H)
         kda_cumsum_kernel[grid](g, g_cum, *common, K=K, C=C)
         kda_intra_kernel[grid](q, k, g_cum, gram, qk, *common, plan.scale, K=K, C=C, BC=_SUB,
                                PRECISION=precision)
@@ -676,7 +682,7 @@ def _kda_forward(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, cu_se
     BV = plan.value_block
     # Without a final state, `states` stands in for its pointer: STORE_FINAL=False never writes it.
     kda_state_kernel[(N, H, V // BV)](g_cum, q_decayed, k_to_end, qk, w, u, o, states,
-                                      states if final is None else final, cu_seqlens, offsets, H, K=K, V=V, C=C,
+                                      states if final is None else final, cu_seqlens, offsets, T, H, K=K, V=V, C=C,
                                       BV=BV, PRECISION=precision, STORE_FINAL=final is not None, **_SEQUENTIAL)
     saved = dict(offsets=offsets, g_cum=g_cum, gram=gram, qk=qk, inverse=inverse, w=w, u=u, q_decayed=q_decayed,
                  k_to_end=k_to_end, states=states)
@@ -724,17 +730,17 @@ def _kda_backward(q: Tensor, k: Tensor, v: Tensor, g_dtype: torch.dtype, beta: T
     offsets = saved["offsets"]
     kda_state_backward_kernel[(N, H, V // BV)](saved["g_cum"], saved["q_decayed"], saved["k_to_end"], saved["qk"],
                                                saved["w"], d_o, d_states if d_final is None else d_final, d_u,
-                                               d_states, cu_seqlens, offsets, H, K=K, V=V, C=C, BV=BV,
+                                               d_states, cu_seqlens, offsets, T, H, K=K, V=V, C=C, BV=BV,
                                                PRECISION=precision, HAS_D_FINAL=d_final is not None, **_SEQUENTIAL)
     if plan.G_cap > 0:
         kda_chunk_backward_kernel[(plan.G_cap, H)](
             q, k, v, saved["g_cum"], beta, saved["gram"], saved["inverse"], saved["w"], saved["u"],
             saved["states"], d_o, d_u, d_states, dv, dbeta, d_qk, d_gram, dq_part, dk_part, dG_part,
-            cu_seqlens, offsets, N, H, plan.scale,
+            cu_seqlens, offsets, N, T, H, plan.scale,
             K=K, V=V, C=C, BV=plan.backward_value_block, PRECISION=precision, **_CHUNK_BACKWARD,
         )
         kda_pairwise_backward_kernel[(plan.G_cap, H)](
-            q, k, saved["g_cum"], d_qk, d_gram, dq_part, dk_part, dG_part, dq, dk, dg, cu_seqlens, offsets, N, H,
+            q, k, saved["g_cum"], d_qk, d_gram, dq_part, dk_part, dG_part, dq, dk, dg, cu_seqlens, offsets, N, T, H,
             K=K, C=C, BC=_SUB, PRECISION=precision,
         )
     return dq, dk, dv, dg, dbeta
