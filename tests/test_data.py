@@ -198,6 +198,9 @@ def test_packed_batch_host_ints_are_what_cu_seqlens_says():
     [
         # Before: each was accepted, and the trainer trained on the contradiction silently.
         ({"active_tokens": 12}, r"PackedBatch.active_tokens must equal cu_seqlens\[-1\] = 16 .*got 12"),
+        # An active_tokens below max_seqlen (7): the message used to blame max_seqlen ("must be an
+        # int in [0, 5], got 7"), the field that agrees with cu_seqlens.
+        ({"active_tokens": 5}, r"^PackedBatch.active_tokens must equal cu_seqlens\[-1\] = 16 \(L, the active tokens\), got 5$"),
         ({"max_seqlen": 3},
          r"PackedBatch.max_seqlen must equal the longest sequence in cu_seqlens \(sequence 2, 7 tokens\), got 3"),
         ({"max_seqlen": 9}, r"PackedBatch.max_seqlen must equal the longest sequence .*7 tokens.*got 9"),

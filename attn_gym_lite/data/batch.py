@@ -53,8 +53,10 @@ class PackedBatch:
     whose ``cu_seqlens`` is on another device (CUDA) is checked by metadata only (its layout and
     the ranges of the host ints): reading its values would synchronise with the device, and is
     impossible during a CUDA graph capture. Likewise ``labels`` is read where it and
-    ``loss_mask`` are on the CPU: no label on a row ``loss_mask`` counts may be negative. (The
-    vocabulary, and so the labels' upper bound, is the model's: the loss checks it.)
+    ``loss_mask`` are on the CPU: no label on a row ``loss_mask`` counts may be negative.
+    (The vocabulary, and so the labels' upper bound, is the model's: the loss checks it.) The
+    host ints are compared with ``cu_seqlens`` before ``max_seqlen <= active_tokens`` is checked,
+    so the message names the field that disagrees with ``cu_seqlens``.
 
     Raises:
         TypeError: a field has the wrong type or dtype.
@@ -113,9 +115,13 @@ class PackedBatch:
             minimum=0,
             maximum=self.sequence_capacity,
         )
-        check_int("PackedBatch.max_seqlen", self.max_seqlen, minimum=0, maximum=self.active_tokens)
+        if type(self.max_seqlen) is not int:  # its type first (a float, say), with its range
+            check_int("PackedBatch.max_seqlen", self.max_seqlen, minimum=0, maximum=self.active_tokens)
+        # What cu_seqlens says comes before the bounds one host int puts on another (max_seqlen <=
+        # active_tokens): a wrong active_tokens must be named as such, not as a max_seqlen too long.
         if self.cu_seqlens.device.type == "cpu":
             self._check_against_cu_seqlens()
+        check_int("PackedBatch.max_seqlen", self.max_seqlen, minimum=0, maximum=self.active_tokens)
         if self.labels.device.type == "cpu" and self.loss_mask.device.type == "cpu":
             self._check_counted_labels()
 
