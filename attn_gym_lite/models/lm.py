@@ -91,6 +91,18 @@ def _check_selected_labels(labels: Tensor, loss_mask: Tensor, vocab_size: int) -
         )
 
 
+def _check_input_ids(input_ids: Tensor, vocab_size: int) -> None:
+    """Every id of a CPU ``input_ids`` in ``[0, vocab_size)`` (no sync: CPU tensors only)."""
+    check_tensor("input_ids", input_ids, ndim=1, shape="[T]")
+    rows = torch.nonzero((input_ids < 0) | (input_ids >= vocab_size)).flatten()
+    if rows.numel() > 0:
+        row = int(rows[0])
+        raise ValueError(
+            f"input_ids must be token ids in [0, V) = [0, {vocab_size}) (V = the embedding's vocabulary), "
+            f"got input_ids[{row}] = {int(input_ids[row])} ({rows.numel()} such rows)"
+        )
+
+
 def packed_lm_loss(logits: Tensor, labels: Tensor, loss_mask: Tensor) -> Tensor:
     """Mean next-token cross-entropy over the rows ``loss_mask`` selects: ``total / max(count, 1)``
     of :func:`token_loss_sum`.
@@ -131,7 +143,20 @@ class _PackedLanguageModel(nn.Module):
 
     def loss(self, input_ids: Tensor, labels: Tensor, loss_mask: Tensor, cu_seqlens: Tensor,
              max_seqlen: int | None = None) -> Tensor:
-        """Mean cross-entropy over ``loss_mask`` (:func:`packed_lm_loss`)."""
+        """Mean cross-entropy over ``loss_mask`` (:func:`packed_lm_loss`).
+
+        Where ``input_ids`` is on the CPU (and ``torch.compile`` is not tracing) its values are
+        read and checked before the embedding, as the labels are: the read costs no device sync.
+
+        Raises:
+            ValueError: a CPU ``input_ids`` with an id outside ``[0, V)`` (``V`` the embedding's
+                vocabulary; the message names the first such row and its id; otherwise the
+                embedding's bare ``IndexError``, or a device-side assert on CUDA); a label
+                outside ``[0, V)`` on a row ``loss_mask`` selects (:func:`token_loss_sum`).
+            And whatever ``forward`` raises for the shapes and ``cu_seqlens``.
+        """
+        if isinstance(input_ids, Tensor) and input_ids.device.type == "cpu" and not torch.compiler.is_compiling():
+            _check_input_ids(input_ids, self.embedding.num_embeddings)
         logits = self(input_ids, cu_seqlens, max_seqlen)
         with mark_kernels("loss"):
             return packed_lm_loss(logits, labels, loss_mask)
