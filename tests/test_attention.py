@@ -309,3 +309,28 @@ def test_malformed_host_cu_seqlens_gets_the_reference_paths_message_on_every_pat
     good = torch.tensor([0, 8, 10], dtype=torch.int32)
     out = varlen_attention(q, q, q, good, impl=impl)
     assert (out.double() - naive_attention(q, q, q, good, False)).abs().max() < 1e-5
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(("impl", "head_dim", "dtype", "why"), [
+    ("auto", 8, torch.bfloat16, r"impl='auto' fell back to it because head dim D = q.shape\[-1\] = 8 is not one of"),
+    ("auto", 64, torch.float32, r"impl='auto' fell back to it because dtype torch.float32 is not bfloat16/float16"),
+    ("reference", 64, torch.bfloat16, r"impl='reference' was asked for"),
+])
+def test_the_reference_path_in_a_capture_says_it_was_chosen_and_why(impl, head_dim, dtype, why):
+    """Before: the generic "cu_seqlens's values are read on the host ... during CUDA graph capture",
+    which did not say that attention had fallen back from Triton to the reference path."""
+    from attn_gym_lite.graph.capture import capture_graph
+
+    q = torch.randn(16, 2, head_dim, device="cuda", dtype=dtype)
+    cu = torch.tensor([0, 10, 16], dtype=torch.int32, device="cuda")
+    assert resolve_impl(impl, q) == "reference"
+    calls = []
+
+    def step():
+        calls.append(torch.cuda.is_current_stream_capturing())
+        return varlen_attention(q, q, q, cu, impl=impl, validate=False)
+
+    with pytest.raises(RuntimeError, match=r"varlen_attention chose the reference implementation \(" + why):
+        capture_graph(step, warmup=1)
+    assert calls == [False, True]  # eager warm-up ran; the capture is what was refused

@@ -173,7 +173,14 @@ class PackedLM(_PackedLanguageModel):
         vocab_size: tokenizer vocabulary size.
         dim, num_heads: attention width and heads.
         impl, schedule: the attention implementation and Triton schedule (``VarLenAttention``).
+            ``"triton"`` needs a head dim ``dim // num_heads`` in 16, 32, 64, 128 (refused here,
+            with ``dim`` and ``num_heads`` named); ``"auto"`` with another head dim falls back to
+            the reference attention, which cannot be captured in a CUDA graph.
         device, dtype: of the parameters.
+
+    Raises:
+        ValueError: ``dim`` not a positive multiple of ``num_heads``, or ``impl="triton"`` with a
+            head dim not in 16, 32, 64, 128; ``impl`` or ``schedule`` unknown.
     """
 
     def __init__(self, vocab_size: int, dim: int, num_heads: int, *, impl: str = "auto", schedule: str = "auto",
@@ -239,6 +246,9 @@ class PackedTransformer(_PackedLanguageModel):
         dim, num_heads, num_layers: width, heads (head dim ``dim // num_heads``) and depth.
         mlp_ratio: the SwiGLU hidden width is ``mlp_ratio * dim`` rounded up to a multiple of 64.
         impl, schedule: the attention implementation and Triton schedule (``VarLenAttention``).
+            ``"triton"`` needs a head dim ``dim // num_heads`` in 16, 32, 64, 128 (refused here);
+            ``"auto"`` with another head dim falls back to the reference attention, which
+            cannot be captured in a CUDA graph.
         device, dtype: of the parameters.
 
     Shapes: ``forward(input_ids int64 [T], cu_seqlens int32 [N + 1], max_seqlen=None) ->
@@ -246,8 +256,9 @@ class PackedTransformer(_PackedLanguageModel):
     is the mean cross-entropy over ``loss_mask``, exactly that of the ``L`` real rows alone.
 
     Raises:
-        TypeError / ValueError: a size is not a positive int, or ``dim`` not a multiple of
-            ``num_heads``.
+        TypeError / ValueError: a size is not a positive int, ``dim`` not a multiple of
+            ``num_heads``, or ``impl="triton"`` with a head dim not in 16, 32, 64, 128 (the message
+            names ``dim``, ``num_heads`` and the head dim).
 
     Source: the Llama architecture (RMSNorm, RoPE, SwiGLU), packed as in the seed article.
     """

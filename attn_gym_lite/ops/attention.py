@@ -48,6 +48,8 @@ _TAKES_WINDOW = _varlen_attn is not None and "window_size" in inspect.signature(
 #: The implementations :func:`varlen_attention` dispatches to (plus ``"auto"``).
 IMPLEMENTATIONS = ("triton", "varlen_attn", "reference", "sdpa")
 _DTYPES = (torch.bfloat16, torch.float16, torch.float32, torch.float64)
+#: The head dims ``D`` the Triton kernels support (``"auto"`` falls back to the reference for others).
+TRITON_HEAD_DIMS = (16, 32, 64, 128)
 
 
 def needs_max_seqlen(impl: str, schedule: str = "auto") -> bool:
@@ -70,7 +72,7 @@ def resolve_impl(impl: str, q: Tensor) -> str:
     from .kernels import INTERPRETED  # the kernels are defined (and Triton imported) on first use
 
     dtypes = (torch.bfloat16, torch.float16, torch.float32) if INTERPRETED else (torch.bfloat16, torch.float16)
-    runs = (q.device.type == "cuda") != INTERPRETED and q.dtype in dtypes and q.shape[-1] in (16, 32, 64, 128)
+    runs = (q.device.type == "cuda") != INTERPRETED and q.dtype in dtypes and q.shape[-1] in TRITON_HEAD_DIMS
     return "triton" if runs else "reference"
 
 
@@ -138,7 +140,10 @@ def varlen_attention(
             unknown; ``"varlen_attn"`` on CPU tensors or in another dtype than bf16/fp16;
             ``"sdpa"`` with ``T`` not a multiple of ``max_seqlen``, or (validated) a ``cu_seqlens``
             that is not ``[0, S, 2S, ..., T]``.
-        RuntimeError: ``"varlen_attn"`` on a torch without ``torch.nn.attention.varlen``.
+        RuntimeError: ``"varlen_attn"`` on a torch without ``torch.nn.attention.varlen``; the
+            reference implementation reached (asked for, or ``"auto"``'s fallback for a head dim
+            outside :data:`TRITON_HEAD_DIMS` or a dtype other than bf16/fp16) with CUDA tensors
+            while the stream is capturing: the message says it was chosen and why.
 
     Source: the FlashAttention varlen convention (``cu_seqlens``); torch's ``varlen_attn`` docs;
     the seed article for the schedules.
@@ -147,6 +152,7 @@ def varlen_attention(
     checks.check_bool("zero_inactive", zero_inactive)
     checks.check_bool("validate", validate)
     checks.check_choice("schedule", schedule, SCHEDULES)
+    requested = impl
     impl = _checked_impl(impl, q, k, v, cu_seqlens)
     if max_seqlen is not None:
         max_seqlen = checks.check_int("max_seqlen", max_seqlen, minimum=1)
@@ -157,6 +163,8 @@ def varlen_attention(
         where = "schedule='rect'" if impl == "triton" else f"impl={impl!r}"
         raise ValueError(f"max_seqlen must be an int >= 1 for {where}, got None")
     if impl == "reference":
+        if q.is_cuda and torch.cuda.is_current_stream_capturing():
+            raise _reference_in_capture(requested, q)
         # It reads cu_seqlens on the host and checks every value rule itself.
         return varlen_attention_reference(q, k, v, cu_seqlens, causal=causal)
     # A CPU cu_seqlens (the interpreter) costs no device sync to read: check every value rule there,
@@ -183,6 +191,25 @@ def varlen_attention(
         window = (-1, 0) if causal else (-1, -1)
         return _varlen_attn(q, k, v, cu_seqlens, cu_seqlens, max_seqlen, max_seqlen, window_size=window)
     return _varlen_attn(q, k, v, cu_seqlens, cu_seqlens, max_seqlen, max_seqlen, is_causal=causal)
+
+
+def _reference_in_capture(requested: str, q: Tensor) -> RuntimeError:
+    """The error for the reference path reached while a CUDA stream captures, saying why it was
+    chosen (instead of the generic host-read refusal it would meet inside)."""
+    if requested == "reference":
+        why = "impl='reference' was asked for"
+    else:
+        reasons = []
+        if q.shape[-1] not in TRITON_HEAD_DIMS:
+            reasons.append(f"head dim D = q.shape[-1] = {q.shape[-1]} is not one of {TRITON_HEAD_DIMS}")
+        if q.dtype not in (torch.bfloat16, torch.float16):
+            reasons.append(f"dtype {q.dtype} is not bfloat16/float16 (the compiled kernels' dtypes)")
+        why = f"impl={requested!r} fell back to it because " + (" and ".join(reasons) or "the kernels cannot run here")
+    return RuntimeError(
+        f"varlen_attention chose the reference implementation ({why}; q dtype {q.dtype}, head dim "
+        f"{q.shape[-1]}), which reads cu_seqlens on the host and cannot be captured in a CUDA graph; use "
+        f"impl='triton' with bfloat16/float16 and a head dim in {TRITON_HEAD_DIMS}, or run this step eagerly"
+    )
 
 
 # The static checks (shapes, dtypes, devices, layout of cu_seqlens) and the choice of "auto" depend
