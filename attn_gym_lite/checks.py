@@ -32,6 +32,7 @@ __all__ = [
     "check_choice",
     "check_cu_seqlens",
     "check_cu_seqlens_values",
+    "check_host_cu_seqlens_values",
     "check_file",
     "check_int",
     "check_int_sequence",
@@ -403,3 +404,19 @@ def check_cu_seqlens_values(cu_seqlens: Tensor, *, token_capacity: int | None = 
                 f"but sequence {longest_index} has length {longest}"
             )
     return host
+
+
+def check_host_cu_seqlens_values(cu_seqlens: Tensor, *, token_capacity: int | None = None,
+                                 max_seqlen: int | None = None, argument: str = "cu_seqlens") -> None:
+    """:func:`check_cu_seqlens_values` where it costs no device sync: ``cu_seqlens`` is a CPU
+    tensor (Triton's interpreter, CPU models) and ``torch.compile`` is not tracing. A no-op for a
+    tensor on another device (CUDA: the read would synchronise; its consumers' kernels clamp
+    instead) and for a non-tensor (the layout check that follows names it). Capture-safe: a CPU
+    tensor is never part of a CUDA graph, and a CUDA one is not read.
+
+    Raises:
+        ValueError: a CPU ``cu_seqlens`` breaking a value rule (the messages of
+            :func:`check_cu_seqlens_values`).
+    """
+    if isinstance(cu_seqlens, Tensor) and cu_seqlens.device.type == "cpu" and not torch.compiler.is_compiling():
+        check_cu_seqlens_values(cu_seqlens, token_capacity=token_capacity, max_seqlen=max_seqlen, argument=argument)

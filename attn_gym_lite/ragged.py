@@ -28,7 +28,7 @@ from collections.abc import Sequence
 import torch
 
 from .checks import INT32_MAX as _INT32_MAX
-from .checks import check_cu_seqlens, check_cu_seqlens_values, check_int, check_real
+from .checks import check_cu_seqlens, check_cu_seqlens_values, check_host_cu_seqlens_values, check_int, check_real
 
 Tensor = torch.Tensor
 
@@ -491,7 +491,8 @@ def active_token_mask(x_or_token_capacity: Tensor | int, cu_seqlens: Tensor) -> 
 
     Capture-safe: ``L`` is compared on the device as the 0-d tensor ``cu_seqlens[-1]``,
     never read on the host, so a captured graph re-evaluates the mask from whatever
-    ``L`` the static ``cu_seqlens`` buffer holds at each replay.
+    ``L`` the static ``cu_seqlens`` buffer holds at each replay. A CPU ``cu_seqlens`` (read
+    for free) has its value rules checked (:func:`attn_gym_lite.checks.check_host_cu_seqlens_values`).
 
     Args:
         x_or_token_capacity: a tensor of shape ``[T, ...]`` (on ``cu_seqlens``'s
@@ -507,7 +508,8 @@ def active_token_mask(x_or_token_capacity: Tensor | int, cu_seqlens: Tensor) -> 
             ``cu_seqlens`` is not an int32 tensor.
         ValueError: ``x_or_token_capacity`` is a 0-d tensor, a negative int, or on a
             different device than ``cu_seqlens``; ``cu_seqlens`` is not 1-D with at
-            least 2 entries.
+            least 2 entries; a CPU ``cu_seqlens`` not starting at 0, decreasing, or with
+            ``L > T``.
 
     Source: seed article, section "Correctness tangent" (``active_token_mask``).
     """
@@ -523,6 +525,7 @@ def active_token_mask(x_or_token_capacity: Tensor | int, cu_seqlens: Tensor) -> 
             f"x_or_token_capacity must be a tensor of shape [T, ...] or an int T >= 0, "
             f"got {x_or_token_capacity!r}"
         )
+    check_host_cu_seqlens_values(cu_seqlens, token_capacity=token_capacity)
     positions = torch.arange(token_capacity, device=cu_seqlens.device, dtype=cu_seqlens.dtype)
     return positions < cu_seqlens[-1]
 
@@ -543,14 +546,16 @@ def positions_in_sequence(cu_seqlens: Tensor, token_capacity: int) -> Tensor:
 
     Raises:
         TypeError / ValueError: the layout errors of ``cu_seqlens``; ``token_capacity`` not an int
-            ``>= 0``.
+            ``>= 0``; a CPU ``cu_seqlens`` (its values read for free) not starting at 0,
+            decreasing, or with ``L > T``.
 
     Capture-safe: a ``searchsorted`` on the device (``right=True`` steps over empty sequences to
     the last boundary ``<= t``). Source: the packed-RoPE convention of FlashAttention's varlen
     training scripts (positions reset per document).
     """
     check_cu_seqlens(cu_seqlens)
-    rows = torch.arange(check_int("token_capacity", token_capacity, minimum=0), device=cu_seqlens.device,
-                        dtype=torch.int32)
+    token_capacity = check_int("token_capacity", token_capacity, minimum=0)
+    check_host_cu_seqlens_values(cu_seqlens, token_capacity=token_capacity)
+    rows = torch.arange(token_capacity, device=cu_seqlens.device, dtype=torch.int32)
     sequence = torch.searchsorted(cu_seqlens, rows, right=True) - 1
     return rows - cu_seqlens[sequence]

@@ -278,3 +278,59 @@ def test_reference_takes_host_cu_seqlens_for_meta_inputs():
     assert counter.get_total_flops() == sum(2 * 2 * 2 * s * s * 4 for s in (5, 4))
     with pytest.raises(ValueError, match="cu_seqlens must be on device cpu, got meta"):
         varlen_attention_reference(*(torch.randn(9, 2, 4) for _ in range(3)), cu.to("meta"))
+
+
+# The new-user trial's layouts: with impl="triton" or "auto" (default schedule) they used to run the
+# kernels on them unchecked (L > T corrupted the interpreter's heap; the others gave wrong numbers).
+MALFORMED_HOST_LAYOUTS = {
+    "L past T": ([0, 8, 20], r"cu_seqlens\[-1\] \(active tokens L\) must be <= token_capacity T = 10, got L = 20"),
+    "first not 0": ([1, 8, 10], r"cu_seqlens\[0\] must be 0, got 1"),
+    "decreasing": ([0, 6, 4, 10], r"cu_seqlens must be non-decreasing, but cu_seqlens\[2\] = 4 < cu_seqlens\[1\] = 6"),
+}
+
+
+@pytest.mark.skipif(not INTERPRETED, reason="host (CPU) metadata reaches the kernels only in the interpreter")
+@pytest.mark.parametrize("impl", ["triton", "auto", "reference"])
+@pytest.mark.parametrize("layout", MALFORMED_HOST_LAYOUTS)
+def test_malformed_host_cu_seqlens_gets_the_reference_paths_message_on_every_path(layout, impl):
+    values, message = MALFORMED_HOST_LAYOUTS[layout]
+    q = torch.randn(20, 2, 16)[:10]
+    cu = torch.tensor(values, dtype=torch.int32)
+    assert resolve_impl(impl, q) == ("reference" if impl == "reference" else "triton")
+    with pytest.raises(ValueError, match=message):
+        varlen_attention(q, q, q, cu, impl=impl)
+    if impl != "reference":
+        from attn_gym_lite.ops.kernels import varlen_attention_triton
+
+        for schedule in ("auto", "flat", "dynamic"):
+            with pytest.raises(ValueError, match=message):
+                varlen_attention_triton(q, q, q, cu, schedule=schedule)
+    # The same batch, valid, runs and matches the float64 loop (nothing was lost to the check).
+    good = torch.tensor([0, 8, 10], dtype=torch.int32)
+    out = varlen_attention(q, q, q, good, impl=impl)
+    assert (out.double() - naive_attention(q, q, q, good, False)).abs().max() < 1e-5
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(("impl", "head_dim", "dtype", "why"), [
+    ("auto", 8, torch.bfloat16, r"impl='auto' fell back to it because head dim D = q.shape\[-1\] = 8 is not one of"),
+    ("auto", 64, torch.float32, r"impl='auto' fell back to it because dtype torch.float32 is not bfloat16/float16"),
+    ("reference", 64, torch.bfloat16, r"impl='reference' was asked for"),
+])
+def test_the_reference_path_in_a_capture_says_it_was_chosen_and_why(impl, head_dim, dtype, why):
+    """Before: the generic "cu_seqlens's values are read on the host ... during CUDA graph capture",
+    which did not say that attention had fallen back from Triton to the reference path."""
+    from attn_gym_lite.graph.capture import capture_graph
+
+    q = torch.randn(16, 2, head_dim, device="cuda", dtype=dtype)
+    cu = torch.tensor([0, 10, 16], dtype=torch.int32, device="cuda")
+    assert resolve_impl(impl, q) == "reference"
+    calls = []
+
+    def step():
+        calls.append(torch.cuda.is_current_stream_capturing())
+        return varlen_attention(q, q, q, cu, impl=impl, validate=False)
+
+    with pytest.raises(RuntimeError, match=r"varlen_attention chose the reference implementation \(" + why):
+        capture_graph(step, warmup=1)
+    assert calls == [False, True]  # eager warm-up ran; the capture is what was refused

@@ -198,6 +198,9 @@ def test_packed_batch_host_ints_are_what_cu_seqlens_says():
     [
         # Before: each was accepted, and the trainer trained on the contradiction silently.
         ({"active_tokens": 12}, r"PackedBatch.active_tokens must equal cu_seqlens\[-1\] = 16 .*got 12"),
+        # An active_tokens below max_seqlen (7): the message used to blame max_seqlen ("must be an
+        # int in [0, 5], got 7"), the field that agrees with cu_seqlens.
+        ({"active_tokens": 5}, r"^PackedBatch.active_tokens must equal cu_seqlens\[-1\] = 16 \(L, the active tokens\), got 5$"),
         ({"max_seqlen": 3},
          r"PackedBatch.max_seqlen must equal the longest sequence in cu_seqlens \(sequence 2, 7 tokens\), got 3"),
         ({"max_seqlen": 9}, r"PackedBatch.max_seqlen must equal the longest sequence .*7 tokens.*got 9"),
@@ -665,3 +668,23 @@ def test_files_of_the_wrong_kind_name_their_path(tmp_path):
         parquet_texts(binary)
     with pytest.raises(ValueError, match=r"spec='.*weights.bin' must be a Hugging Face tokenizer.json file"):
         load_tokenizer(binary)
+
+
+def test_packed_batch_refuses_loss_mask_on_padding_rows():
+    """Before: loss_mask True on rows L..T-1 was accepted (the docstring says padding rows have it
+    False) and the loss then counted padding."""
+    batch = batch_from_pieces([[1] * n for n in LENGTHS_5_4_7], 20, 4)  # L = 16, rows 16..19 padding
+    assert batch.active_tokens == 16 and not batch.loss_mask[16:].any()
+    mask = batch.loss_mask.clone()
+    mask[[17, 19]] = True
+    with pytest.raises(ValueError, match=r"^PackedBatch.loss_mask must be False on the padding rows L..T-1 = 16..19 "
+                                         r"\(the loss would count padding\), got loss_mask\[17\] = True \(2 such rows\)$"):
+        dataclasses.replace(batch, loss_mask=mask)
+    mask = batch.loss_mask.clone()
+    mask[16:] = True
+    with pytest.raises(ValueError, match=r"got loss_mask\[16\] = True \(4 such rows\)"):
+        dataclasses.replace(batch, loss_mask=mask)
+    # Any mask on the active rows is the caller's choice (a prompt/response split, say).
+    mask = batch.loss_mask.clone()
+    mask[:16] = True
+    assert int(dataclasses.replace(batch, loss_mask=mask).loss_mask.sum()) == 16

@@ -269,3 +269,23 @@ def test_batch_from_pieces_by_hand_and_errors():
         batch_from_pieces([[1], [2]], 4, 1)
     with pytest.raises(ValueError, match=r"must be non-empty, got lengths \[1, 0\]"):
         batch_from_pieces([[1], []], 4, 2)
+
+
+@pytest.mark.parametrize(("stray", "error", "match"), [
+    (99999, ValueError, r"must be a token id in \[0, 256\) \(the vocabulary of 'bytes'\), got 99999"),
+    (-1, ValueError, r"must be a token id in \[0, 256\) \(the vocabulary of 'bytes'\), got -1"),
+    (256, ValueError, r"must be a token id in \[0, 256\) \(the vocabulary of 'bytes'\), got 256"),
+    (2.0, TypeError, r"must be a token id \(an int\), got float: 2.0"),
+    (True, TypeError, r"must be a token id \(an int\), got bool: True"),
+])
+def test_pre_tokenized_ids_outside_the_vocabulary_are_named_where_they_are_read(stray, error, match):
+    """Before: PackedLoader(256, corpus=[[1, 2, 99999, 4]] * 50, tokenizer=...) packed the id, and
+    the model failed late with torch's bare IndexError in the embedding."""
+    corpus = [[1, 2, 3, 4]] * 49 + [[1, 2, stray, 4]]
+    loader = PackedLoader(64, corpus=corpus, tokenizer=ByteTokenizer(), prefetch=0)
+    with pytest.raises(error, match=r"^corpus\[49\]\[2\] " + match + "$"):
+        list(islice(iter(loader), 10))
+    # The largest id the vocabulary has is a token like any other.
+    good = PackedLoader(64, corpus=[[1, 2, 255, 4]] * 50, tokenizer=ByteTokenizer(), prefetch=0)
+    batch = next(iter(good))
+    assert 255 in batch.input_ids[: batch.active_tokens].tolist()

@@ -117,11 +117,11 @@ def test_unspecified_tail_when_not_zeroing_still_leaves_active_rows_right():
 
 
 @triton.jit
-def record_tasks_kernel(cu_seqlens, chunk_offsets, counter, rows_written, out, num_seqs, num_heads,
+def record_tasks_kernel(cu_seqlens, chunk_offsets, counter, rows_written, out, num_seqs, num_heads, num_rows,
                         CHUNK: tl.constexpr, SCHEDULE: tl.constexpr):
-    task = first_task(counter, cu_seqlens, chunk_offsets, num_seqs, num_heads, CHUNK, SCHEDULE)
+    task = first_task(counter, cu_seqlens, chunk_offsets, num_seqs, num_heads, num_rows, CHUNK, SCHEDULE)
     while task >= 0:
-        seq_start, seq_len, chunk, head = task_at(task, cu_seqlens, chunk_offsets, num_seqs, SCHEDULE)
+        seq_start, seq_len, chunk, head = task_at(task, cu_seqlens, chunk_offsets, num_seqs, num_rows, SCHEDULE)
         slot = out + tl.atomic_add(rows_written, 1) * 4
         tl.store(slot, seq_start)
         tl.store(slot + 1, seq_len)
@@ -149,7 +149,7 @@ def test_every_schedule_runs_each_chunk_exactly_once(lengths, spare_slots, spare
     # Room for twice the capacity bound: a schedule that ran a chunk twice would show it.
     out = torch.full((2 * chunk_capacity(rows, slots, C) * heads + 1, 4), -1, dtype=torch.int32, device=DEVICE)
     counter, rows_written = (torch.zeros(1, dtype=torch.int32, device=DEVICE) for _ in range(2))
-    record_tasks_kernel[grid](cu.to(DEVICE), offsets.to(DEVICE), counter, rows_written, out, slots, heads,
+    record_tasks_kernel[grid](cu.to(DEVICE), offsets.to(DEVICE), counter, rows_written, out, slots, heads, rows,
                               CHUNK=C, SCHEDULE=schedule)
     recorded = sorted(tuple(row) for row in out.cpu().tolist() if row[0] >= 0)
     assert int(rows_written) == len(recorded)
@@ -161,6 +161,56 @@ def test_every_schedule_runs_each_chunk_exactly_once(lengths, spare_slots, spare
             seq, local, _ = decode_chunk(offsets, cu, flat, C)
             expected.append((bounds[seq], bounds[seq + 1] - bounds[seq], local, head))
     assert recorded == sorted(expected)
+
+
+def clamped_chunk_offsets(values, rows, C):
+    """The chunk offsets the kernels build from arbitrary int32 ``values`` (a Python model): each
+    sequence clamped into ``[0, rows]``, ``ceil(length / C)`` chunks, totals capped at G_cap."""
+    cap = chunk_capacity(rows, len(values) - 1, C)
+    offsets, total = [0], 0
+    for a, b in zip(values[:-1], values[1:]):
+        start = min(max(a, 0), rows)
+        total = min(total + -(-(min(max(b, start), rows) - start) // C), cap)
+        offsets.append(total)
+    return offsets
+
+
+INT32 = st.integers(-(2**31), 2**31 - 1)
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    values=st.lists(st.one_of(st.integers(-8, 80), INT32), min_size=2, max_size=9),
+    rows=st.integers(0, 64),
+    C=st.sampled_from([16, 32]),
+    heads=st.integers(1, 2),
+    schedule=st.sampled_from(["rect", "flat", "persistent", "dynamic"]),
+)
+def test_malformed_cu_seqlens_decode_to_tasks_inside_the_tensors(values, rows, C, heads, schedule):
+    """Any int32 values (not starting at 0, decreasing, negative, past T, near 2**31): the offsets
+    are the clamped model's, and every task the schedules hand out lies inside the T rows, its
+    chunk inside its sequence (the invariant every kernel's addressing relies on)."""
+    from attn_gym_lite.ops.kernels.offsets import launch_chunk_offsets
+
+    slots = len(values) - 1
+    cu = torch.tensor(values, dtype=torch.int32, device=DEVICE)
+    offsets = launch_chunk_offsets(cu, C, token_capacity=rows)
+    expected_offsets = clamped_chunk_offsets(values, rows, C)
+    assert offsets.cpu().tolist() == expected_offsets
+    grid = launch_grid(schedule, T=max(rows, 1), N=slots, C=C, heads=heads, num_sms=num_sms(DEVICE), ctas_per_sm=1,
+                       max_seqlen=max(rows, 1) if schedule == "rect" else None)
+    # Room for every slot of the grid: rect's overlapping sequences may each fill their column.
+    room = max(2 * chunk_capacity(max(rows, 1), slots, C), slots * -(-max(rows, 1) // C)) * heads + 1
+    out = torch.full((room, 4), -1, dtype=torch.int32, device=DEVICE)
+    counter, rows_written = (torch.zeros(1, dtype=torch.int32, device=DEVICE) for _ in range(2))
+    record_tasks_kernel[grid](cu, offsets, counter, rows_written, out, slots, heads, rows, CHUNK=C, SCHEDULE=schedule)
+    recorded = [tuple(row) for row in out.cpu().tolist()[: int(rows_written)]]
+    for seq_start, seq_len, chunk, head in recorded:
+        assert 0 <= seq_start <= seq_start + seq_len <= rows, (values, rows, seq_start, seq_len)
+        assert 0 <= chunk and chunk * C < seq_len, (values, rows, chunk, seq_len)
+        assert 0 <= head < heads
+    if schedule != "rect":  # the flat list: exactly the capped chunk count, per head
+        assert len(recorded) == expected_offsets[-1] * heads
 
 
 # -----------------------------------------------------------------------------

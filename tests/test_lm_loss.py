@@ -179,3 +179,24 @@ def test_model_loss_ignores_stale_labels_past_the_active_rows():
     loss = model.loss(ids, stale, mask, cu, 3)
     logits = model(ids, cu, 3).detach()
     assert loss.item() == pytest.approx(naive_mean_loss(logits, labels, mask)[0], rel=1e-12)
+
+
+@pytest.mark.parametrize("stray", [VOCAB, 99999, -1])
+def test_model_loss_names_an_input_id_outside_the_vocabulary(stray):
+    """Before: an id past the vocabulary failed in the embedding with torch's bare IndexError
+    ("index out of range in self"), naming neither input_ids nor the row."""
+    torch.manual_seed(0)
+    model = PackedLM(VOCAB, 8, 2, impl="reference").double()
+    cu = pad_cu_seqlens(cu_seqlens_from_lengths([3, 2]), 3)
+    ids = torch.randint(VOCAB, (8,))
+    labels = torch.randint(VOCAB, (8,))
+    mask = torch.tensor([1, 1, 0, 1, 0, 0, 0, 0], dtype=torch.bool)
+    bad = ids.clone()
+    bad[[4, 6]] = stray
+    with pytest.raises(ValueError, match=rf"^input_ids must be token ids in \[0, V\) = \[0, {VOCAB}\) \(V = the "
+                                         rf"embedding's vocabulary\), got input_ids\[4\] = {stray} \(2 such rows\)$"):
+        model.loss(bad, labels, mask, cu, 3)
+    # Every id in range, the largest included: the loss is the naive mean of the active rows.
+    ids[4] = VOCAB - 1
+    loss = model.loss(ids, labels, mask, cu, 3)
+    assert loss.item() == pytest.approx(naive_mean_loss(model(ids, cu, 3).detach(), labels, mask)[0], rel=1e-12)

@@ -162,3 +162,27 @@ def test_rotary_positions_restart_at_every_sequence():
             a, b = x[t, 0, j].item(), x[t, 0, j + 2].item()
             assert out[t, 0, j].item() == pytest.approx(a * math.cos(angle) - b * math.sin(angle), abs=1e-6)
             assert out[t, 0, j + 2].item() == pytest.approx(b * math.cos(angle) + a * math.sin(angle), abs=1e-6)
+
+
+@pytest.mark.parametrize(("dim", "num_heads", "head_dim"), [(16, 2, 8), (100, 4, 25), (512, 2, 256)])
+def test_triton_models_refuse_an_unsupported_head_dim_where_they_are_built(dim, num_heads, head_dim):
+    """Before: PackedTransformer(100, 16, 2, 1, impl="triton") was built and failed only at its first
+    forward, with "q.shape[2] (head dim D) must be one of (16, 32, 64, 128), got 8", naming neither
+    dim nor num_heads."""
+    from attn_gym_lite.models.block import ShortConvAttentionBlock
+    from attn_gym_lite.models.lm import PackedLM, PackedTransformer
+
+    message = (rf"impl='triton' needs a head dim dim // num_heads in \(16, 32, 64, 128\), got dim={dim}, "
+               rf"num_heads={num_heads}: head dim {head_dim}$")
+    for build in (lambda: PackedTransformer(100, dim, num_heads, 1, impl="triton"),
+                  lambda: PackedLM(100, dim, num_heads, impl="triton"),
+                  lambda: VarLenAttention(dim, num_heads, impl="triton")):
+        with pytest.raises(ValueError, match=r"^VarLenAttention: " + message):
+            build()
+    with pytest.raises(ValueError, match=r"^ShortConvAttentionBlock: " + message):
+        ShortConvAttentionBlock(dim, num_heads, impl="triton")
+    # "auto" builds (it falls back to the reference path) and so does "reference"; a supported
+    # head dim builds with "triton".
+    assert PackedTransformer(100, dim, num_heads, 1, impl="auto").blocks[0].attention.head_dim == head_dim
+    assert VarLenAttention(dim, num_heads, impl="reference").head_dim == head_dim
+    assert VarLenAttention(32, 2, impl="triton").head_dim == 16

@@ -220,6 +220,7 @@ KERNEL_CONSUMERS = {"ops.kernels.varlen.varlen_attention_triton", "ops.kda.chunk
 NOT_CONSUMERS = {
     "checks.check_cu_seqlens": "the metadata check itself (every consumer above calls it)",
     "checks.check_cu_seqlens_values": "the value check itself (every eager consumer above calls it)",
+    "checks.check_host_cu_seqlens_values": "the same check for host metadata only (the consumers call it)",
     "schedule.decode_chunk": "a CPU oracle of one kernel index computation, for tests; takes lists",
     "testing.exactness.gradients_at_capacity": "a test utility: hands cu_seqlens to the module under test",
     "testing.exactness.exact_gradients": "a test utility: hands cu_seqlens to the module under test",
@@ -292,6 +293,41 @@ def test_every_eager_consumer_refuses_malformed_values(consumer, rule):
         pytest.skip("takes no token capacity: L > T cannot be told")
     with pytest.raises(ValueError, match=r"cu_seqlens|max_seqlen"):
         call(VALUE_RULES[rule])
+
+
+#: Consumers that do not check the values even of a CPU cu_seqlens (where reading is free), each
+#: with the reason. Every other consumer refuses malformed CPU values (the test below).
+HOST_VALUES_UNCHECKED = {
+    "ragged.lengths_from_cu_seqlens": "arithmetic on the layout (a diff), no T; returns what it was given",
+    "ragged.pad_cu_seqlens": "builds layouts (appends the repeated L); no T to check L against",
+    "schedule.chunk_offsets": "the torch definition of the offsets (tensor ops, no T); consumers check first",
+    "ops.kernels.offsets.launch_chunk_offsets": (
+        "the ops' internal launch: they check CPU values first unless told not to (validate=False must "
+        "reach the kernels), and it clamps every sequence into token_capacity"),
+    "ops.kda.reference.check_kda_metadata": "the metadata check itself, by name and contract (capture-safe)",
+}
+
+
+@pytest.mark.parametrize("rule", VALUE_RULES)
+@pytest.mark.parametrize("consumer", [name for name in CONSUMERS if name.split(" (")[0] not in HOST_VALUES_UNCHECKED])
+def test_every_consumer_refuses_malformed_values_in_host_metadata(consumer, rule):
+    """A CPU cu_seqlens costs no device sync to read: every consumer (those listed above aside)
+    refuses its malformed values with the reference path's messages, the kernel entry points
+    included, so an interpreter run never launches on a layout that would address memory wrongly."""
+    call, _ = CONSUMERS[consumer]
+    if DEVICE == "cuda" and consumer.split(" (")[0] in KERNEL_CONSUMERS:
+        pytest.skip("on a GPU the kernels take CUDA metadata, which is not read (the kernels clamp instead)")
+    if rule == "past T" and consumer == "ragged.max_seqlen":
+        pytest.skip("takes no token capacity: L > T cannot be told")
+    expected = {"first not 0": r"cu_seqlens\[0\] must be 0, got 1",
+                "decreasing": r"cu_seqlens must be non-decreasing, but \S*cu_seqlens\[2\] = 3 < \S*cu_seqlens\[1\] = 5",
+                "past T": r"cu_seqlens\[-1\] \(active tokens L\) must be <= token_capacity T = 6, got L = 9"}
+    with pytest.raises(ValueError, match=expected[rule]):
+        call(VALUE_RULES[rule])
+
+
+def test_host_values_unchecked_lists_only_consumers():
+    assert set(HOST_VALUES_UNCHECKED) <= {name.split(" (")[0] for name in CONSUMERS} | KERNEL_CONSUMERS
 
 
 # ---------------------------------------------------------------------------------------------

@@ -52,9 +52,12 @@ class PackedBatch:
     to the number of non-empty sequences and ``max_seqlen`` equal to the longest one. A batch
     whose ``cu_seqlens`` is on another device (CUDA) is checked by metadata only (its layout and
     the ranges of the host ints): reading its values would synchronise with the device, and is
-    impossible during a CUDA graph capture. Likewise ``labels`` is read where it and
-    ``loss_mask`` are on the CPU: no label on a row ``loss_mask`` counts may be negative. (The
-    vocabulary, and so the labels' upper bound, is the model's: the loss checks it.)
+    impossible during a CUDA graph capture. Likewise ``loss_mask`` is read where it is on the CPU:
+    it must be False on every padding row ``L..T-1`` (``L = active_tokens``); and ``labels`` where
+    it and ``loss_mask`` are on the CPU: no label on a row ``loss_mask`` counts may be negative.
+    (The vocabulary, and so the labels' upper bound, is the model's: the loss checks it.) The
+    host ints are compared with ``cu_seqlens`` before ``max_seqlen <= active_tokens`` is checked,
+    so the message names the field that disagrees with ``cu_seqlens``.
 
     Raises:
         TypeError: a field has the wrong type or dtype.
@@ -62,7 +65,8 @@ class PackedBatch:
             contiguous or not on ``input_ids``' device (the layout rules of
             :func:`attn_gym_lite.checks.check_cu_seqlens`); for a CPU ``cu_seqlens``, a value rule
             broken (``cu_seqlens[0] != 0``, a decrease, ``L > T``) or an ``active_tokens``,
-            ``active_sequences`` or ``max_seqlen`` that is not what ``cu_seqlens`` says; for CPU
+            ``active_sequences`` or ``max_seqlen`` that is not what ``cu_seqlens`` says; for a CPU
+            ``loss_mask``, True on a padding row (the message names the first); for CPU
             ``labels`` and ``loss_mask``, a negative label (``-100``, say) on a row ``loss_mask``
             counts.
 
@@ -113,11 +117,28 @@ class PackedBatch:
             minimum=0,
             maximum=self.sequence_capacity,
         )
-        check_int("PackedBatch.max_seqlen", self.max_seqlen, minimum=0, maximum=self.active_tokens)
+        if type(self.max_seqlen) is not int:  # its type first (a float, say), with its range
+            check_int("PackedBatch.max_seqlen", self.max_seqlen, minimum=0, maximum=self.active_tokens)
+        # What cu_seqlens says comes before the bounds one host int puts on another (max_seqlen <=
+        # active_tokens): a wrong active_tokens must be named as such, not as a max_seqlen too long.
         if self.cu_seqlens.device.type == "cpu":
             self._check_against_cu_seqlens()
+        check_int("PackedBatch.max_seqlen", self.max_seqlen, minimum=0, maximum=self.active_tokens)
+        if self.loss_mask.device.type == "cpu":
+            self._check_padding_not_counted()
         if self.labels.device.type == "cpu" and self.loss_mask.device.type == "cpu":
             self._check_counted_labels()
+
+    def _check_padding_not_counted(self) -> None:
+        """``loss_mask`` False on the padding rows ``L..T-1`` (CPU values; see the class docstring)."""
+        rows = np.flatnonzero(self.loss_mask.numpy()[self.active_tokens:])
+        if rows.size:
+            row = self.active_tokens + int(rows[0])
+            raise ValueError(
+                f"PackedBatch.loss_mask must be False on the padding rows L..T-1 = {self.active_tokens}.."
+                f"{self.token_capacity - 1} (the loss would count padding), got loss_mask[{row}] = True "
+                f"({rows.size} such rows)"
+            )
 
     def _check_counted_labels(self) -> None:
         """No negative label on a row the loss counts (CPU values; see the class docstring)."""

@@ -279,7 +279,9 @@ class PackedLoader:
 
     Raises:
         TypeError, ValueError: an argument has the wrong type or range (checked here); a
-            document is neither a string nor a list/tuple (when reached).
+            document is neither a string nor a list/tuple, or a pre-tokenized one holds an id
+            that is not an int in ``[0, tokenizer.vocab_size)`` (when reached, while iterating;
+            the message names ``corpus[index][position]`` and the id).
         FileNotFoundError: a tokenizer spec names a missing file.
 
     Source: seed article, "Show me the data!" (look-ahead packing with a candidate buffer);

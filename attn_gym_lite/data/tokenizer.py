@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import itertools
+import numbers
 import os
 import sys
 from collections.abc import Iterable, Iterator, Sequence
@@ -135,6 +136,38 @@ def check_document(index: int, document: object) -> None:
         )
 
 
+def check_token_ids(index: int, ids: Sequence[object], vocab_size: int, tokenizer_name: str = "the tokenizer") -> None:
+    """Refuse a pre-tokenized document whose ids the tokenizer (and so the model) cannot have.
+
+    Args:
+        index: the document's position in the corpus, used in the message.
+        ids: its token ids (a list or tuple).
+        vocab_size: the tokenizer's ``vocab_size``; every id must be in ``[0, vocab_size)``.
+        tokenizer_name: named in the message.
+
+    Raises:
+        TypeError: an id is not an int (``bool`` included); the message names ``corpus[index][i]``.
+        ValueError: an id outside ``[0, vocab_size)``; the message names the first,
+            ``corpus[index][i]``, and its value.
+
+    Cost: one pass in C (``min``/``max``) plus a type test per id; the position is looked for only
+    when a check fails.
+    """
+    if not ids:
+        return
+    if not all(type(token) is int for token in ids):
+        for position, token in enumerate(ids):
+            if isinstance(token, bool) or not isinstance(token, numbers.Integral):
+                raise TypeError(f"corpus[{index}][{position}] must be a token id (an int), got "
+                                f"{type(token).__name__}: {token!r:.40}")
+    if min(ids) < 0 or max(ids) >= vocab_size:
+        position = next(p for p, token in enumerate(ids) if not 0 <= token < vocab_size)
+        raise ValueError(
+            f"corpus[{index}][{position}] must be a token id in [0, {vocab_size}) (the vocabulary of "
+            f"{tokenizer_name}), got {int(ids[position])}"
+        )
+
+
 def encode_in_chunks(
     documents: Iterable[tuple[int, object]], tokenizer: Tokenizer
 ) -> Iterator[list[tuple[int, Sequence[int]]]]:
@@ -155,13 +188,22 @@ def encode_in_chunks(
         Per chunk of up to ``ENCODE_BATCH_SIZE`` documents, ``[(index, ids), ...]`` in input order.
 
     Raises:
-        TypeError: a document is neither a string nor a list/tuple of token ids (raised when its
-            chunk is reached; the message names ``corpus[index]``).
+        TypeError: a document is neither a string nor a list/tuple of token ids, or a
+            pre-tokenized document holds a non-int (raised when its chunk is reached; the message
+            names ``corpus[index]``).
+        ValueError: a pre-tokenized document holds an id outside ``[0, tokenizer.vocab_size)``
+            (:func:`check_token_ids`: the message names ``corpus[index][i]`` and the id), which
+            would otherwise fail late, in the model's embedding.
     """
     documents = iter(documents)
+    vocab_size = None
     while chunk := list(itertools.islice(documents, ENCODE_BATCH_SIZE)):
         for index, document in chunk:
             check_document(index, document)
+            if not isinstance(document, str):
+                if vocab_size is None:  # asked once, and only if a pre-tokenized document comes
+                    vocab_size = tokenizer.vocab_size
+                check_token_ids(index, document, vocab_size, repr(tokenizer.name))
         texts = [document for _, document in chunk if isinstance(document, str)]
         encoded = iter(tokenizer.encode_batch(texts) if texts else [])
         yield [(index, next(encoded) if isinstance(document, str) else document) for index, document in chunk]

@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 from ..checks import check_bool, check_choice
-from ..ops.attention import IMPLEMENTATIONS, needs_max_seqlen, varlen_attention
+from ..ops.attention import IMPLEMENTATIONS, TRITON_HEAD_DIMS, needs_max_seqlen, varlen_attention
 from ..ops.masking import active_token_mask, mask_inactive_token_gradients, mask_inactive_tokens
 from ..ops.rotary import apply_rotary, rotary_tables
 from ..ragged import positions_in_sequence
@@ -21,15 +21,23 @@ from ..schedule import SCHEDULES
 Tensor = torch.Tensor
 
 
-def check_heads(owner: str, dim: object, num_heads: object) -> tuple[int, int]:
-    """``(dim, num_heads)`` with ``dim`` a positive multiple of ``num_heads``.
+def check_heads(owner: str, dim: object, num_heads: object, impl: str | None = None) -> tuple[int, int]:
+    """``(dim, num_heads)`` with ``dim`` a positive multiple of ``num_heads``, and for
+    ``impl="triton"`` a head dim ``dim // num_heads`` the kernels support
+    (:data:`~attn_gym_lite.ops.attention.TRITON_HEAD_DIMS`), so a model is refused where it is
+    built rather than at its first forward.
 
     Raises:
-        TypeError / ValueError: naming ``owner`` and both values.
+        TypeError / ValueError: naming ``owner`` and both values (and the head dim they give).
     """
     integers = all(isinstance(v, int) and not isinstance(v, bool) for v in (dim, num_heads))
     if not integers or num_heads < 1 or dim < 1 or dim % num_heads:
         raise ValueError(f"{owner}: dim must be a positive multiple of num_heads, got dim={dim!r}, num_heads={num_heads!r}")
+    if impl == "triton" and dim // num_heads not in TRITON_HEAD_DIMS:
+        raise ValueError(
+            f"{owner}: impl='triton' needs a head dim dim // num_heads in {TRITON_HEAD_DIMS}, got dim={dim}, "
+            f"num_heads={num_heads}: head dim {dim // num_heads}"
+        )
     return dim, num_heads
 
 
@@ -55,6 +63,10 @@ class VarLenAttention(nn.Module):
             ``"auto"`` (this package's Triton kernels wherever they run, else the reference),
             ``"triton"``, ``"varlen_attn"`` (torch's FlashAttention-2), ``"reference"`` or
             ``"sdpa"`` (dense attention over a padded batch, the baseline packing replaces).
+            ``"triton"`` needs a head dim in 16, 32, 64, 128 (refused here otherwise). With
+            ``"auto"`` a head dim outside those (or a dtype other than bf16/fp16 on the GPU)
+            falls back to the reference path, which reads ``cu_seqlens`` on the host and so
+            cannot be captured in a CUDA graph (a capture raises a RuntimeError saying so).
         schedule: the Triton schedule (default ``"auto"``).
         rotary: apply rotary position embeddings to q and k, with positions that restart at every
             sequence (:mod:`attn_gym_lite.ops.rotary`).
@@ -69,8 +81,9 @@ class VarLenAttention(nn.Module):
     :func:`~attn_gym_lite.ops.attention.varlen_attention` directly, which checks it.
 
     Raises:
-        ValueError: ``dim`` is not a positive multiple of ``num_heads``; ``impl`` or ``schedule``
-            unknown; a flag is not a bool.
+        ValueError: ``dim`` is not a positive multiple of ``num_heads``; ``impl="triton"`` with a
+            head dim ``dim // num_heads`` not in 16, 32, 64, 128 (the message names ``dim``,
+            ``num_heads`` and the head dim); ``impl`` or ``schedule`` unknown; a flag is not a bool.
 
     Source: the seed article, "Hello World" (module) and "Correctness tangent" (masking).
     """
@@ -90,11 +103,11 @@ class VarLenAttention(nn.Module):
         dtype: torch.dtype | None = None,
     ) -> None:
         super().__init__()
-        self.dim, self.num_heads = check_heads("VarLenAttention", dim, num_heads)
+        self.impl = check_choice("impl", impl, ("auto", *IMPLEMENTATIONS))
+        self.dim, self.num_heads = check_heads("VarLenAttention", dim, num_heads, impl)
         self.head_dim = dim // num_heads
         self.causal = check_bool("causal", causal)
         self.mask_inactive_capacity = check_bool("mask_inactive_capacity", mask_inactive_capacity)
-        self.impl = check_choice("impl", impl, ("auto", *IMPLEMENTATIONS))
         self.schedule = check_choice("schedule", schedule, SCHEDULES)
         self.rotary, self.rope_base = check_bool("rotary", rotary), rope_base
         self.qkv = nn.Linear(dim, 3 * dim, bias=False, device=device, dtype=dtype)

@@ -81,8 +81,9 @@ class ShortConvAttentionBlock(nn.Module):
     (:attr:`needs_max_seqlen`: it sizes its grid from it; under a graph pass ``T``).
 
     Raises:
-        ValueError: ``dim`` is not a positive multiple of ``num_heads``, or ``masks`` names a site
-            not in :data:`MASK_SITES`.
+        ValueError: ``dim`` is not a positive multiple of ``num_heads`` (or, for ``impl="triton"``,
+            gives a head dim not in 16, 32, 64, 128), or ``masks`` names a site not in
+            :data:`MASK_SITES`.
         TypeError: ``masks`` is a string rather than a collection of site names.
 
     Capturable on CUDA: nothing in ``forward`` reads the device.
@@ -102,7 +103,7 @@ class ShortConvAttentionBlock(nn.Module):
         dtype: torch.dtype | None = None,
     ) -> None:
         super().__init__()
-        check_heads("ShortConvAttentionBlock", dim, num_heads)
+        check_heads("ShortConvAttentionBlock", dim, num_heads, impl)
         if isinstance(masks, str):
             raise TypeError(
                 f"ShortConvAttentionBlock: masks must be a collection of names from {MASK_SITES}, "

@@ -91,6 +91,18 @@ def _check_selected_labels(labels: Tensor, loss_mask: Tensor, vocab_size: int) -
         )
 
 
+def _check_input_ids(input_ids: Tensor, vocab_size: int) -> None:
+    """Every id of a CPU ``input_ids`` in ``[0, vocab_size)`` (no sync: CPU tensors only)."""
+    check_tensor("input_ids", input_ids, ndim=1, shape="[T]")
+    rows = torch.nonzero((input_ids < 0) | (input_ids >= vocab_size)).flatten()
+    if rows.numel() > 0:
+        row = int(rows[0])
+        raise ValueError(
+            f"input_ids must be token ids in [0, V) = [0, {vocab_size}) (V = the embedding's vocabulary), "
+            f"got input_ids[{row}] = {int(input_ids[row])} ({rows.numel()} such rows)"
+        )
+
+
 def packed_lm_loss(logits: Tensor, labels: Tensor, loss_mask: Tensor) -> Tensor:
     """Mean next-token cross-entropy over the rows ``loss_mask`` selects: ``total / max(count, 1)``
     of :func:`token_loss_sum`.
@@ -131,7 +143,20 @@ class _PackedLanguageModel(nn.Module):
 
     def loss(self, input_ids: Tensor, labels: Tensor, loss_mask: Tensor, cu_seqlens: Tensor,
              max_seqlen: int | None = None) -> Tensor:
-        """Mean cross-entropy over ``loss_mask`` (:func:`packed_lm_loss`)."""
+        """Mean cross-entropy over ``loss_mask`` (:func:`packed_lm_loss`).
+
+        Where ``input_ids`` is on the CPU (and ``torch.compile`` is not tracing) its values are
+        read and checked before the embedding, as the labels are: the read costs no device sync.
+
+        Raises:
+            ValueError: a CPU ``input_ids`` with an id outside ``[0, V)`` (``V`` the embedding's
+                vocabulary; the message names the first such row and its id; otherwise the
+                embedding's bare ``IndexError``, or a device-side assert on CUDA); a label
+                outside ``[0, V)`` on a row ``loss_mask`` selects (:func:`token_loss_sum`).
+            And whatever ``forward`` raises for the shapes and ``cu_seqlens``.
+        """
+        if isinstance(input_ids, Tensor) and input_ids.device.type == "cpu" and not torch.compiler.is_compiling():
+            _check_input_ids(input_ids, self.embedding.num_embeddings)
         logits = self(input_ids, cu_seqlens, max_seqlen)
         with mark_kernels("loss"):
             return packed_lm_loss(logits, labels, loss_mask)
@@ -148,7 +173,14 @@ class PackedLM(_PackedLanguageModel):
         vocab_size: tokenizer vocabulary size.
         dim, num_heads: attention width and heads.
         impl, schedule: the attention implementation and Triton schedule (``VarLenAttention``).
+            ``"triton"`` needs a head dim ``dim // num_heads`` in 16, 32, 64, 128 (refused here,
+            with ``dim`` and ``num_heads`` named); ``"auto"`` with another head dim falls back to
+            the reference attention, which cannot be captured in a CUDA graph.
         device, dtype: of the parameters.
+
+    Raises:
+        ValueError: ``dim`` not a positive multiple of ``num_heads``, or ``impl="triton"`` with a
+            head dim not in 16, 32, 64, 128; ``impl`` or ``schedule`` unknown.
     """
 
     def __init__(self, vocab_size: int, dim: int, num_heads: int, *, impl: str = "auto", schedule: str = "auto",
@@ -214,6 +246,9 @@ class PackedTransformer(_PackedLanguageModel):
         dim, num_heads, num_layers: width, heads (head dim ``dim // num_heads``) and depth.
         mlp_ratio: the SwiGLU hidden width is ``mlp_ratio * dim`` rounded up to a multiple of 64.
         impl, schedule: the attention implementation and Triton schedule (``VarLenAttention``).
+            ``"triton"`` needs a head dim ``dim // num_heads`` in 16, 32, 64, 128 (refused here);
+            ``"auto"`` with another head dim falls back to the reference attention, which
+            cannot be captured in a CUDA graph.
         device, dtype: of the parameters.
 
     Shapes: ``forward(input_ids int64 [T], cu_seqlens int32 [N + 1], max_seqlen=None) ->
@@ -221,8 +256,9 @@ class PackedTransformer(_PackedLanguageModel):
     is the mean cross-entropy over ``loss_mask``, exactly that of the ``L`` real rows alone.
 
     Raises:
-        TypeError / ValueError: a size is not a positive int, or ``dim`` not a multiple of
-            ``num_heads``.
+        TypeError / ValueError: a size is not a positive int, ``dim`` not a multiple of
+            ``num_heads``, or ``impl="triton"`` with a head dim not in 16, 32, 64, 128 (the message
+            names ``dim``, ``num_heads`` and the head dim).
 
     Source: the Llama architecture (RMSNorm, RoPE, SwiGLU), packed as in the seed article.
     """

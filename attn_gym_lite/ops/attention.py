@@ -48,6 +48,8 @@ _TAKES_WINDOW = _varlen_attn is not None and "window_size" in inspect.signature(
 #: The implementations :func:`varlen_attention` dispatches to (plus ``"auto"``).
 IMPLEMENTATIONS = ("triton", "varlen_attn", "reference", "sdpa")
 _DTYPES = (torch.bfloat16, torch.float16, torch.float32, torch.float64)
+#: The head dims ``D`` the Triton kernels support (``"auto"`` falls back to the reference for others).
+TRITON_HEAD_DIMS = (16, 32, 64, 128)
 
 
 def needs_max_seqlen(impl: str, schedule: str = "auto") -> bool:
@@ -70,7 +72,7 @@ def resolve_impl(impl: str, q: Tensor) -> str:
     from .kernels import INTERPRETED  # the kernels are defined (and Triton imported) on first use
 
     dtypes = (torch.bfloat16, torch.float16, torch.float32) if INTERPRETED else (torch.bfloat16, torch.float16)
-    runs = (q.device.type == "cuda") != INTERPRETED and q.dtype in dtypes and q.shape[-1] in (16, 32, 64, 128)
+    runs = (q.device.type == "cuda") != INTERPRETED and q.dtype in dtypes and q.shape[-1] in TRITON_HEAD_DIMS
     return "triton" if runs else "reference"
 
 
@@ -112,11 +114,15 @@ def varlen_attention(
             module that masks inactive rows (``VarLenAttention(mask_inactive_capacity=True)``, as the
             "Masking" chapter proves) needs no zeros, and writing them costs memory traffic that
             grows with ``T - L``.
-        validate: outside a CUDA graph capture, check ``max_seqlen`` (when the implementation uses
-            it) and, for ``"reference"``, every value rule of ``cu_seqlens``, by reading it on the
-            host. For CUDA ``cu_seqlens`` that read synchronises with the device; pass ``False`` where
-            the batch was validated on the host already (``FixedCapacityTrainer`` does). Inside a
-            capture nothing is read: the bound is the graph's key.
+        validate: outside a CUDA graph capture (and outside ``torch.compile``), read ``cu_seqlens``
+            on the host to check its value rules (starts at 0, never decreases, ``L <= T``) and
+            ``max_seqlen`` (when the implementation uses it): always for ``"reference"`` and for a
+            CPU ``cu_seqlens`` (free: no device sync); for a CUDA one only where a ``max_seqlen``
+            is used, since that read synchronises with the device. Pass ``False`` where the batch
+            was validated on the host already (``FixedCapacityTrainer`` does). Inside a capture
+            nothing is read: the bound is the graph's key. Unchecked values reach the Triton
+            kernels, which clamp every sequence into the ``T`` rows: wrong results, no access
+            outside the tensors (see :func:`~attn_gym_lite.ops.kernels.varlen_attention_triton`).
         config: Triton tiles and launch parameters (:class:`~attn_gym_lite.ops.kernels.AttentionConfig`).
 
     Returns:
@@ -127,13 +133,17 @@ def varlen_attention(
     Raises:
         TypeError: a tensor argument is not a tensor or has the wrong dtype; a flag is not a bool.
         ValueError: shapes or devices disagree; ``cu_seqlens`` breaks a layout rule (1-D, int32,
-            contiguous, ``N + 1 >= 2``), or a value rule (for ``"reference"``: starts at 0, never
+            contiguous, ``N + 1 >= 2``), or (validated: for ``"reference"``, for a CPU
+            ``cu_seqlens``, and where ``max_seqlen`` is used) a value rule (starts at 0, never
             decreases, ``L <= T``); ``max_seqlen`` is missing where needed, given where refused, or
             (checked outside a capture) shorter than the longest sequence; ``impl`` or ``schedule``
             unknown; ``"varlen_attn"`` on CPU tensors or in another dtype than bf16/fp16;
             ``"sdpa"`` with ``T`` not a multiple of ``max_seqlen``, or (validated) a ``cu_seqlens``
             that is not ``[0, S, 2S, ..., T]``.
-        RuntimeError: ``"varlen_attn"`` on a torch without ``torch.nn.attention.varlen``.
+        RuntimeError: ``"varlen_attn"`` on a torch without ``torch.nn.attention.varlen``; the
+            reference implementation reached (asked for, or ``"auto"``'s fallback for a head dim
+            outside :data:`TRITON_HEAD_DIMS` or a dtype other than bf16/fp16) with CUDA tensors
+            while the stream is capturing: the message says it was chosen and why.
 
     Source: the FlashAttention varlen convention (``cu_seqlens``); torch's ``varlen_attn`` docs;
     the seed article for the schedules.
@@ -142,6 +152,7 @@ def varlen_attention(
     checks.check_bool("zero_inactive", zero_inactive)
     checks.check_bool("validate", validate)
     checks.check_choice("schedule", schedule, SCHEDULES)
+    requested = impl
     impl = _checked_impl(impl, q, k, v, cu_seqlens)
     if max_seqlen is not None:
         max_seqlen = checks.check_int("max_seqlen", max_seqlen, minimum=1)
@@ -152,18 +163,24 @@ def varlen_attention(
         where = "schedule='rect'" if impl == "triton" else f"impl={impl!r}"
         raise ValueError(f"max_seqlen must be an int >= 1 for {where}, got None")
     if impl == "reference":
+        if q.is_cuda and torch.cuda.is_current_stream_capturing():
+            raise _reference_in_capture(requested, q)
         # It reads cu_seqlens on the host and checks every value rule itself.
         return varlen_attention_reference(q, k, v, cu_seqlens, causal=causal)
-    if validate and reads_bound and not capturing:
-        checks.check_cu_seqlens_values(cu_seqlens, token_capacity=q.shape[0], max_seqlen=max_seqlen)
+    # A CPU cu_seqlens (the interpreter) costs no device sync to read: check every value rule there,
+    # as the reference path does; a CUDA one only where a bound must be checked (one sync).
+    if validate and (reads_bound or not cu_seqlens.is_cuda) and not capturing:
+        checks.check_cu_seqlens_values(cu_seqlens, token_capacity=q.shape[0],
+                                       max_seqlen=max_seqlen if reads_bound else None)
     if impl == "sdpa":
         return _padded_sdpa(q, k, v, cu_seqlens, max_seqlen, causal, validate and not capturing)
     if impl == "triton":
         from .kernels import varlen_attention_triton
 
+        # Validated above already (the kernels clamp what was not checked): no second host read.
         return varlen_attention_triton(q, k, v, cu_seqlens, causal=causal, schedule=schedule,
                                        max_seqlen=max_seqlen if reads_bound else None,
-                                       zero_inactive=zero_inactive, config=config)
+                                       zero_inactive=zero_inactive, validate=False, config=config)
     if schedule != "auto":
         raise ValueError(f"schedule is for impl='triton' only; impl='varlen_attn' got schedule={schedule!r}")
     if _varlen_attn is None:
@@ -174,6 +191,25 @@ def varlen_attention(
         window = (-1, 0) if causal else (-1, -1)
         return _varlen_attn(q, k, v, cu_seqlens, cu_seqlens, max_seqlen, max_seqlen, window_size=window)
     return _varlen_attn(q, k, v, cu_seqlens, cu_seqlens, max_seqlen, max_seqlen, is_causal=causal)
+
+
+def _reference_in_capture(requested: str, q: Tensor) -> RuntimeError:
+    """The error for the reference path reached while a CUDA stream captures, saying why it was
+    chosen (instead of the generic host-read refusal it would meet inside)."""
+    if requested == "reference":
+        why = "impl='reference' was asked for"
+    else:
+        reasons = []
+        if q.shape[-1] not in TRITON_HEAD_DIMS:
+            reasons.append(f"head dim D = q.shape[-1] = {q.shape[-1]} is not one of {TRITON_HEAD_DIMS}")
+        if q.dtype not in (torch.bfloat16, torch.float16):
+            reasons.append(f"dtype {q.dtype} is not bfloat16/float16 (the compiled kernels' dtypes)")
+        why = f"impl={requested!r} fell back to it because " + (" and ".join(reasons) or "the kernels cannot run here")
+    return RuntimeError(
+        f"varlen_attention chose the reference implementation ({why}; q dtype {q.dtype}, head dim "
+        f"{q.shape[-1]}), which reads cu_seqlens on the host and cannot be captured in a CUDA graph; use "
+        f"impl='triton' with bfloat16/float16 and a head dim in {TRITON_HEAD_DIMS}, or run this step eagerly"
+    )
 
 
 # The static checks (shapes, dtypes, devices, layout of cu_seqlens) and the choice of "auto" depend

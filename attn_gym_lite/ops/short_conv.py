@@ -56,6 +56,8 @@ def _check_short_conv_arguments(x: object, weight: object, cu_seqlens: object) -
     if weight.shape[0] != x.shape[1] or weight.shape[1] < 1:
         raise ValueError(f"weight must have shape [D, W] = [{x.shape[1]}, W >= 1], got {tuple(weight.shape)}")
     checks.check_cu_seqlens(cu_seqlens, device=x.device)
+    # Host metadata costs nothing to read: check its values (a CUDA one is not read, see short_conv).
+    checks.check_host_cu_seqlens_values(cu_seqlens, token_capacity=x.shape[0])
 
 
 def _shift_down(x: Tensor, rows: int) -> Tensor:
@@ -133,11 +135,13 @@ def short_conv(x: Tensor, weight: Tensor, cu_seqlens: Tensor) -> Tensor:
         TypeError: an argument is not a tensor, ``x`` is not floating, ``weight``'s dtype differs
             from ``x``'s, or ``cu_seqlens`` is not int32.
         ValueError: shapes are not ``[T, D]``, ``[D, W >= 1]``, ``[N + 1 >= 2]``, or the tensors
-            are on different devices.
+            are on different devices; a CPU ``cu_seqlens`` (its values read for free, outside
+            ``torch.compile``) not starting at 0, decreasing, or with ``L > T``.
 
-    Capturable (tensor ops only, no host read), ``W`` elementwise passes in each direction.
-    Undefined ``cu_seqlens`` (not starting at 0, decreasing, ``L > T``) gives undefined results:
-    validate batches eagerly with :func:`attn_gym_lite.ragged.validate_cu_seqlens`.
+    Capturable (tensor ops only, no host read of a CUDA ``cu_seqlens``), ``W`` elementwise passes
+    in each direction. On CUDA, malformed ``cu_seqlens`` values (not starting at 0, decreasing,
+    ``L > T``) are not checked and give undefined results, but every index stays inside the
+    tensors: validate batches eagerly with :func:`attn_gym_lite.ragged.validate_cu_seqlens`.
     Source: Mamba's short convolution; flash-linear-attention's ``ShortConvolution``.
     """
     _check_short_conv_arguments(x, weight, cu_seqlens)

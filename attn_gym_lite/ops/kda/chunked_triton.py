@@ -15,6 +15,14 @@ programs per head (:func:`attn_gym_lite.schedule.chunk_capacity`); a program pas
 exits. The recurrence across chunks runs on a grid of one program per (sequence slot, head,
 value block), each looping over its own sequence's chunks.
 
+No kernel trusts ``cu_seqlens`` to address memory: every one of them, the per-chunk kernels
+through ``task_at`` and the sequential ones through ``_sequence_program``, takes its sequence's
+bounds from :func:`attn_gym_lite.ops.kernels.tasks.sequence_bounds`, clamped into the ``T`` rows
+(``num_rows``), and ``chunk_offsets`` is built from the same clamped lengths; the sequential
+kernels also cap a sequence's chunks at the slots ``chunk_offsets`` gave it. On a valid
+``cu_seqlens`` the clamps change nothing; on a malformed one the results are wrong, but no access
+leaves the tensors.
+
 The per-chunk kernels are written in the package's task-loop form
 (:mod:`attn_gym_lite.ops.kernels.tasks`) but take no schedule: the flat one is fixed in them. It
 is the only one under which a program's index is its chunk's place in the flat chunk list, which
@@ -73,7 +81,7 @@ from ... import checks
 from ...schedule import chunk_capacity
 from ..kernels import INTERPRETED
 from ..kernels.offsets import launch_chunk_offsets
-from ..kernels.tasks import first_task, next_task, task_at
+from ..kernels.tasks import first_task, next_task, sequence_bounds, task_at
 from .reference import check_kda_metadata
 
 Tensor = torch.Tensor
@@ -166,41 +174,45 @@ def _state_ptrs(ptr, slot, head, H, K: tl.constexpr, V: tl.constexpr, BV: tl.con
 
 
 @triton.jit
-def _sequence_program(cu_seqlens, chunk_offsets, BV: tl.constexpr):
+def _sequence_program(cu_seqlens, chunk_offsets, num_rows, C: tl.constexpr, BV: tl.constexpr):
     """What program ``(n, head, v_block)`` of a sequential kernel (grid ``(N, H, V // BV)``) walks:
-    returns ``n, head, v_block``, sequence slot ``n``'s first packed row and length, the index of
-    its first chunk in ``chunk_offsets`` (its slot in ``states``) and the ``BV`` value columns of
-    block ``v_block``. An empty slot has length 0, so the kernels' chunk loops do not run."""
+    returns ``n, head, v_block``, sequence slot ``n``'s first packed row and length (clamped into
+    the ``num_rows`` rows by :func:`~attn_gym_lite.ops.kernels.tasks.sequence_bounds`), the index
+    of its first chunk in ``chunk_offsets`` (its slot in ``states``), its number of chunks and the
+    ``BV`` value columns of block ``v_block``. An empty slot has no chunks, so the kernels' chunk
+    loops do not run. The chunk count is ``ceil(seq_len / C)`` capped at the slots
+    ``chunk_offsets`` gave the sequence (equal on a valid ``cu_seqlens``), so a malformed one
+    cannot index ``states`` past its ``G_cap`` slots."""
     n = tl.program_id(0)
     head = tl.program_id(1)
     v_block = tl.program_id(2)
-    seq_start = tl.load(cu_seqlens + n)
-    seq_len = tl.load(cu_seqlens + n + 1) - seq_start
+    seq_start, seq_len = sequence_bounds(cu_seqlens, n, num_rows)
     first = tl.load(chunk_offsets + n)
+    num_chunks = tl.minimum(tl.cdiv(seq_len, C), tl.load(chunk_offsets + n + 1) - first)
     cols = v_block * BV + tl.arange(0, BV)
-    return n, head, v_block, seq_start, seq_len, first, cols
+    return n, head, v_block, seq_start, seq_len, first, num_chunks, cols
 
 
 # -----------------------------------------------------------------------------
 # Forward kernels.
 
 
-@triton.jit(do_not_specialize=["num_seqs"])
-def kda_cumsum_kernel(g, g_cum, cu_seqlens, chunk_offsets, num_seqs, H,
+@triton.jit(do_not_specialize=["num_seqs", "num_rows"])
+def kda_cumsum_kernel(g, g_cum, cu_seqlens, chunk_offsets, num_seqs, num_rows, H,
                       K: tl.constexpr, C: tl.constexpr):
     """``g_cum[r] = g[first row of r's chunk] + ... + g[r]`` (float32), per head and channel.
     Grid ``(G_cap, H)``, flat schedule."""
-    task = first_task(cu_seqlens, cu_seqlens, chunk_offsets, num_seqs, H, C, "flat")
+    task = first_task(cu_seqlens, cu_seqlens, chunk_offsets, num_seqs, H, num_rows, C, "flat")
     while task >= 0:
-        seq_start, seq_len, chunk, head = task_at(task, cu_seqlens, chunk_offsets, num_seqs, "flat")
+        seq_start, seq_len, chunk, head = task_at(task, cu_seqlens, chunk_offsets, num_seqs, num_rows, "flat")
         rows, ok = _chunk_rows(seq_start, seq_len, chunk, C)
         x = _load_rows(g, rows, ok, head, H, K)
         _store_rows(g_cum, tl.cumsum(x, 0), rows, ok, head, H, K)
         task = next_task(task, cu_seqlens, chunk_offsets, num_seqs, H, "flat")
 
 
-@triton.jit(do_not_specialize=["num_seqs"])
-def kda_intra_kernel(q, k, g_cum, gram, qk, cu_seqlens, chunk_offsets, num_seqs, H, scale,
+@triton.jit(do_not_specialize=["num_seqs", "num_rows"])
+def kda_intra_kernel(q, k, g_cum, gram, qk, cu_seqlens, chunk_offsets, num_seqs, num_rows, H, scale,
                      K: tl.constexpr, C: tl.constexpr, BC: tl.constexpr, PRECISION: tl.constexpr):
     """The decayed Gram matrices of one chunk, stored row by row into ``[T, H, C]`` buffers::
 
@@ -208,9 +220,9 @@ def kda_intra_kernel(q, k, g_cum, gram, qk, cu_seqlens, chunk_offsets, num_seqs,
         qk[r, j]   = scale Σ_d q_rd k_jd exp(G_rd - G_jd)     j <= r   (other entries unspecified)
 
     ``r, j`` are positions in the chunk. Grid ``(G_cap, H)``, flat schedule."""
-    task = first_task(cu_seqlens, cu_seqlens, chunk_offsets, num_seqs, H, C, "flat")
+    task = first_task(cu_seqlens, cu_seqlens, chunk_offsets, num_seqs, H, num_rows, C, "flat")
     while task >= 0:
-        seq_start, seq_len, chunk, head = task_at(task, cu_seqlens, chunk_offsets, num_seqs, "flat")
+        seq_start, seq_len, chunk, head = task_at(task, cu_seqlens, chunk_offsets, num_seqs, num_rows, "flat")
         chunk_start = seq_start + chunk * C  # packed row of position 0
         valid = tl.minimum(seq_len - chunk * C, C)  # rows of this chunk inside the sequence
         sub = tl.arange(0, BC)
@@ -275,18 +287,18 @@ def _chunk_tail(g_cum, seq_start, seq_len, chunk, head, H, K: tl.constexpr, C: t
     return _load_row(g_cum, last, True, head, H, K)
 
 
-@triton.jit(do_not_specialize=["num_seqs"])
+@triton.jit(do_not_specialize=["num_seqs", "num_rows"])
 def kda_wy_kernel(q, k, v, g_cum, beta, gram, inverse, w, u, q_decayed, k_to_end, cu_seqlens, chunk_offsets,
-                  num_seqs, H, scale, K: tl.constexpr, V: tl.constexpr, C: tl.constexpr,
+                  num_seqs, num_rows, H, scale, K: tl.constexpr, V: tl.constexpr, C: tl.constexpr,
                   PRECISION: tl.constexpr):
     """The UT transform of one chunk: ``M = (I + Diag(beta) Γ)^{-1}`` by forward substitution, then
     the WY factors ``W = M Diag(beta) (K ⊙ exp(G))`` and ``U_0 = M Diag(beta) V``. Stores ``M``
     (``[T, H, C]``, rows of the chunk), ``W`` (``[T, H, K]``) and ``U_0`` (``[T, H, V]``), and,
     so that the sequential kernels do no exponentials, ``scale Q ⊙ exp(G)`` and
     ``K ⊙ exp(G_last - G)`` (``[T, H, K]``). Grid ``(G_cap, H)``, flat schedule."""
-    task = first_task(cu_seqlens, cu_seqlens, chunk_offsets, num_seqs, H, C, "flat")
+    task = first_task(cu_seqlens, cu_seqlens, chunk_offsets, num_seqs, H, num_rows, C, "flat")
     while task >= 0:
-        seq_start, seq_len, chunk, head = task_at(task, cu_seqlens, chunk_offsets, num_seqs, "flat")
+        seq_start, seq_len, chunk, head = task_at(task, cu_seqlens, chunk_offsets, num_seqs, num_rows, "flat")
         rows, ok = _chunk_rows(seq_start, seq_len, chunk, C)
         b = tl.load(beta + rows * H + head, mask=ok, other=0.0).to(tl.float32)
         A = _load_square(gram, rows, ok, head, H, C, True) * b[:, None]  # strictly lower
@@ -315,7 +327,7 @@ def kda_wy_kernel(q, k, v, g_cum, beta, gram, inverse, w, u, q_decayed, k_to_end
 
 
 @triton.jit
-def kda_state_kernel(g_cum, k_to_end, w, u, states, final, cu_seqlens, chunk_offsets, H,
+def kda_state_kernel(g_cum, k_to_end, w, u, states, final, cu_seqlens, chunk_offsets, num_rows, H,
                      K: tl.constexpr, V: tl.constexpr, C: tl.constexpr, BV: tl.constexpr,
                      PRECISION: tl.constexpr, STORE_FINAL: tl.constexpr):
     """The recurrence across chunks, and nothing else. Program ``(n, head, v_block)`` walks
@@ -331,11 +343,12 @@ def kda_state_kernel(g_cum, k_to_end, w, u, states, final, cu_seqlens, chunk_off
     the next chunk's state needs, two dependent products per chunk (``W S``, then ``K_e^T U``);
     the output ``Q_g S + P U``, which nothing later in the loop reads, is left to
     :func:`kda_output_kernel`, which runs on every chunk at once from the saved ``S`` and ``U``."""
-    n, head, v_block, seq_start, seq_len, first, cols = _sequence_program(cu_seqlens, chunk_offsets, BV)
+    n, head, v_block, seq_start, seq_len, first, num_chunks, cols = _sequence_program(cu_seqlens, chunk_offsets,
+                                                                                      num_rows, C, BV)
     # S accumulates in float32; its products take it, and U, rounded to the saved buffers' dtype
     # (the inputs' for bfloat16/float16), the same rounded values the later kernels read back.
     S = tl.zeros([K, BV], tl.float32)
-    for chunk in range(0, tl.cdiv(seq_len, C)):
+    for chunk in range(0, num_chunks):
         rows, ok = _chunk_rows(seq_start, seq_len, chunk, C)
         S_in = S.to(states.dtype.element_ty)
         tl.store(_state_ptrs(states, first + chunk, head, H, K, V, BV, v_block), S_in)
@@ -353,8 +366,8 @@ def kda_state_kernel(g_cum, k_to_end, w, u, states, final, cu_seqlens, chunk_off
         tl.store(_state_ptrs(final, n, head, H, K, V, BV, v_block), S)
 
 
-@triton.jit(do_not_specialize=["num_seqs"])
-def kda_output_kernel(q_decayed, qk, u, states, o, cu_seqlens, chunk_offsets, num_seqs, H,
+@triton.jit(do_not_specialize=["num_seqs", "num_rows"])
+def kda_output_kernel(q_decayed, qk, u, states, o, cu_seqlens, chunk_offsets, num_seqs, num_rows, H,
                       K: tl.constexpr, V: tl.constexpr, C: tl.constexpr, BV: tl.constexpr,
                       PRECISION: tl.constexpr):
     """The output of one chunk, ``O = Q_g S + P U`` (``Q_g = scale Q ⊙ exp(G)``, ``S`` the saved
@@ -362,9 +375,9 @@ def kda_output_kernel(q_decayed, qk, u, states, o, cu_seqlens, chunk_offsets, nu
     the ``BV`` value columns of block ``program_id(2)``. Grid ``(G_cap, H, V // BV)``, flat
     schedule: program ``(i, head, v_block)`` has chunk ``i`` of the flat chunk list, whose
     entering state is slot ``i`` of ``states``."""
-    task = first_task(cu_seqlens, cu_seqlens, chunk_offsets, num_seqs, H, C, "flat")
+    task = first_task(cu_seqlens, cu_seqlens, chunk_offsets, num_seqs, H, num_rows, C, "flat")
     while task >= 0:
-        seq_start, seq_len, chunk, head = task_at(task, cu_seqlens, chunk_offsets, num_seqs, "flat")
+        seq_start, seq_len, chunk, head = task_at(task, cu_seqlens, chunk_offsets, num_seqs, num_rows, "flat")
         slot = tl.program_id(0)
         v_block = tl.program_id(2)
         rows, ok = _chunk_rows(seq_start, seq_len, chunk, C)
@@ -384,17 +397,17 @@ def kda_output_kernel(q_decayed, qk, u, states, o, cu_seqlens, chunk_offsets, nu
 # Backward kernels.
 
 
-@triton.jit(do_not_specialize=["num_seqs"])
-def kda_local_du_kernel(qk, d_o, d_u, cu_seqlens, chunk_offsets, num_seqs, H, V: tl.constexpr,
+@triton.jit(do_not_specialize=["num_seqs", "num_rows"])
+def kda_local_du_kernel(qk, d_o, d_u, cu_seqlens, chunk_offsets, num_seqs, num_rows, H, V: tl.constexpr,
                         C: tl.constexpr, BV: tl.constexpr, PRECISION: tl.constexpr):
     """The part of ``dU`` that does not depend on the state gradient, ``P^T dO`` (rows of the
     storage-dtype ``[T, H, V]`` ``d_u``), for the ``BV`` value columns of block ``program_id(2)``.
     It runs on every chunk at once, before :func:`kda_state_backward_kernel`, which adds the
     rest: that keeps this product off the backward's sequential critical path.
     Grid ``(G_cap, H, V // BV)``, flat schedule."""
-    task = first_task(cu_seqlens, cu_seqlens, chunk_offsets, num_seqs, H, C, "flat")
+    task = first_task(cu_seqlens, cu_seqlens, chunk_offsets, num_seqs, H, num_rows, C, "flat")
     while task >= 0:
-        seq_start, seq_len, chunk, head = task_at(task, cu_seqlens, chunk_offsets, num_seqs, "flat")
+        seq_start, seq_len, chunk, head = task_at(task, cu_seqlens, chunk_offsets, num_seqs, num_rows, "flat")
         rows, ok = _chunk_rows(seq_start, seq_len, chunk, C)
         row_offs = (rows[:, None] * H + head) * V + tl.program_id(2) * BV + tl.arange(0, BV)[None, :]
         P = _load_square(qk, rows, ok, head, H, C, False)
@@ -405,7 +418,7 @@ def kda_local_du_kernel(qk, d_o, d_u, cu_seqlens, chunk_offsets, num_seqs, H, V:
 
 @triton.jit
 def kda_state_backward_kernel(g_cum, q_decayed, k_to_end, w, d_o, d_final, d_u, d_states, cu_seqlens,
-                              chunk_offsets, H, K: tl.constexpr, V: tl.constexpr, C: tl.constexpr,
+                              chunk_offsets, num_rows, H, K: tl.constexpr, V: tl.constexpr, C: tl.constexpr,
                               BV: tl.constexpr, PRECISION: tl.constexpr, HAS_D_FINAL: tl.constexpr):
     """The recurrence backwards. Program ``(n, head, v_block)`` walks sequence slot ``n``'s chunks
     from last to first carrying ``dS``, the gradient of the state leaving the chunk (for the last
@@ -420,12 +433,12 @@ def kda_state_backward_kernel(g_cum, q_decayed, k_to_end, w, d_o, d_final, d_u, 
     next is two dependent products (``K_e dS``, then ``W^T dU``); ``Q_g^T dO`` does not depend on
     ``dS`` and overlaps them (taking it out too would cost a ``[G_cap, H, K, V]`` buffer written
     and read back, more traffic than the two tiles it reads). Grid ``(N, H, V // BV)``."""
-    n, head, v_block, seq_start, seq_len, first, cols = _sequence_program(cu_seqlens, chunk_offsets, BV)
+    n, head, v_block, seq_start, seq_len, first, num_chunks, cols = _sequence_program(cu_seqlens, chunk_offsets,
+                                                                                      num_rows, C, BV)
     if HAS_D_FINAL:
         dS = tl.load(_state_ptrs(d_final, n, head, H, K, V, BV, v_block))
     else:
         dS = tl.zeros([K, BV], tl.float32)
-    num_chunks = tl.cdiv(seq_len, C)
     for step in range(0, num_chunks):
         chunk = num_chunks - 1 - step
         rows, ok = _chunk_rows(seq_start, seq_len, chunk, C)
@@ -449,10 +462,10 @@ def kda_state_backward_kernel(g_cum, q_decayed, k_to_end, w, d_o, d_final, d_u, 
         dS = _dot(tl.trans(W), (-dU).to(d_u.dtype.element_ty), dS, PRECISION)
 
 
-@triton.jit(do_not_specialize=["num_seqs"])
+@triton.jit(do_not_specialize=["num_seqs", "num_rows"])
 def kda_chunk_backward_kernel(q, k, v, g_cum, beta, gram, inverse, u, states, d_o, d_u, d_states,
                               dv, dbeta, d_qk_out, d_gram_out, dq_part, dk_part, dG_part,
-                              cu_seqlens, chunk_offsets, num_seqs, H, scale,
+                              cu_seqlens, chunk_offsets, num_seqs, num_rows, H, scale,
                               K: tl.constexpr, V: tl.constexpr, C: tl.constexpr, BV: tl.constexpr,
                               PRECISION: tl.constexpr):
     """The per-chunk backward up to the pairwise terms, given ``dO``, ``dU`` and the state
@@ -463,9 +476,9 @@ def kda_chunk_backward_kernel(q, k, v, g_cum, beta, gram, inverse, u, states, d_
     :func:`kda_pairwise_backward_kernel`. Grid ``(G_cap, H)``, flat schedule (fixed, not a
     parameter: under it, program ``(i, head)`` has chunk ``i`` of the flat chunk list, whose
     entering state and state gradient are slot ``i`` of ``states`` and ``d_states``)."""
-    task = first_task(cu_seqlens, cu_seqlens, chunk_offsets, num_seqs, H, C, "flat")
+    task = first_task(cu_seqlens, cu_seqlens, chunk_offsets, num_seqs, H, num_rows, C, "flat")
     while task >= 0:
-        seq_start, seq_len, chunk, head = task_at(task, cu_seqlens, chunk_offsets, num_seqs, "flat")
+        seq_start, seq_len, chunk, head = task_at(task, cu_seqlens, chunk_offsets, num_seqs, num_rows, "flat")
         slot = tl.program_id(0)  # = chunk_offsets[sequence] + chunk, the flat schedule's one task
         rows, ok = _chunk_rows(seq_start, seq_len, chunk, C)
         valid = tl.minimum(seq_len - chunk * C, C)
@@ -542,9 +555,9 @@ def _load_block(ptr, rows, ok, cols, head, H, C: tl.constexpr):
     return tl.load(ptr + (rows[:, None] * H + head) * C + cols[None, :], mask=ok[:, None], other=0.0)
 
 
-@triton.jit(do_not_specialize=["num_seqs"])
+@triton.jit(do_not_specialize=["num_seqs", "num_rows"])
 def kda_pairwise_backward_kernel(q, k, g_cum, d_qk, d_gram, dq_part, dk_part, dG_part, dq, dk, dg,
-                                 cu_seqlens, chunk_offsets, num_seqs, H, K: tl.constexpr, C: tl.constexpr,
+                                 cu_seqlens, chunk_offsets, num_seqs, num_rows, H, K: tl.constexpr, C: tl.constexpr,
                                  BC: tl.constexpr, PRECISION: tl.constexpr):
     """The pairwise terms of the backward, then the chain through ``G = cumsum(g)``.
 
@@ -560,9 +573,9 @@ def kda_pairwise_backward_kernel(q, k, g_cum, d_qk, d_gram, dq_part, dk_part, dG
     Sub-blocks run from the chunk's last to its first, carrying ``Σ dG`` of the later rows, so
     ``dg_r = Σ_{r' >= r} dG_r'`` comes out block by block. Adds the partial gradients of
     :func:`kda_chunk_backward_kernel` and writes ``dq, dk, dg``. Grid ``(G_cap, H)``, flat schedule."""
-    task = first_task(cu_seqlens, cu_seqlens, chunk_offsets, num_seqs, H, C, "flat")
+    task = first_task(cu_seqlens, cu_seqlens, chunk_offsets, num_seqs, H, num_rows, C, "flat")
     while task >= 0:
-        seq_start, seq_len, chunk, head = task_at(task, cu_seqlens, chunk_offsets, num_seqs, "flat")
+        seq_start, seq_len, chunk, head = task_at(task, cu_seqlens, chunk_offsets, num_seqs, num_rows, "flat")
         chunk_start = seq_start + chunk * C
         valid = tl.minimum(seq_len - chunk * C, C)
         sub = tl.arange(0, BC)
@@ -759,7 +772,8 @@ def _kda_forward(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, cu_se
     # float16, float32 for float32); the decay cumsum, Γ (which builds A) and the inverse M stay
     # float32, as the triangular solve needs them exact to float32.
     low = dict(dtype=plan.storage, device=q.device)
-    offsets = launch_chunk_offsets(cu_seqlens, C)  # on the device, one launch, no host read
+    # On the device, one launch, no host read; clamped into the T rows as the kernels clamp.
+    offsets = launch_chunk_offsets(cu_seqlens, C, token_capacity=T)
     g_cum = torch.empty(T, H, K, **f32)
     gram = torch.empty(T, H, C, **f32)
     qk = torch.empty(T, H, C, **low)
@@ -774,7 +788,7 @@ def _kda_forward(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, cu_se
     precision = plan.precision
     if plan.G_cap > 0:
         grid = (plan.G_cap, H)
-        common = (cu_seqlens, offsets, N, H)
+        common = (cu_seqlens, offsets, N, T, H)
         kda_cumsum_kernel[grid](g, g_cum, *common, K=K, C=C)
         kda_intra_kernel[grid](q, k, g_cum, gram, qk, *common, plan.scale, K=K, C=C, BC=_SUB,
                                PRECISION=precision)
@@ -783,10 +797,10 @@ def _kda_forward(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, cu_se
     BV = plan.value_block
     # Without a final state, `states` stands in for its pointer: STORE_FINAL=False never writes it.
     kda_state_kernel[(N, H, V // BV)](g_cum, k_to_end, w, u, states, states if final is None else final,
-                                      cu_seqlens, offsets, H, K=K, V=V, C=C, BV=BV, PRECISION=precision,
+                                      cu_seqlens, offsets, T, H, K=K, V=V, C=C, BV=BV, PRECISION=precision,
                                       STORE_FINAL=final is not None, **_sequential(plan))
     if plan.G_cap > 0:  # u now holds U = U_0 - W S
-        kda_output_kernel[(plan.G_cap, H, V // BV)](q_decayed, qk, u, states, o, cu_seqlens, offsets, N, H,
+        kda_output_kernel[(plan.G_cap, H, V // BV)](q_decayed, qk, u, states, o, cu_seqlens, offsets, N, T, H,
                                                     K=K, V=V, C=C, BV=BV, PRECISION=precision)
     saved = dict(offsets=offsets, g_cum=g_cum, gram=gram, qk=qk, inverse=inverse, w=w, u=u, q_decayed=q_decayed,
                  k_to_end=k_to_end, states=states)
@@ -834,21 +848,21 @@ def _kda_backward(q: Tensor, k: Tensor, v: Tensor, g_dtype: torch.dtype, beta: T
     BV = plan.value_block
     offsets = saved["offsets"]
     if plan.G_cap > 0:  # d_u = P^T dO, on every chunk at once
-        kda_local_du_kernel[(plan.G_cap, H, V // BV)](saved["qk"], d_o, d_u, cu_seqlens, offsets, N, H, V=V, C=C,
+        kda_local_du_kernel[(plan.G_cap, H, V // BV)](saved["qk"], d_o, d_u, cu_seqlens, offsets, N, T, H, V=V, C=C,
                                                       BV=BV, PRECISION=precision)
     kda_state_backward_kernel[(N, H, V // BV)](saved["g_cum"], saved["q_decayed"], saved["k_to_end"], saved["w"],
                                                d_o, d_states if d_final is None else d_final, d_u, d_states,
-                                               cu_seqlens, offsets, H, K=K, V=V, C=C, BV=BV, PRECISION=precision,
+                                               cu_seqlens, offsets, T, H, K=K, V=V, C=C, BV=BV, PRECISION=precision,
                                                HAS_D_FINAL=d_final is not None, **_sequential(plan))
     if plan.G_cap > 0:
         kda_chunk_backward_kernel[(plan.G_cap, H)](
             q, k, v, saved["g_cum"], beta, saved["gram"], saved["inverse"], saved["u"],
             saved["states"], d_o, d_u, d_states, dv, dbeta, d_qk, d_gram, dq_part, dk_part, dG_part,
-            cu_seqlens, offsets, N, H, plan.scale,
+            cu_seqlens, offsets, N, T, H, plan.scale,
             K=K, V=V, C=C, BV=plan.backward_value_block, PRECISION=precision, **_CHUNK_BACKWARD,
         )
         kda_pairwise_backward_kernel[(plan.G_cap, H)](
-            q, k, saved["g_cum"], d_qk, d_gram, dq_part, dk_part, dG_part, dq, dk, dg, cu_seqlens, offsets, N, H,
+            q, k, saved["g_cum"], d_qk, d_gram, dq_part, dk_part, dG_part, dq, dk, dg, cu_seqlens, offsets, N, T, H,
             K=K, C=C, BC=_SUB, PRECISION=precision,
         )
     return dq, dk, dv, dg, dbeta
@@ -911,11 +925,12 @@ def kda_triton(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, cu_seql
             decreases, ``L <= T``) before any kernel runs. ``None`` (default): only when
             ``cu_seqlens`` is a CPU tensor (the interpreter), where reading it costs no device
             sync; ``True``: also on CUDA (one sync per call; skipped while the stream is
-            capturing); ``False``: never. Unchecked values are trusted: the kernels index memory
-            with them, so a malformed ``cu_seqlens`` can read and write out of bounds (an illegal
-            memory access on the GPU, heap corruption in the interpreter), never a clean error.
-            Validate batches where they are built (:func:`attn_gym_lite.ragged.validate_cu_seqlens`)
-            or pass ``validate=True`` while debugging.
+            capturing); ``False``: never. Unchecked values are not an error: the kernels clamp
+            every sequence into the ``T`` rows (and its chunks into the slots ``chunk_offsets``
+            gave it), so a malformed ``cu_seqlens`` gives wrong results, never an access outside
+            the tensors, and never a clean error either. Validate batches where they are built
+            (:func:`attn_gym_lite.ragged.validate_cu_seqlens`) or pass ``validate=True`` while
+            debugging.
 
     Returns:
         ``(o, final_state)``: ``o`` ``[T, H, V]`` in ``q``'s dtype, rows ``L .. T - 1`` zero;

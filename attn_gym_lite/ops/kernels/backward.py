@@ -129,11 +129,11 @@ def attention_backward_kernel(
     writing ``DELTA[h, t] = rowsum(dO * O)`` (float32 ``[H, T]``) for the active rows. ``PASS =
     "dkdv"``: dK, dV over key chunks (``C = BLOCK_N``), reading that ``DELTA``; launch it after."""
     if PASS == "dq":  # a compile-time choice, like every branch on PASS
-        task = first_task(counter, cu_seqlens, chunk_offsets, num_seqs, num_heads, BLOCK_M, SCHEDULE)
+        task = first_task(counter, cu_seqlens, chunk_offsets, num_seqs, num_heads, token_capacity, BLOCK_M, SCHEDULE)
     else:
-        task = first_task(counter, cu_seqlens, chunk_offsets, num_seqs, num_heads, BLOCK_N, SCHEDULE)
+        task = first_task(counter, cu_seqlens, chunk_offsets, num_seqs, num_heads, token_capacity, BLOCK_N, SCHEDULE)
     while task >= 0:
-        seq_start, seq_len, chunk, head = task_at(task, cu_seqlens, chunk_offsets, num_seqs, SCHEDULE)
+        seq_start, seq_len, chunk, head = task_at(task, cu_seqlens, chunk_offsets, num_seqs, token_capacity, SCHEDULE)
         if PASS == "dq":
             # ``dQ`` and ``delta`` for query rows ``chunk * BLOCK_M ..`` of one sequence.
             rows = chunk * BLOCK_M + tl.arange(0, BLOCK_M)

@@ -132,9 +132,9 @@ def attention_forward_kernel(
     active rows; LSE: float32 ``[H, T]``, base-2 log-sum-exp of the scaled scores, written for the
     active rows. ``chunk_offsets`` must be built with ``C = BLOCK_M``.
     """
-    task = first_task(counter, cu_seqlens, chunk_offsets, num_seqs, num_heads, BLOCK_M, SCHEDULE)
+    task = first_task(counter, cu_seqlens, chunk_offsets, num_seqs, num_heads, token_capacity, BLOCK_M, SCHEDULE)
     while task >= 0:
-        seq_start, seq_len, chunk, head = task_at(task, cu_seqlens, chunk_offsets, num_seqs, SCHEDULE)
+        seq_start, seq_len, chunk, head = task_at(task, cu_seqlens, chunk_offsets, num_seqs, token_capacity, SCHEDULE)
         _forward_chunk(
             Q, K, V, O, LSE, seq_start, seq_len, chunk, head,
             stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_ot, stride_oh,

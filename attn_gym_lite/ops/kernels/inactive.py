@@ -17,8 +17,11 @@ import triton.language as tl
 @triton.jit(do_not_specialize=["num_seqs", "num_rows"])
 def zero_inactive_rows_kernel(X, cu_seqlens, num_seqs, num_rows, row_elems, BLOCK: tl.constexpr):
     """``X`` contiguous ``[num_rows, row_elems]``; zero its rows from ``cu_seqlens[num_seqs]`` on.
-    ``row_elems`` must be a multiple of 16 (Triton then knows both bounds below are)."""
-    first = tl.load(cu_seqlens + num_seqs) * row_elems
+    ``row_elems`` must be a multiple of 16 (Triton then knows both bounds below are). ``L`` is
+    clamped into ``[0, num_rows]`` before use, so a malformed ``cu_seqlens`` (negative, or past
+    ``T``) zeroes all rows or none, and never writes outside ``X``."""
+    active_rows = tl.minimum(tl.maximum(tl.load(cu_seqlens + num_seqs), 0), num_rows)
+    first = active_rows * row_elems
     total = num_rows * row_elems
     zeros = tl.zeros([BLOCK], X.dtype.element_ty)
     # Whole BLOCK-aligned blocks, the first one masked below `first`: aligned offsets and a mask

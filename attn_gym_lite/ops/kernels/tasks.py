@@ -29,6 +29,14 @@ and the schedule (a compile-time constant) decides only what those functions ret
 No schedule reads anything on the host: the active work comes from ``cu_seqlens`` and
 ``chunk_offsets`` in device memory, so a captured graph adapts to each replay's batch.
 
+Nor is anything read from ``cu_seqlens`` trusted to address memory: :func:`sequence_bounds` clamps
+every sequence into the ``T`` rows of the tensors (``start = clamp(cu_seqlens[i], 0, T)``, ``end =
+clamp(cu_seqlens[i + 1], start, T)``), and ``chunk_offsets`` is built from the same clamped
+lengths (:func:`attn_gym_lite.ops.kernels.offsets.launch_chunk_offsets` with ``token_capacity``),
+so a task's chunk always lies inside its sequence and its sequence inside the tensors. On a valid
+``cu_seqlens`` the clamps change nothing; on a malformed one (values never checked on the device)
+the results are wrong but no access leaves the tensors.
+
 Source: the seed article, sections "The anatomy of a ragged kernel" (rect), "Scheduling without
 max_seqlen" (flat, the decoding) and "Graph overcapture" (persistent); FlashAttention-3's
 dynamic tile scheduler (an atomic counter) for dynamic.
@@ -58,17 +66,27 @@ def find_sequence(chunk_offsets, flat_chunk, num_seqs):
 
 
 @triton.jit
+def sequence_bounds(cu_seqlens, seq, token_capacity):
+    """Sequence slot ``seq``'s first packed row and length, clamped into ``[0, token_capacity]``:
+    ``start = clamp(cu_seqlens[seq], 0, T)``, ``end = clamp(cu_seqlens[seq + 1], start, T)``,
+    returns ``(start, end - start)``. Two min/max pairs: the identity on a valid ``cu_seqlens``."""
+    start = tl.minimum(tl.maximum(tl.load(cu_seqlens + seq), 0), token_capacity)
+    end = tl.minimum(tl.maximum(tl.load(cu_seqlens + seq + 1), start), token_capacity)
+    return start, end - start
+
+
+@triton.jit
 def _active_tasks(chunk_offsets, num_seqs, num_heads):
     return tl.load(chunk_offsets + num_seqs) * num_heads
 
 
 @triton.jit
-def first_task(counter, cu_seqlens, chunk_offsets, num_seqs, num_heads, CHUNK: tl.constexpr,
+def first_task(counter, cu_seqlens, chunk_offsets, num_seqs, num_heads, token_capacity, CHUNK: tl.constexpr,
                SCHEDULE: tl.constexpr):
     """This program's first task, ``-1`` if it has none (rect and flat use task 0 for "my slot")."""
     if SCHEDULE == "rect":
         seq = tl.program_id(1)
-        seq_len = tl.load(cu_seqlens + seq + 1) - tl.load(cu_seqlens + seq)
+        _, seq_len = sequence_bounds(cu_seqlens, seq, token_capacity)
         task = tl.where(tl.program_id(0) * CHUNK < seq_len, 0, -1)
     elif SCHEDULE == "flat":
         task = tl.where(tl.program_id(0) < tl.load(chunk_offsets + num_seqs), 0, -1)
@@ -94,10 +112,13 @@ def next_task(task, counter, chunk_offsets, num_seqs, num_heads, SCHEDULE: tl.co
 
 
 @triton.jit
-def task_at(task, cu_seqlens, chunk_offsets, num_seqs, SCHEDULE: tl.constexpr):
+def task_at(task, cu_seqlens, chunk_offsets, num_seqs, token_capacity, SCHEDULE: tl.constexpr):
     """Task ``task`` of this program: ``(seq_start, seq_len, chunk, head)``, where ``seq_start`` is
     the sequence's first packed row, ``seq_len`` its length and ``chunk`` the chunk's index
-    within the sequence (it covers rows ``chunk * C ..`` of the sequence)."""
+    within the sequence (it covers rows ``chunk * C ..`` of the sequence). The sequence comes from
+    :func:`sequence_bounds`, so ``0 <= seq_start <= seq_start + seq_len <= token_capacity`` and
+    ``chunk * C < seq_len`` whatever ``cu_seqlens`` holds (``chunk_offsets`` built with the same
+    ``token_capacity``)."""
     if SCHEDULE == "rect":
         chunk = tl.program_id(0)
         seq = tl.program_id(1)
@@ -112,6 +133,5 @@ def task_at(task, cu_seqlens, chunk_offsets, num_seqs, SCHEDULE: tl.constexpr):
             flat_chunk = task % active
         seq = find_sequence(chunk_offsets, flat_chunk, num_seqs)
         chunk = flat_chunk - tl.load(chunk_offsets + seq)
-    seq_start = tl.load(cu_seqlens + seq)
-    seq_len = tl.load(cu_seqlens + seq + 1) - seq_start
+    seq_start, seq_len = sequence_bounds(cu_seqlens, seq, token_capacity)
     return seq_start, seq_len, chunk, head

@@ -180,6 +180,11 @@ def _check_inputs(q: object, k: object, v: object, cu_seqlens: object) -> None:
         )
 
 
+def _capturing(q: Tensor) -> bool:
+    """Nothing may be read on the host: a CUDA stream is capturing, or torch.compile is tracing."""
+    return torch.compiler.is_compiling() or (q.is_cuda and torch.cuda.is_current_stream_capturing())
+
+
 def _unit_last_stride(x: Tensor) -> Tensor:
     return x if x.stride(-1) == 1 else x.contiguous()
 
@@ -204,8 +209,22 @@ def varlen_attention_triton(
             the interpreter) and device; ``D`` in 16, 32, 64, 128. Any strides with the last one
             1 (e.g. views of a fused QKV projection); others are made contiguous.
         cu_seqlens: int32 ``[N + 1]`` prefix sums ``[0, ..., L, L]`` on ``q``'s device, ``L <= T``.
-            Never read on the host: with a CUDA graph, copy each batch's ``cu_seqlens`` into the
-            captured buffer and replay.
+            The kernels read it on the device: with a CUDA graph, copy each batch's
+            ``cu_seqlens`` into the captured buffer and replay. What is checked where:
+
+            * CPU ``cu_seqlens`` (the interpreter) with ``validate``: every value rule
+              (:func:`attn_gym_lite.checks.check_cu_seqlens_values`: starts at 0, never
+              decreases, ``L <= T``, and for ``"rect"`` no sequence longer than
+              ``max_seqlen``), read on the host at no device cost, before any launch.
+            * CUDA ``cu_seqlens`` outside a capture: read on the host (one device sync) only for
+              ``schedule="rect"`` with ``validate``, to check those rules and ``max_seqlen``;
+              other schedules never read it on the host, so a malformed layout is not reported.
+            * Inside a capture (or while ``torch.compile`` traces): never read on the host.
+            * On the device, always: every kernel clamps each sequence into the ``T`` rows
+              (``start = clamp(cu_seqlens[i], 0, T)``, ``end = clamp(cu_seqlens[i + 1], start,
+              T)``; ``L`` for ``zero_inactive`` likewise), so unchecked malformed values give
+              wrong results (rows covered by no clamped sequence unspecified, overlapping ones
+              written by either) but never address memory outside the tensors.
         causal: each token attends to itself and earlier tokens of its sequence only.
         schedule: how chunks of work map onto the launch grid:
 
@@ -223,9 +242,10 @@ def varlen_attention_triton(
             ``q, k, v``, reading ``L`` on the device. The default leaves them unspecified (like
             torch's ``varlen_attn``) and saves writing ``4 (T - L) H D`` elements per step: the
             package's modules mask those rows where it matters (chapter "Masking").
-        validate: with ``schedule="rect"``, outside a CUDA graph capture, read ``cu_seqlens`` on the
-            host once to check ``max_seqlen`` against the longest sequence (a too-small bound makes
-            the grid skip rows silently). Inside a capture the bound is the graph's key.
+        validate: outside a CUDA graph capture, check ``cu_seqlens``'s values on the host where
+            that is cheap or needed (see ``cu_seqlens``): always for a CPU tensor; for a CUDA one
+            only with ``schedule="rect"``, whose too-small ``max_seqlen`` would make the grid skip
+            rows silently. Inside a capture the bound is the graph's key. ``False`` skips it.
         config: tiles and launch parameters; :func:`default_config` if ``None``.
 
     Returns:
@@ -239,7 +259,10 @@ def varlen_attention_triton(
             ``cu_seqlens`` is not a contiguous 1-D int32 tensor of ``N + 1 >= 2`` entries;
             ``schedule`` is unknown; ``max_seqlen`` is missing for ``"rect"``, given to another
             schedule, or (checked outside a capture) below the longest sequence; CPU tensors
-            without the interpreter or CUDA tensors with it.
+            without the interpreter or CUDA tensors with it; with ``validate``, a CPU
+            ``cu_seqlens`` (or a CUDA one with ``"rect"``) whose values break a rule: first entry
+            not 0, a decrease, ``L > T`` (the messages of
+            :func:`attn_gym_lite.checks.check_cu_seqlens_values`).
 
     Source: FlashAttention-2 (Dao, 2023) for the kernels; the seed article, "The anatomy of a
     ragged kernel" through "Graph overcapture", for the schedules.
@@ -252,7 +275,7 @@ def varlen_attention_triton(
             raise ValueError("max_seqlen must be an int >= 1 for schedule='rect', got None")
         max_seqlen = checks.check_int("max_seqlen", max_seqlen, minimum=1)
     plan = _plan(q, k, v, cu_seqlens, causal, schedule, max_seqlen, zero_inactive, config)
-    if schedule == "rect" and validate and not (q.is_cuda and torch.cuda.is_current_stream_capturing()):
+    if validate and (schedule == "rect" or not cu_seqlens.is_cuda) and not _capturing(q):
         checks.check_cu_seqlens_values(cu_seqlens, token_capacity=q.shape[0], max_seqlen=max_seqlen)
     q, k, v = (_unit_last_stride(x) for x in (q, k, v))
     return _VarlenAttention.apply(q, k, v, cu_seqlens, plan)
@@ -296,7 +319,7 @@ def _plan(q: Tensor, k: Tensor, v: Tensor, cu_seqlens: Tensor, causal: bool, sch
 # The autograd Function.
 
 
-def _chunk_metadata(cu_seqlens: Tensor, plan: _Plan) -> tuple[dict[int, Tensor], Tensor | None]:
+def _chunk_metadata(cu_seqlens: Tensor, plan: _Plan, T: int) -> tuple[dict[int, Tensor], Tensor | None]:
     """``chunk_offsets`` for each chunk size in ``plan.chunks`` and, when the forward kernel is
     dynamic, its zeroed task counter: one int32 buffer, one launch per chunk size (usually one)."""
     slots = cu_seqlens.numel()
@@ -306,7 +329,8 @@ def _chunk_metadata(cu_seqlens: Tensor, plan: _Plan) -> tuple[dict[int, Tensor],
     offsets = {}
     for i, chunk in enumerate(plan.chunks):
         offsets[chunk] = work[i * slots:(i + 1) * slots]
-        launch_chunk_offsets(cu_seqlens, chunk, out=offsets[chunk], counters=counter if i == 0 else None)
+        launch_chunk_offsets(cu_seqlens, chunk, out=offsets[chunk], counters=counter if i == 0 else None,
+                             token_capacity=T)
     return offsets, counter
 
 
@@ -342,7 +366,7 @@ class _VarlenAttention(torch.autograd.Function):
         N = cu_seqlens.numel() - 1
         out = torch.empty((T, H, D), dtype=q.dtype, device=q.device)
         lse = torch.empty((H, T), dtype=torch.float32, device=q.device)
-        offsets, counter = _chunk_metadata(cu_seqlens, plan)
+        offsets, counter = _chunk_metadata(cu_seqlens, plan, T)
         if counter is None:
             counter = cu_seqlens  # a stand-in pointer: other schedules never read it
         sm_scale = 1.0 / math.sqrt(D)

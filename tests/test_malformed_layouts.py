@@ -1,0 +1,175 @@
+"""Malformed ``cu_seqlens`` values that nothing checked (``validate=False``, or CUDA metadata the
+host never reads) give wrong numbers, never an access outside the tensors.
+
+Every kernel clamps each sequence into the ``T`` rows (``start = clamp(cu[i], 0, T)``, ``end =
+clamp(cu[i + 1], start, T)``), and ``chunk_offsets`` is built from the same clamped lengths. So
+the kernels compute attention (or KDA) over those clamped intervals, and these tests hold them to
+exactly that: every row covered by a clamped interval equals an independent float64 computation
+over one interval that covers it (where intervals overlap, either writer may win).
+
+Each call runs in a fresh process (:func:`attn_gym_lite.isolation.run_isolated`): before the
+clamps, these layouts corrupted the heap in the interpreter (``free(): invalid next size``, a
+segfault) and would be an illegal memory access on a GPU, and a crash must fail one test rather
+than end the pytest process.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+from attn_gym_lite.isolation import run_isolated
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+DTYPE = torch.bfloat16 if DEVICE == "cuda" else torch.float32
+RTOL = 3e-2 if DTYPE == torch.bfloat16 else 2e-5
+INT32_MAX = 2**31 - 1
+
+# name -> (cu_seqlens values, T): none of them valid.
+MALFORMED = {
+    "L past T": ([0, 8, 20], 10),  # the new user's example: q[:10] with a batch of 20 tokens
+    "first not 0": ([1, 8, 20], 20),
+    "decreasing": ([0, 12, 8, 20], 20),
+    "negative": ([-5, 4, -3, 6], 12),
+    "huge": ([0, INT32_MAX, INT32_MAX, 3], 24),
+    "all past T": ([30, 40, 50], 16),
+}
+
+
+def _inputs(rows, width, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randn(rows, 2, width, generator=g) for _ in range(4)]
+
+
+def clamped_intervals(values, rows):
+    """The kernels' reading of ``values``: sequence ``i`` is rows ``[start, end)``."""
+    intervals = []
+    for a, b in zip(values[:-1], values[1:]):
+        start = min(max(a, 0), rows)
+        intervals.append((start, min(max(b, start), rows)))
+    return intervals
+
+
+SCHEDULES = ("rect", "flat", "persistent", "dynamic")
+
+
+def attention_child(values, rows):
+    """In the child: ``varlen_attention_triton`` with ``validate=False`` on ``values``, every
+    schedule, causal and not; ``{"<schedule>-<causal>": [out, dq, dk, dv]}`` as nested lists."""
+    from attn_gym_lite.ops.kernels import varlen_attention_triton
+
+    cu = torch.tensor(values, dtype=torch.int32, device=DEVICE)
+    q, k, v, do = (x.to(DEVICE, DTYPE) for x in _inputs(rows, 16))
+    q, k, v = (x.requires_grad_() for x in (q, k, v))
+    results = {}
+    for schedule in SCHEDULES:
+        for causal in (False, True):
+            options = {"max_seqlen": rows} if schedule == "rect" else {}
+            out = varlen_attention_triton(q, k, v, cu, causal=causal, schedule=schedule, validate=False, **options)
+            grads = torch.autograd.grad(out, (q, k, v), do)
+            if DEVICE == "cuda":
+                torch.cuda.synchronize()  # an illegal access surfaces here, in the child
+            results[f"{schedule}-{causal}"] = [x.float().cpu().tolist() for x in (out, *grads)]
+    return results
+
+
+def _attention_on(q, k, v, start, end, causal):
+    """Float64 softmax attention over rows ``[start, end)`` alone: ``[end - start, H, D]``."""
+    qs, ks, vs = (x[start:end].transpose(0, 1) for x in (q, k, v))
+    scores = qs @ ks.transpose(1, 2) / math.sqrt(q.shape[-1])
+    if causal:
+        length = end - start
+        scores = scores.masked_fill(torch.ones(length, length, dtype=torch.bool).triu(1), float("-inf"))
+    return (scores.softmax(-1) @ vs).transpose(0, 1)
+
+
+def _child_env():
+    here = Path(__file__).resolve().parent
+    paths = [str(here), str(here.parent), os.environ.get("PYTHONPATH", "")]
+    return {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in paths if p)}
+
+
+KERNELS_RUN = DEVICE == "cuda" or os.environ.get("TRITON_INTERPRET") == "1"
+
+
+@pytest.mark.skipif(not KERNELS_RUN, reason="the Triton kernels need a GPU or TRITON_INTERPRET=1")
+@pytest.mark.parametrize("layout", MALFORMED)
+def test_attention_kernels_stay_inside_the_tensors_on_malformed_layouts(layout):
+    values, rows = MALFORMED[layout]
+    results = run_isolated(attention_child, values, rows, timeout_s=300, env=_child_env())
+    assert sorted(results) == sorted(f"{s}-{c}" for s in SCHEDULES for c in (False, True))
+    for key, result in results.items():
+        _assert_clamped_attention(layout, key, values, rows, key.endswith("True"),
+                                  *(torch.tensor(x, dtype=torch.float64) for x in result))
+
+
+def _assert_clamped_attention(layout, key, values, rows, causal, out, dq, dk, dv):
+    q, k, v, do = (x.to(DTYPE).double().requires_grad_() for x in _inputs(rows, 16))
+    intervals = [(s, e) for s, e in clamped_intervals(values, rows) if e > s]
+    covered = [[i for i, (s, e) in enumerate(intervals) if s <= t < e] for t in range(rows)]
+    overlapping = any(len(c) > 1 for c in covered)
+    expected = [_attention_on(q, k, v, s, e, causal) for s, e in intervals]
+    for t, owners in enumerate(covered):
+        if not owners:
+            continue  # a row no clamped sequence covers: unspecified, never written
+        errors = [(out[t] - expected[i][t - intervals[i][0]].detach()).abs().max().item() for i in owners]
+        assert min(errors) <= RTOL * 4, (layout, key, t, errors)
+    if overlapping or not intervals:
+        return  # two tasks wrote the same rows (which gradient won is a race), or none: bounds were the test
+    # Disjoint intervals: the gradients of the clamped layout, exactly.
+    reference = torch.zeros_like(q)
+    for (s, e), part in zip(intervals, expected):
+        reference = reference.index_put((torch.arange(s, e),), part)
+    mask = torch.tensor([bool(c) for c in covered])[:, None, None]
+    grads = torch.autograd.grad(reference, (q, k, v), torch.where(mask, do.double(), 0))
+    for name, mine, ref in zip(("dq", "dk", "dv"), (dq, dk, dv), grads):
+        error = (mine[mask.flatten()] - ref[mask.flatten()]).abs().max().item()
+        assert error <= RTOL * 4 * max(ref.abs().max().item(), 1.0), (layout, key, name, error)
+
+
+def kda_child(values, rows, validate):
+    """In the child: ``kda_triton`` with ``validate`` on ``values``; its output and the gradient
+    of ``q`` (of ``sum(o)``) as nested lists."""
+    from attn_gym_lite.ops.kda import kda_triton
+
+    cu = torch.tensor(values, dtype=torch.int32, device=DEVICE)
+    q, k, v, g = (x.to(DEVICE, DTYPE) for x in _inputs(rows, 16, seed=1))
+    k = torch.nn.functional.normalize(k, dim=-1)
+    g = -g.abs() * 0.1
+    beta = torch.rand(rows, 2, generator=torch.Generator().manual_seed(2)).to(DEVICE, DTYPE)
+    q = q.requires_grad_()
+    o, _ = kda_triton(q, k, v, g, beta, cu, chunk_size=16, validate=validate)
+    (dq,) = torch.autograd.grad(o.float().sum(), (q,))
+    if DEVICE == "cuda":
+        torch.cuda.synchronize()
+    return [o.float().cpu().tolist(), dq.float().cpu().tolist()]
+
+
+@pytest.mark.skipif(not KERNELS_RUN, reason="the Triton kernels need a GPU or TRITON_INTERPRET=1")
+@pytest.mark.parametrize("layout", MALFORMED)
+def test_kda_kernels_stay_inside_the_tensors_on_malformed_layouts(layout):
+    from attn_gym_lite.ops.kda import kda_recurrent
+
+    values, rows = MALFORMED[layout]
+    out, dq = (torch.tensor(x, dtype=torch.float64)
+               for x in run_isolated(kda_child, values, rows, False, timeout_s=300, env=_child_env()))
+    assert out.shape == (rows, 2, 16) and dq.shape == (rows, 2, 16)
+    intervals = [(s, e) for s, e in clamped_intervals(values, rows) if e > s]
+    q, k, v, g = (x.to(DTYPE).double() for x in _inputs(rows, 16, seed=1))
+    k = torch.nn.functional.normalize(k, dim=-1)
+    g = -g.abs() * 0.1
+    beta = torch.rand(rows, 2, generator=torch.Generator().manual_seed(2)).to(DTYPE).double()
+    # KDA's output and gradients start as zeros: every row is finite, covered or not.
+    assert torch.isfinite(out).all() and torch.isfinite(dq).all()
+    tolerance = 1e-3 if DTYPE == torch.float32 else 5e-2
+    if any(s1 < e2 and s2 < e1 for i, (s1, e1) in enumerate(intervals) for s2, e2 in intervals[i + 1:]):
+        return  # overlapping sequences share per-row intermediates: only staying in bounds is promised
+    for s, e in intervals:  # the recurrence over each interval alone, from a zero state
+        piece = [x[s:e] for x in (q, k, v, g, beta)]
+        expected, _ = kda_recurrent(*piece, torch.tensor([0, e - s], dtype=torch.int32))
+        error = (out[s:e] - expected).abs().max().item()
+        assert error <= tolerance, (layout, (s, e), error)
