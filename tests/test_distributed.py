@@ -87,7 +87,8 @@ def worker(rank: int, world_size: int, init_file: str, out: str) -> None:
 
 def _run_ranks_once(folder: Path, world_size: int, timeout: float) -> tuple[list[dict] | None, str]:
     """One attempt: start ``world_size`` workers on a fresh file store in ``folder`` and wait at most
-    ``timeout`` s in all. Returns the ranks' results (``None`` if any rank did not finish) and their logs."""
+    ``timeout`` s in all. Returns the ranks' results (``None`` if any rank hung: still running at the
+    limit, or stopped by its faulthandler timer) and their logs."""
     folder.mkdir()
     env = {**os.environ, **PROCESS_ENV, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
     if "GLOO_SOCKET_IFNAME" not in env and Path("/sys/class/net/lo").exists():
@@ -116,7 +117,8 @@ def _run_ranks_once(folder: Path, world_size: int, timeout: float) -> tuple[list
                 process.kill()
                 process.wait()
     logs = "\n".join(f"--- rank {r}:\n{p.read_text()[-3000:]}" for r, p in enumerate(log_paths))
-    if not finished:
+    # A rank stopped by the worker's faulthandler timer hung too (it exits non-zero after its dump).
+    if not finished or any("Timeout (" in p.read_text() for p in log_paths):
         return None, logs
     for rank, process in enumerate(processes):
         assert process.returncode == 0, f"rank {rank} exited with {process.returncode}:\n{logs}"
