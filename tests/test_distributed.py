@@ -64,25 +64,34 @@ def worker(rank: int, world_size: int, init_file: str, out: str) -> None:
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world_size,
                             timeout=datetime.timedelta(seconds=60))
     try:
-        model = tiny_model()
-        batch = rank_batch(rank)
-        trainer = DataParallelTrainer(model, batch, lr=LR)
-        fields = (batch.input_ids, batch.labels, batch.loss_mask, batch.cu_seqlens, batch.max_seqlen)
-
-        # What DDP gives with each rank's own mean (packed_lm_loss's reduction), for contrast.
-        total, count = trainer.ddp(*fields)
-        (total / count).backward()
-        local_mean_grads = {name: p.grad.clone() for name, p in model.named_parameters()}
-
-        loss = trainer.forward_backward(batch)
-        grads = {name: p.grad.clone() for name, p in model.named_parameters()}
-        trainer.optimizer.step()
-        params = {name: p.detach().clone() for name, p in model.named_parameters()}
-        second_loss = trainer.step(batch)
-        torch.save({"loss": loss, "grads": grads, "local_mean_grads": local_mean_grads, "params": params,
-                    "second_loss": second_loss, "count": count}, Path(out) / f"rank{rank}.pt")
+        # Everything that uses the process group (DDP, its reducer) lives in _train_and_save's frame and
+        # is released when it returns, before the group is destroyed. With the objects still alive at
+        # destroy_process_group (they were locals here), about one rank in ten hung as this frame was
+        # torn down: faulthandler's dump showed the call line, no Python frame below it, and one native
+        # thread of the group.
+        _train_and_save(rank, out)
     finally:
         dist.destroy_process_group()
+
+
+def _train_and_save(rank: int, out: str) -> None:
+    model = tiny_model()
+    batch = rank_batch(rank)
+    trainer = DataParallelTrainer(model, batch, lr=LR)
+    fields = (batch.input_ids, batch.labels, batch.loss_mask, batch.cu_seqlens, batch.max_seqlen)
+
+    # What DDP gives with each rank's own mean (packed_lm_loss's reduction), for contrast.
+    total, count = trainer.ddp(*fields)
+    (total / count).backward()
+    local_mean_grads = {name: p.grad.clone() for name, p in model.named_parameters()}
+
+    loss = trainer.forward_backward(batch)
+    grads = {name: p.grad.clone() for name, p in model.named_parameters()}
+    trainer.optimizer.step()
+    params = {name: p.detach().clone() for name, p in model.named_parameters()}
+    second_loss = trainer.step(batch)
+    torch.save({"loss": loss, "grads": grads, "local_mean_grads": local_mean_grads, "params": params,
+                "second_loss": second_loss, "count": count}, Path(out) / f"rank{rank}.pt")
 
 
 def _run_ranks_once(folder: Path, world_size: int, timeout: float) -> tuple[list[dict] | None, str]:
