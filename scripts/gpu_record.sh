@@ -7,7 +7,7 @@
 # L: linear-attention (alone: it needs most of a call);
 # B: end-to-end, buckets;
 # C: the GPU tests (every `gpu`-marked test, then the kernel and property tests unfiltered, on the
-#    GPU) and, at the same time, the notebooks in GPU mode, NOTEBOOK_LANES at once (correctness
+#    GPU, with the malformed-layout tests) and, at the same time, the notebooks in GPU mode, NOTEBOOK_LANES at once (correctness
 #    and live demonstrations only: nothing of C is a recording, so sharing the GPU is harmless);
 #    UNFILTERED=0 leaves out the unfiltered kernel and property tests (when the kernels are unchanged
 #    since their last GPU run);
@@ -70,7 +70,7 @@ for pass in ${PASS}; do
       # with the notebooks sharing the GPU (cut at 75%), so they no longer wait for each other.
       timeout 380 python3 -m pytest -q -rfEs -p no:cacheprovider --timeout=90 -m gpu tests > /tmp/tests_gpu.log 2>&1 &
       if [ "${UNFILTERED:-1}" = 1 ]; then
-        timeout 200 python3 -m pytest -q -rs -p no:cacheprovider tests/test_kernels.py tests/test_properties.py \
+        timeout 300 python3 -m pytest -q -rs -p no:cacheprovider tests/test_kernels.py tests/test_properties.py tests/test_malformed_layouts.py \
           > /tmp/tests_unfiltered.log 2>&1 &
       else echo "unfiltered kernel and property tests not run (UNFILTERED=0)" > /tmp/tests_unfiltered.log; fi
       # Heaviest first, so that the lanes finish together.
