@@ -287,35 +287,84 @@ def _chunk_tail(g_cum, seq_start, seq_len, chunk, head, H, K: tl.constexpr, C: t
     return _load_row(g_cum, last, True, head, H, K)
 
 
+@triton.jit
+def _unit_lower_inverse(A, BC: tl.constexpr):
+    """``(I + A)^{-1}`` of a strictly lower ``[BC, BC]`` float32 ``A`` by forward substitution: row
+    ``r`` of the inverse is ``e_r - Σ_{j<r} A_rj M_j``; the rows above ``r`` are final when it is
+    formed, and ``A_rj = 0`` for ``j >= r``, so one masked product with all of ``M`` gives the sum."""
+    pos = tl.arange(0, BC)
+    M = tl.where(pos[:, None] == pos[None, :], 1.0, 0.0)
+    for r in range(1, BC):
+        a_r = tl.sum(tl.where(pos[:, None] == r, A, 0.0), 0)  # row r of A, indexed by j
+        row = tl.where(pos == r, 1.0, 0.0) - tl.sum(a_r[:, None] * M, 0)
+        M = tl.where(pos[:, None] == r, row[None, :], M)
+    return M
+
+
+@triton.jit
+def _block_ptrs(ptr, chunk_start, i, j, head, H, C: tl.constexpr, BC: tl.constexpr):
+    """Pointers to the ``[BC, BC]`` block ``(i, j)`` (rows of sub-block ``i``, columns of sub-block
+    ``j``) of a chunk's rows of a ``[T, H, C]`` buffer."""
+    sub = tl.arange(0, BC)
+    return ptr + ((chunk_start + i * BC + sub[:, None]) * H + head) * C + j * BC + sub[None, :]
+
+
 @triton.jit(do_not_specialize=["num_seqs", "num_rows"])
 def kda_wy_kernel(q, k, v, g_cum, beta, gram, inverse, w, u, q_decayed, k_to_end, cu_seqlens, chunk_offsets,
                   num_seqs, num_rows, H, scale, K: tl.constexpr, V: tl.constexpr, C: tl.constexpr,
-                  PRECISION: tl.constexpr):
-    """The UT transform of one chunk: ``M = (I + Diag(beta) Γ)^{-1}`` by forward substitution, then
-    the WY factors ``W = M Diag(beta) (K ⊙ exp(G))`` and ``U_0 = M Diag(beta) V``. Stores ``M``
-    (``[T, H, C]``, rows of the chunk), ``W`` (``[T, H, K]``) and ``U_0`` (``[T, H, V]``), and,
-    so that the sequential kernels do no exponentials, ``scale Q ⊙ exp(G)`` and
-    ``K ⊙ exp(G_last - G)`` (``[T, H, K]``). Grid ``(G_cap, H)``, flat schedule."""
+                  BC: tl.constexpr, PRECISION: tl.constexpr):
+    """The UT transform of one chunk: ``M = (I + A)^{-1}`` with ``A = Diag(beta) Γ`` (strictly
+    lower), then the WY factors ``W = M Diag(beta) (K ⊙ exp(G))`` and ``U_0 = M Diag(beta) V``.
+    Stores ``M`` (``[T, H, C]``, rows of the chunk; its lower triangle, diagonal included, is what
+    the backward reads), ``W`` (``[T, H, K]``) and ``U_0`` (``[T, H, V]``), and, so that the
+    sequential kernels do no exponentials, ``scale Q ⊙ exp(G)`` and ``K ⊙ exp(G_last - G)``
+    (``[T, H, K]``). Grid ``(G_cap, H)``, flat schedule.
+
+    ``M`` is formed by block forward substitution over ``BC x BC`` sub-blocks (as fla's
+    ``solve_tril`` does): each diagonal block is inverted by forward substitution over its ``BC``
+    rows, then ``M_ij = -M_ii Σ_{j <= l < i} A_il M_lj`` for ``j < i``, block row by block row.
+    A chunk-wide forward substitution would take ``C - 1`` dependent steps, each a reduction over a
+    ``[C, C]`` tile; here the dependent steps are ``BC - 1`` on ``[BC, BC]`` tiles, and the rest are
+    small products. The blocks travel through ``inverse`` itself (a barrier after each block row
+    makes them visible to the whole program), so no register tile has to be cut into blocks. The
+    products use IEEE float32 whatever the inputs' dtype: the solve is kept as exact as the
+    element-wise one it replaces."""
     task = first_task(cu_seqlens, cu_seqlens, chunk_offsets, num_seqs, H, num_rows, C, "flat")
     while task >= 0:
         seq_start, seq_len, chunk, head = task_at(task, cu_seqlens, chunk_offsets, num_seqs, num_rows, "flat")
         rows, ok = _chunk_rows(seq_start, seq_len, chunk, C)
+        chunk_start = seq_start + chunk * C
+        valid = tl.minimum(seq_len - chunk * C, C)  # rows of this chunk inside the sequence
+        sub = tl.arange(0, BC)
+        for i in tl.static_range(C // BC):
+            ok_i = i * BC + sub < valid
+            b_i = tl.load(beta + (chunk_start + i * BC + sub) * H + head, mask=ok_i, other=0.0).to(tl.float32)
+            strict = sub[None, :] < sub[:, None]
+            A_ii = tl.load(_block_ptrs(gram, chunk_start, i, i, head, H, C, BC), mask=ok_i[:, None] & strict,
+                           other=0.0) * b_i[:, None]
+            M_ii = _unit_lower_inverse(A_ii, BC)
+            tl.store(_block_ptrs(inverse, chunk_start, i, i, head, H, C, BC), M_ii, mask=ok_i[:, None])
+            for j in tl.static_range(i):
+                acc = tl.zeros([BC, BC], tl.float32)
+                for l in tl.static_range(j, i):  # noqa: E741 (the block index of the formula)
+                    # Rows of an earlier block row: stored before the last barrier. Rows past the
+                    # sequence were not stored; masked to 0, as their A columns are.
+                    ok_l = l * BC + sub < valid
+                    A_il = tl.load(_block_ptrs(gram, chunk_start, i, l, head, H, C, BC), mask=ok_i[:, None],
+                                   other=0.0) * b_i[:, None]
+                    M_lj = tl.load(_block_ptrs(inverse, chunk_start, l, j, head, H, C, BC), mask=ok_l[:, None],
+                                   other=0.0)
+                    acc = tl.dot(A_il, M_lj, acc, input_precision="ieee")
+                M_ij = -tl.dot(M_ii, acc, input_precision="ieee")
+                tl.store(_block_ptrs(inverse, chunk_start, i, j, head, H, C, BC), M_ij, mask=ok_i[:, None])
+            tl.debug_barrier()  # block row i stored: the next rows, and the full load below, read it
+        M = _load_square(inverse, rows, ok, head, H, C, False)
         b = tl.load(beta + rows * H + head, mask=ok, other=0.0).to(tl.float32)
-        A = _load_square(gram, rows, ok, head, H, C, True) * b[:, None]  # strictly lower
-        pos = tl.arange(0, C)
-        # Row r of M = e_r - Σ_{j<r} A_rj M_j: rows above r are final when row r is formed, and
-        # A_rj = 0 for j >= r, so one masked product with all of M gives the sum.
-        M = tl.where(pos[:, None] == pos[None, :], 1.0, 0.0)
-        for r in range(1, C):
-            a_r = tl.sum(tl.where(pos[:, None] == r, A, 0.0), 0)  # row r of A, indexed by j
-            row = tl.where(pos == r, 1.0, 0.0) - tl.sum(a_r[:, None] * M, 0)
-            M = tl.where(pos[:, None] == r, row[None, :], M)
         k_c = _load_rows(k, rows, ok, head, H, K)
         G = _load_rows(g_cum, rows, ok, head, H, K)
         v_c = _load_rows(v, rows, ok, head, H, V)
         W = tl.dot(M, b[:, None] * k_c * tl.exp(G), input_precision=PRECISION)  # G <= 0 (0 past the end)
         U0 = tl.dot(M, b[:, None] * v_c, input_precision=PRECISION)
-        _store_rows(inverse, M, rows, ok, head, H, C)
         _store_rows(w, W, rows, ok, head, H, K)
         _store_rows(u, U0, rows, ok, head, H, V)
         q_c = _load_rows(q, rows, ok, head, H, K)
@@ -793,7 +842,7 @@ def _kda_forward(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, cu_se
         kda_intra_kernel[grid](q, k, g_cum, gram, qk, *common, plan.scale, K=K, C=C, BC=_SUB,
                                PRECISION=precision)
         kda_wy_kernel[grid](q, k, v, g_cum, beta, gram, inverse, w, u, q_decayed, k_to_end, *common, plan.scale,
-                            K=K, V=V, C=C, PRECISION=precision)
+                            K=K, V=V, C=C, BC=_SUB, PRECISION=precision)
     BV = plan.value_block
     # Without a final state, `states` stands in for its pointer: STORE_FINAL=False never writes it.
     kda_state_kernel[(N, H, V // BV)](g_cum, k_to_end, w, u, states, states if final is None else final,
