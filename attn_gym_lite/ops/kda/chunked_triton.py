@@ -346,7 +346,7 @@ def kda_wy_kernel(q, k, v, g_cum, beta, gram, inverse, w, u, q_decayed, k_to_end
             tl.store(_block_ptrs(inverse, chunk_start, i, i, head, H, C, BC), M_ii, mask=ok_i[:, None])
             for j in tl.static_range(i):
                 acc = tl.zeros([BC, BC], tl.float32)
-                for l in tl.static_range(j, i):  # noqa: E741 (the block index of the formula)
+                for l in tl.static_range(j, i):  # l: the block index of the formula
                     # Rows of an earlier block row: stored before the last barrier. Rows past the
                     # sequence were not stored; masked to 0, as their A columns are.
                     ok_l = l * BC + sub < valid
