@@ -9,9 +9,9 @@
 # C: the GPU tests and, at the same time, the notebooks in GPU mode, NOTEBOOK_LANES at once
 #    (correctness and live demonstrations only: nothing of C is a recording, so sharing the GPU is
 #    harmless). Three test lanes: the `gpu`-marked tests without the linear-attention ones; the
-#    linear-attention `gpu` tests (slow: each runs a small suite); the kernel, property and
-#    malformed-layout and KDA kernel tests unfiltered (on the GPU). UNFILTERED=0 leaves out the last lane (when the
-#    kernels are unchanged since their last GPU run);
+#    linear-attention `gpu` tests (slow: each runs a small suite); the kernel, property,
+#    malformed-layout and KDA kernel tests unfiltered (on the GPU). UNFILTERED=0 leaves out the
+#    last lane (when the kernels are unchanged since their last GPU run);
 # S: scale-out, on a host with two GPUs (NVLink multicast off in every process);
 # X: explorations, not recordings: scripts/explore_hopper_forward.py, then scripts/explore_kda.py
 #    where the tree has it, EXPLORE_S seconds each.
