@@ -9,9 +9,9 @@
 # C: the GPU tests and, at the same time, the notebooks in GPU mode, NOTEBOOK_LANES at once
 #    (correctness and live demonstrations only: nothing of C is a recording, so sharing the GPU is
 #    harmless). Three test lanes: the `gpu`-marked tests without the linear-attention ones; the
-#    linear-attention `gpu` tests (slow: each runs a small suite); the kernel, property and
-#    malformed-layout tests unfiltered (on the GPU). UNFILTERED=0 leaves out the last lane (when the
-#    kernels are unchanged since their last GPU run);
+#    linear-attention `gpu` tests (slow: each runs a small suite); the kernel, property,
+#    malformed-layout and KDA kernel tests unfiltered (on the GPU). UNFILTERED=0 leaves out the
+#    last lane (when the kernels are unchanged since their last GPU run);
 # S: scale-out, on a host with two GPUs (NVLink multicast off in every process);
 # X: explorations, not recordings: scripts/explore_hopper_forward.py, then scripts/explore_kda.py
 #    where the tree has it, EXPLORE_S seconds each.
@@ -84,7 +84,7 @@ for pass in ${PASS}; do
       timeout 400 python3 -m pytest $gpu_tests tests/test_linear_attention_suite.py > "$LOGS/tests_gpu_la.log" 2>&1 &
       if [ "${UNFILTERED:-1}" = 1 ]; then
         timeout 400 python3 -m pytest -q -rfEs -p no:cacheprovider --durations=15 tests/test_kernels.py \
-          tests/test_properties.py tests/test_malformed_layouts.py > "$LOGS/tests_unfiltered.log" 2>&1 &
+          tests/test_properties.py tests/test_malformed_layouts.py tests/test_kda_triton.py > "$LOGS/tests_unfiltered.log" 2>&1 &
       else echo "unfiltered kernel and property tests not run (UNFILTERED=0)" > "$LOGS/tests_unfiltered.log"; fi
       # Heaviest first, so that the lanes finish together (09 alone took 275-300 s in GPU mode).
       ls ${NOTEBOOKS:-notebooks/09*.ipynb notebooks/04*.ipynb notebooks/08*.ipynb notebooks/02*.ipynb \

@@ -39,6 +39,19 @@ DECAY = -1.0
 cu = kda_bounds
 
 
+def kda_on_device(*args, **kwargs):
+    """``kda_triton`` where its kernels run: tensor arguments moved to ``DEVICE`` (CUDA when there
+    is one; else the CPU, under the interpreter) and both outputs brought back to the CPU. The copies
+    are differentiable, so the tests build inputs and float64 references on the CPU, take gradients
+    with respect to CPU leaves, and check the same values on either machine (with CPU tensors on a
+    CUDA host the kernels refuse to run)."""
+    def to_device(x):
+        return x.to(DEVICE) if isinstance(x, torch.Tensor) else x
+
+    o, state = kda_triton(*map(to_device, args), **{name: to_device(x) for name, x in kwargs.items()})
+    return o.cpu(), None if state is None else state.cpu()
+
+
 def gradients(fn, inputs, cu_seqlens, weights, **kwargs):
     """(o, final_state, d/d(q, k, v, g, beta) of <o, w_o> + <S, w_S>), inputs as leaves."""
     leaves = [x.detach().requires_grad_() for x in inputs]
@@ -72,7 +85,7 @@ def test_matches_recurrence_forward_and_gradients(bounds, T, C, K, V):
     gen = torch.Generator().manual_seed(seed + 1)
     weights = (torch.randn(T, H, V, generator=gen, dtype=F64), torch.randn(N, H, K, V, generator=gen, dtype=F64))
     o_ref, s_ref, d_ref = gradients(kda_recurrent, inputs, cu_seqlens, weights)
-    o, s, d = gradients(kda_triton, [x.float() for x in inputs], cu_seqlens, weights, chunk_size=C)
+    o, s, d = gradients(kda_on_device, [x.float() for x in inputs], cu_seqlens, weights, chunk_size=C)
     assert o.dtype == torch.float32 and o.shape == (T, H, V)
     assert s.dtype == torch.float32 and s.shape == (N, H, K, V)
     assert torch.equal(o[L:], torch.zeros_like(o[L:]))  # inactive rows zero, no NaN leaked
@@ -105,7 +118,7 @@ def test_gradient_of_one_output_alone(used, output_final_state):
 
     def triton_gradients(final_state: bool, zero_other: bool):
         leaves = [x.detach().float().requires_grad_() for x in inputs]
-        o, s = kda_triton(*leaves, cu_seqlens, chunk_size=16, output_final_state=final_state)
+        o, s = kda_on_device(*leaves, cu_seqlens, chunk_size=16, output_final_state=final_state)
         assert (s is None) == (not final_state)
         outputs = {"o": o, "final_state": s}
         loss = (outputs[used].to(F64) * weights[used]).sum()
@@ -140,10 +153,10 @@ def test_final_state_buffer_only_when_asked_and_no_zero_gradient_for_it():
     [6, H, K, V]): a [4, H, K, V] tensor can only be the final state or its gradient. Without
     output_final_state the forward makes none; with it but a loss on o alone, the backward makes
     none (it used to allocate a zero [N, H, K, V] gradient and read it)."""
-    cu_seqlens = cu(0, 20, 37, 37, 37)
+    cu_seqlens = cu(0, 20, 37, 37, 37, device=DEVICE)
     T, H, K, V = 40, 2, 16, 16
     state_shape = (4, H, K, V)
-    *inputs, _ = kda_inputs(T, H, K, V, dtype=torch.float32, device="cpu", seed=4, active_tokens=37,
+    *inputs, _ = kda_inputs(T, H, K, V, dtype=torch.float32, device=DEVICE, seed=4, active_tokens=37,
                             min_log_decay=DECAY).values()
     for final_state in (False, True):
         leaves = [x.detach().requires_grad_() for x in inputs]
@@ -164,7 +177,7 @@ def test_strong_decay_stays_finite():
     *inputs, _ = kda_inputs(45, 2, 16, 16, dtype=F64, device="cpu", seed=3, min_log_decay=-40.0).values()
     weights = (torch.ones(45, 2, 16, dtype=F64), torch.ones(1, 2, 16, 16, dtype=F64))
     o_ref, s_ref, d_ref = gradients(kda_recurrent, inputs, cu_seqlens, weights)
-    o, s, d = gradients(kda_triton, [x.float() for x in inputs], cu_seqlens, weights, chunk_size=32)
+    o, s, d = gradients(kda_on_device, [x.float() for x in inputs], cu_seqlens, weights, chunk_size=32)
     assert torch.isfinite(o).all() and torch.isfinite(s).all()
     torch.testing.assert_close(o.to(F64), o_ref, rtol=TOLERANCE, atol=TOLERANCE)
     torch.testing.assert_close(s.to(F64), s_ref, rtol=TOLERANCE, atol=TOLERANCE)
@@ -176,9 +189,9 @@ def test_strong_decay_stays_finite():
 
 def test_final_state_optional_and_default_scale():
     *inputs, _ = kda_inputs(20, 2, 16, 16, dtype=torch.float32, device="cpu", seed=5, min_log_decay=DECAY).values()
-    o, s = kda_triton(*inputs, cu(0, 20), chunk_size=16)
+    o, s = kda_on_device(*inputs, cu(0, 20), chunk_size=16)
     assert s is None
-    o_one, _ = kda_triton(*inputs, cu(0, 20), chunk_size=16, scale=1.0)
+    o_one, _ = kda_on_device(*inputs, cu(0, 20), chunk_size=16, scale=1.0)
     torch.testing.assert_close(o, o_one / 4.0, rtol=1e-6, atol=1e-6)  # K ** -0.5 = 1/4
 
 
@@ -186,10 +199,13 @@ def test_final_state_optional_and_default_scale():
 # Bad input: the error names the argument.
 
 
-def good_arguments():
-    q, k, v, g, beta, _ = kda_inputs(5, 2, 16, 16, dtype=torch.float32, device="cpu", seed=0,
+def good_arguments(device="cpu"):
+    """Valid arguments at T = 5 on ``device``. The bad-argument tests keep the CPU: each bad value
+    is refused before any device check (on a CUDA host too); the tests that run kernels pass
+    ``DEVICE``."""
+    q, k, v, g, beta, _ = kda_inputs(5, 2, 16, 16, dtype=torch.float32, device=device, seed=0,
                                      min_log_decay=DECAY).values()
-    return {"q": q, "k": k, "v": v, "g": g, "beta": beta, "cu_seqlens": cu(0, 2, 5)}
+    return {"q": q, "k": k, "v": v, "g": g, "beta": beta, "cu_seqlens": cu(0, 2, 5, device=device)}
 
 
 BAD_ARGUMENTS = [
@@ -226,7 +242,7 @@ def test_bad_arguments_name_the_argument(name, value, error, match):
                                                ((1, 2, 5), r"cu_seqlens\[0\] must be 0")])
 def test_validate_checks_cu_seqlens_values(bounds, match):
     with pytest.raises(ValueError, match=match):
-        kda_triton(**{**good_arguments(), "cu_seqlens": cu(*bounds)}, validate=True)
+        kda_triton(**{**good_arguments(DEVICE), "cu_seqlens": cu(*bounds, device=DEVICE)}, validate=True)
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="host cu_seqlens: the interpreter's case")
@@ -249,13 +265,13 @@ def test_metadata_checks_run_once_per_signature_values_every_call(monkeypatch):
     check = chunked_triton._check_arguments
     monkeypatch.setattr(chunked_triton, "_check_arguments", lambda *a: built.append(a) or check(*a))
     chunked_triton._PLANS.clear()
-    arguments = good_arguments()
+    arguments = good_arguments(DEVICE)
     first, _ = kda_triton(**arguments, chunk_size=16, validate=True)
     again, _ = kda_triton(**arguments, chunk_size=16, validate=True)
     assert len(built) == 1
     torch.testing.assert_close(again, first, rtol=0, atol=0)
     with pytest.raises(ValueError, match=r"cu_seqlens\[-1\]"):  # same signature, values past T
-        kda_triton(**{**arguments, "cu_seqlens": cu(0, 2, 6)}, chunk_size=16, validate=True)
+        kda_triton(**{**arguments, "cu_seqlens": cu(0, 2, 6, device=DEVICE)}, chunk_size=16, validate=True)
     with pytest.raises(TypeError, match="validate must be a bool"):
         kda_triton(**arguments, chunk_size=16, validate=1)
     with pytest.raises(TypeError, match="chunk_size must be an int"):
@@ -281,7 +297,7 @@ def test_g_and_beta_outside_their_ranges_are_computed_as_the_recurrence_says():
     beta = 1.5 * torch.rand(beta.shape, generator=gen, dtype=F64)
     assert (g > 0).any() and (beta > 1).any()
     o_ref, s_ref = kda_recurrent(q, k, v, g, beta, cu(0, 7, 20), output_final_state=True)
-    o, s = kda_triton(*(x.float() for x in (q, k, v, g, beta)), cu(0, 7, 20), chunk_size=16,
+    o, s = kda_on_device(*(x.float() for x in (q, k, v, g, beta)), cu(0, 7, 20), chunk_size=16,
                       output_final_state=True)
     torch.testing.assert_close(o.to(F64), o_ref, rtol=TOLERANCE, atol=TOLERANCE)
     torch.testing.assert_close(s.to(F64), s_ref, rtol=TOLERANCE, atol=TOLERANCE)
@@ -318,7 +334,7 @@ def test_low_precision_matches_float64_reference(bounds, T, C, K, V, dtype, boun
     gen = torch.Generator().manual_seed(L)
     weights = (torch.randn(T, H, V, generator=gen, dtype=F64), torch.randn(N, H, K, V, generator=gen, dtype=F64))
     o_ref, s_ref, d_ref = gradients(kda_chunked, [x.to(F64) for x in inputs], cu_seqlens, weights, chunk_size=C)
-    o, s, d = gradients(kda_triton, inputs, cu_seqlens, weights, chunk_size=C)
+    o, s, d = gradients(kda_on_device, inputs, cu_seqlens, weights, chunk_size=C)
     assert o.dtype == dtype and s.dtype == torch.float32
     for name, x, x_ref in zip(("o", "final_state", "dq", "dk", "dv", "dg", "dbeta"), (o, s, *d), (o_ref, s_ref, *d_ref)):
         if name != "final_state":
