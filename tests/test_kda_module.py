@@ -7,11 +7,17 @@ import torch
 
 from attn_gym_lite.models.kda import KDA_MASK_SITES, KDA_REGIONS, KDAAttention
 from attn_gym_lite.ops.kda import kda_recurrent
+from attn_gym_lite.ops.kernels import INTERPRETED
 from attn_gym_lite.ops.masking import uninitialized_memory_as_nan
 from attn_gym_lite.ragged import cu_seqlens_from_lengths, pad_cu_seqlens
 from attn_gym_lite.testing.exactness import compare_gradients, exact_gradients, gradients_at_capacity
 
 IMPLS = ["chunked", "recurrent", "triton"]
+# CPU tensors reach the Triton kernels only through the interpreter (CI sets it without a GPU); on a
+# CUDA host the kernels refuse them, and the `gpu` tests below run the layer on the GPU instead.
+CPU_TRITON = pytest.mark.skipif(not INTERPRETED, reason="CPU tensors reach the Triton kernels only in the interpreter")
+IMPL_PARAMS = ["chunked", "recurrent", pytest.param("triton", marks=CPU_TRITON)]
+IMPLS_HERE = [impl for impl in IMPLS if impl != "triton" or INTERPRETED]  # for the tests that loop over them
 HIDDEN, HEADS, K, C = 32, 2, 16, 16  # small (the kernel's smallest tiles): the interpreter runs it on a CPU
 
 
@@ -60,7 +66,7 @@ def _naive_layer(layer: KDAAttention, x: torch.Tensor, lengths: list[int]) -> to
     return torch.cat(out)
 
 
-@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize("impl", IMPL_PARAMS)
 def test_layer_matches_the_naive_per_sequence_layer(impl):
     lengths = [20, 0, 1, 9, 33]
     T = sum(lengths) + 4
@@ -75,7 +81,7 @@ def test_layer_matches_the_naive_per_sequence_layer(impl):
     assert torch.equal(y[L:], torch.zeros_like(y[L:]))
 
 
-@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize("impl", IMPL_PARAMS)
 def test_inactive_rows_never_leak(impl):
     """NaN and huge values in the inactive input and target rows, undefined memory read as NaN:
     every gradient at capacity equals the one on the L real rows alone, and rows past L are 0."""
@@ -122,13 +128,13 @@ def test_gradients_agree_between_the_cores():
     x = torch.randn(T, HIDDEN, dtype=torch.float64)
     target = torch.randn(T, HIDDEN, dtype=torch.float64)
     results = {}
-    for impl in IMPLS:
+    for impl in IMPLS_HERE:
         dtype = torch.float64 if impl != "triton" else torch.float32
         layer = _layer(impl).to(dtype)  # the same float64 weights, rounded for the float32 kernel
         _, grads = gradients_at_capacity(layer, x.to(dtype), target.to(dtype), cu, T)
         assert all(torch.isfinite(g).all() for g in grads.values()), impl
         results[impl] = grads
-    for impl in IMPLS[1:]:
+    for impl in IMPLS_HERE[1:]:
         tol = 1e-9 if impl != "triton" else 1e-4
         for name, g in results["chunked"].items():
             torch.testing.assert_close(results[impl][name].double(), g, rtol=tol, atol=tol, msg=f"{impl}: {name}")
@@ -140,7 +146,7 @@ def _forward_and_gradients(layer: KDAAttention, x: torch.Tensor, cu: torch.Tenso
     return [y, *torch.autograd.grad((y * y).sum(), [leaf, *layer.parameters()])]
 
 
-@pytest.mark.parametrize("impl", ["chunked", "triton"])
+@pytest.mark.parametrize("impl", ["chunked", pytest.param("triton", marks=CPU_TRITON)])
 def test_layer_marks_its_stages_as_regions_in_forward_order(impl):
     """Each of KDA_REGIONS is entered once per forward, in forward order, as a record_function range
     holding the layer's own torch ops; nothing else is entered."""
@@ -167,7 +173,7 @@ def test_layer_marks_its_stages_as_regions_in_forward_order(impl):
     assert linear == {"kda.qkv_proj", "kda.gates", "kda.norm_gate", "kda.out_proj"}  # the layer's projections
 
 
-@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize("impl", IMPL_PARAMS)
 def test_region_labels_change_no_value(impl, monkeypatch):
     """The layer with its regions and with every region replaced by a no-op context: the same
     output and gradients, bit for bit."""
@@ -268,7 +274,7 @@ def test_malformed_host_cu_seqlens_is_refused_before_the_core_indexes_memory(imp
         layer(torch.randn(8, 16), torch.tensor(bounds, dtype=torch.int32))
 
 
-@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize("impl", IMPL_PARAMS)
 def test_forward_reads_cu_seqlens_on_the_host_once(impl, monkeypatch):
     """One read of cu_seqlens's values per forward (a device sync for a CUDA tensor), by the core,
     which checks them there and, for the eager references, takes its bounds from the same copy.
