@@ -52,8 +52,9 @@ recurrence never reads back, is computed afterwards for all chunks at once.
 Every exponent is ``<= 0`` when ``g <= 0``. Kernel 2 computes ``Γ`` and ``P`` in ``16 x 16``
 sub-blocks: an off-diagonal block (rows in sub-block ``i``, columns in an earlier sub-block) is one
 ``tl.dot`` of ``X_i ⊙ exp(G_i - G_ref)`` with ``K_j ⊙ exp(G_ref - G_j)``, ``G_ref`` the cumulative
-decay at the first row of sub-block ``i`` (both factors ``<= 1``); a diagonal block is built column
-by column with the exponent masked to ``j <= r`` before ``exp``.
+decay at the first row of sub-block ``i`` (both factors ``<= 1``); a diagonal block by binary
+splitting: the pairs ``j < r`` whose positions first differ at bit ``h`` straddle one midpoint, so
+each of the ``log2 BC`` levels is one more such product (:func:`_split_factors`).
 
 Backward, four kernels: per chunk in parallel, ``P^T dO`` (the part of ``dU`` that does not depend
 on the state gradient); a reverse sequential loop per (sequence, head, V block) carrying ``dS``
@@ -211,6 +212,35 @@ def kda_cumsum_kernel(g, g_cum, cu_seqlens, chunk_offsets, num_seqs, num_rows, H
         task = next_task(task, cu_seqlens, chunk_offsets, num_seqs, H, "flat")
 
 
+@triton.jit
+def _split_factors(g_cum, G, block_start, block_valid, head, H, K: tl.constexpr, BC: tl.constexpr, h: tl.constexpr):
+    """One level of the binary splitting of a diagonal ``BC x BC`` sub-block's decays.
+
+    Positions ``j < r`` of the sub-block whose binary forms first differ at bit ``h`` (a power of two
+    below ``BC``) lie on both sides of the midpoint ``m = (r // h) * h``: ``j < m <= r``. So
+    ``E_rj = exp(G_r - G_m) exp(G_m - G_j)`` with both factors ``<= 1`` whatever the decay, and
+    the level's pairs are one matrix product of ``X ⊙ row_f`` with ``(Y ⊙ col_f)^T``. The ``log2 BC``
+    levels cover every pair ``j < r`` once; ``j = r`` (``E = 1``) is the caller's.
+
+    ``G``: the sub-block's cumulative decays ``[BC, K]`` (float32, rows ``block_start ..``, zero
+    past ``block_valid``). Returns ``row_f`` (``exp(G_r - G_m)`` on rows with bit ``h`` set, else
+    0), ``col_f`` (``exp(G_m' - G_j)``, ``m' = (j // 2h) * 2h + h``, on columns with bit ``h``
+    clear whose ``m'`` is inside the sequence, else 0), both ``[BC, K]``, and ``at_level``
+    ``[BC, BC]``: the pairs ``(r, j)`` this level computes (there ``m = m'``; elsewhere the product
+    mixes two midpoints and must be dropped)."""
+    sub = tl.arange(0, BC)
+    upper = ((sub // h) % 2 == 1) & (sub < block_valid)
+    mid_r = (sub // h) * h
+    mid_c = (sub // (2 * h)) * (2 * h) + h
+    lower = ((sub // h) % 2 == 0) & (mid_c < block_valid)
+    G_mr = _load_rows(g_cum, block_start + mid_r, upper, head, H, K)
+    G_mc = _load_rows(g_cum, block_start + mid_c, lower, head, H, K)
+    row_f = tl.where(upper[:, None], tl.exp(tl.where(upper[:, None], G - G_mr, 0.0)), 0.0)
+    col_f = tl.where(lower[:, None], tl.exp(tl.where(lower[:, None], G_mc - G, 0.0)), 0.0)
+    at_level = (sub[:, None] // h == sub[None, :] // h + 1) & (sub[:, None] // (2 * h) == sub[None, :] // (2 * h))
+    return row_f, col_f, at_level
+
+
 @triton.jit(do_not_specialize=["num_seqs", "num_rows"])
 def kda_intra_kernel(q, k, g_cum, gram, qk, cu_seqlens, chunk_offsets, num_seqs, num_rows, H, scale,
                      K: tl.constexpr, C: tl.constexpr, BC: tl.constexpr, PRECISION: tl.constexpr):
@@ -249,18 +279,20 @@ def kda_intra_kernel(q, k, g_cum, gram, qk, cu_seqlens, chunk_offsets, num_seqs,
                 qk_block = tl.dot(q_ref, tl.trans(k_from_ref), input_precision=PRECISION) * scale
                 tl.store(gram + out + cols_j[None, :], gram_block, mask=ok_i[:, None])
                 tl.store(qk + out + cols_j[None, :], qk_block, mask=ok_i[:, None])
-            # The diagonal sub-block, one column at a time: mask the exponent to j <= r before exp.
+            # The diagonal sub-block, by binary splitting (see _split_factors): one product per level.
             gram_diag = tl.zeros([BC, BC], tl.float32)
             qk_diag = tl.zeros([BC, BC], tl.float32)
-            for jj in range(BC):
-                col = i * BC + jj
-                k_col = _load_row(k, chunk_start + col, col < valid, head, H, K)
-                G_col = _load_row(g_cum, chunk_start + col, col < valid, head, H, K)
-                seen = ok_i & (r >= col)
-                decayed = k_col[None, :] * tl.exp(tl.where(seen[:, None], G_i - G_col[None, :], 0.0))
-                in_column = sub[None, :] == jj
-                gram_diag = tl.where(in_column & (r > col)[:, None], tl.sum(k_i * decayed, 1)[:, None], gram_diag)
-                qk_diag = tl.where(in_column & seen[:, None], tl.sum(q_i * decayed, 1)[:, None], qk_diag)
+            for level in tl.static_range(8):  # h = BC / 2, BC / 4, ..., 1: log2(BC) <= 8 levels
+                if (BC // 2 >> level) >= 1:
+                    row_f, col_f, at_level = _split_factors(g_cum, G_i, chunk_start + i * BC, valid - i * BC, head,
+                                                            H, K, BC, BC // 2 >> level)
+                    k_col = k_i * col_f
+                    gram_diag += tl.where(at_level, tl.dot(k_i * row_f, tl.trans(k_col), input_precision=PRECISION),
+                                          0.0)
+                    qk_diag += tl.where(at_level, tl.dot(q_i * row_f, tl.trans(k_col), input_precision=PRECISION),
+                                        0.0)
+            # j = r: E = 1 (P includes its diagonal, Γ does not).
+            qk_diag += tl.where(sub[:, None] == sub[None, :], tl.sum(q_i * k_i, 1)[:, None], 0.0)
             cols_i = i * BC + sub
             tl.store(gram + out + cols_i[None, :], gram_diag, mask=ok_i[:, None])
             tl.store(qk + out + cols_i[None, :], qk_diag * scale, mask=ok_i[:, None])
@@ -618,7 +650,8 @@ def kda_pairwise_backward_kernel(q, k, g_cum, d_qk, d_gram, dq_part, dk_part, dG
         dG_r += q_r ⊙ (row side of dq_r) + k_r ⊙ (row side of dk_r) - k_r ⊙ (column side of dk_r)
 
     Off-diagonal sub-blocks are ``tl.dot`` products through the reference point of the *later*
-    sub-block (its first row), as in :func:`kda_intra_kernel`; diagonal ones go column by column.
+    sub-block (its first row), as in :func:`kda_intra_kernel`; diagonal ones by binary splitting
+    (:func:`_split_factors`), as there too.
     Sub-blocks run from the chunk's last to its first, carrying ``Σ dG`` of the later rows, so
     ``dg_r = Σ_{r' >= r} dG_r'`` comes out block by block. Adds the partial gradients of
     :func:`kda_chunk_backward_kernel` and writes ``dq, dk, dg``. Grid ``(G_cap, H)``, flat schedule."""
@@ -671,22 +704,29 @@ def kda_pairwise_backward_kernel(q, k, g_cum, d_qk, d_gram, dq_part, dk_part, dG
                 part = tl.dot(tl.trans(c_G), k_r * r_to_ref, part, input_precision=PRECISION)
                 seen_by_r = r < tl.where(ib * BC < valid, valid, 0)  # keys of block i, if block ib has rows
                 col_k += part * tl.exp(tl.where(seen_by_r[:, None], ref_r[None, :] - G_i, 0.0))
-            # The diagonal sub-block, one column at a time; the row and the column side share E.
+            # The diagonal sub-block, by binary splitting (see _split_factors): per level, the row side
+            # is (c ⊙ at_level) (k ⊙ col_f) scaled by row_f, the column side its transpose.
             c_P = _load_block(d_qk, rows_i, ok_i, r, head, H, C)
             c_G = _load_block(d_gram, rows_i, ok_i, r, head, H, C)
-            for jj in range(BC):
-                col = i * BC + jj
-                k_col = _load_row(k, chunk_start + col, col < valid, head, H, K)
-                G_col = _load_row(g_cum, chunk_start + col, col < valid, head, H, K)
-                seen = ok_i & (r >= col)
-                E = tl.exp(tl.where(seen[:, None], G_i - G_col[None, :], 0.0))
-                in_column = sub[None, :] == jj
-                cp = tl.sum(tl.where(in_column, c_P, 0.0), 1)
-                cg = tl.sum(tl.where(in_column, c_G, 0.0), 1)
-                row_q += cp[:, None] * k_col[None, :] * E
-                row_k += cg[:, None] * k_col[None, :] * E
-                to_col = tl.sum((cp[:, None] * q_i + cg[:, None] * k_i) * E, 0)
-                col_k = tl.where((sub == jj)[:, None], col_k + to_col[None, :], col_k)
+            for level in tl.static_range(8):  # h = BC / 2, BC / 4, ..., 1: log2(BC) <= 8 levels
+                if (BC // 2 >> level) >= 1:
+                    row_f, col_f, at_level = _split_factors(g_cum, G_i, chunk_start + i * BC, valid - i * BC, head,
+                                                            H, K, BC, BC // 2 >> level)
+                    cp = tl.where(at_level, c_P, 0.0)
+                    cg = tl.where(at_level, c_G, 0.0)
+                    k_col = k_i * col_f
+                    row_q += tl.dot(cp, k_col, input_precision=PRECISION) * row_f
+                    row_k += tl.dot(cg, k_col, input_precision=PRECISION) * row_f
+                    to_col = tl.dot(tl.trans(cp), q_i * row_f, input_precision=PRECISION)
+                    to_col = tl.dot(tl.trans(cg), k_i * row_f, to_col, input_precision=PRECISION)
+                    col_k += to_col * col_f
+            # j = r: E = 1.
+            on_diagonal = sub[:, None] == sub[None, :]
+            cp = tl.sum(tl.where(on_diagonal, c_P, 0.0), 1)[:, None]
+            cg = tl.sum(tl.where(on_diagonal, c_G, 0.0), 1)[:, None]
+            row_q += cp * k_i
+            row_k += cg * k_i
+            col_k += cp * q_i + cg * k_i
             d_q = _load_rows(dq_part, rows_i, ok_i, head, H, K) + row_q
             d_k = _load_rows(dk_part, rows_i, ok_i, head, H, K) + row_k + col_k
             dG = _load_rows(dG_part, rows_i, ok_i, head, H, K) + q_i * row_q + k_i * (row_k - col_k)
