@@ -565,16 +565,11 @@ def kda_chunk_backward_kernel(q, k, v, g_cum, beta, gram, inverse, u, states, d_
         valid = tl.minimum(seq_len - chunk * C, C)
         pos = tl.arange(0, C)
         b = tl.load(beta + rows * H + head, mask=ok, other=0.0).to(tl.float32)
-        q_c = _load_rows(q, rows, ok, head, H, K)
-        k_c = _load_rows(k, rows, ok, head, H, K)
-        G = _load_rows(g_cum, rows, ok, head, H, K)
-        G_last = _chunk_tail(g_cum, seq_start, seq_len, chunk, head, H, K, C)
         M = _load_square(inverse, rows, ok, head, H, C, False)
-        gram_c = _load_square(gram, rows, ok, head, H, C, True)
-        k_decayed = k_c * tl.exp(G)  # K ⊙ exp(G), exponent <= 0 (0 on padding rows, where k = 0)
-        B_k = b[:, None] * k_decayed
 
-        # Contractions over V, one value block at a time.
+        # Contractions over V, one value block at a time. Only M, beta and the accumulators are
+        # live here: the [C, K] tiles used after the loop are loaded after it, so that the loop
+        # does not hold them in registers (eight [C, K] float32 tiles overflowed the register file).
         dP = tl.zeros([C, C], tl.float32)
         dM = tl.zeros([C, C], tl.float32)
         dQg = tl.zeros([C, K], tl.float32)
@@ -603,6 +598,11 @@ def kda_chunk_backward_kernel(q, k, v, g_cum, beta, gram, inverse, u, states, d_
             db += tl.sum(dB_v * v_c, 1)
 
         # Through the UT transform: W = M B_k, U_0 = M B_v, M = (I + A)^{-1}, A = Diag(beta) Γ.
+        k_c = _load_rows(k, rows, ok, head, H, K)
+        G = _load_rows(g_cum, rows, ok, head, H, K)
+        k_decayed = k_c * tl.exp(G)  # K ⊙ exp(G), exponent <= 0 (0 on padding rows, where k = 0)
+        B_k = b[:, None] * k_decayed
+        gram_c = _load_square(gram, rows, ok, head, H, C, True)
         dB_k = tl.dot(tl.trans(M), dW, input_precision=PRECISION)
         dM = tl.dot(dW, tl.trans(B_k), dM, input_precision=PRECISION)
         dA = -tl.dot(tl.dot(tl.trans(M), dM, input_precision=PRECISION), tl.trans(M), input_precision=PRECISION)
@@ -616,6 +616,8 @@ def kda_chunk_backward_kernel(q, k, v, g_cum, beta, gram, inverse, u, states, d_
         _store_rows(d_gram_out, d_gram, rows, ok, head, H, C)
 
         # Everything but the pairwise terms (kda_pairwise_backward_kernel adds those).
+        q_c = _load_rows(q, rows, ok, head, H, K)
+        G_last = _chunk_tail(g_cum, seq_start, seq_len, chunk, head, H, K, C)
         decay = tl.exp(G)
         k_to_end = k_c * tl.exp(tl.where(ok[:, None], G_last[None, :] - G, 0.0))
         d_q = scale * decay * dQg
