@@ -94,9 +94,9 @@ def varlen_attention(
 
     Args:
         q, k, v: ``[T, H, D]`` of one dtype and device (``T`` token capacity, ``H`` heads, ``D``
-            head dim). ``"varlen_attn"`` needs CUDA bf16/fp16; ``"triton"`` CUDA bf16/fp16 (float32
-            in the interpreter) and ``D`` in 16, 32, 64, 128; ``"reference"`` and ``"sdpa"``
-            anything (``"sdpa"``: ``T = B * max_seqlen``, a padded batch).
+            head dim). ``"varlen_attn"`` needs CUDA bf16/fp16; ``"triton"`` CUDA bf16/fp16 (in the
+            interpreter bf16/fp16/fp32, fp32 meant for tests) and ``D`` in 16, 32, 64, 128;
+            ``"reference"`` and ``"sdpa"`` anything (``"sdpa"``: ``T = B * max_seqlen``, a padded batch).
         cu_seqlens: int32 ``[N + 1]`` contiguous prefix sums ``[0, ..., L, L, L]`` on ``q``'s device;
             for ``"sdpa"`` exactly ``[0, S, 2S, ..., T]`` with ``S = max_seqlen``.
         impl: one of the module docstring's five: ``"auto"`` (``"triton"`` where the kernels run,

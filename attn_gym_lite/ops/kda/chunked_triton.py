@@ -81,6 +81,7 @@ import triton.language as tl
 from ... import checks
 from ...schedule import chunk_capacity
 from ..kernels import INTERPRETED
+from ..kernels.mma import dot
 from ..kernels.offsets import launch_chunk_offsets
 from ..kernels.tasks import first_task, next_task, sequence_bounds, task_at
 from .reference import check_kda_metadata
@@ -132,23 +133,6 @@ def _load_tile(ptr, rows, ok, head, H, D: tl.constexpr):
     (bfloat16 for bfloat16 inputs) goes to ``tl.dot`` as stored."""
     offs = (rows[:, None] * H + head) * D + tl.arange(0, D)[None, :]
     return tl.load(ptr + offs, mask=ok[:, None], other=0.0)
-
-
-# The interpreter multiplies bfloat16 tiles as the 16-bit integers it stores them in (Triton 3.9's
-# create_dot has no bfloat16 case), so there _dot widens its operands to float32 first. That is
-# exact (a product of two bfloat16 or float16 values fits in float32's mantissa), so the
-# interpreter still sees every rounding the GPU does: only the summation order differs.
-_WIDEN_DOT_OPERANDS = tl.constexpr(INTERPRETED)
-
-
-@triton.jit
-def _dot(a, b, acc, PRECISION: tl.constexpr):
-    """``acc + a @ b`` in float32 (``acc`` may be ``None``). Operands of the inputs' low precision
-    use the tensor cores at their full rate; float32 operands use ``PRECISION``."""
-    if _WIDEN_DOT_OPERANDS:
-        return tl.dot(a.to(tl.float32), b.to(tl.float32), acc, input_precision="ieee")
-    else:
-        return tl.dot(a, b, acc, input_precision=PRECISION)
 
 
 @triton.jit
@@ -436,13 +420,13 @@ def kda_state_kernel(g_cum, k_to_end, w, u, states, final, cu_seqlens, chunk_off
         row_offs = (rows[:, None] * H + head) * V + cols[None, :]
         U0 = tl.load(u + row_offs, mask=ok[:, None], other=0.0).to(tl.float32)
         W = _load_tile(w, rows, ok, head, H, K)
-        U = (U0 - _dot(W, S_in, None, PRECISION)).to(u.dtype.element_ty)
+        U = (U0 - dot(W, S_in, None, PRECISION)).to(u.dtype.element_ty)
         # In place: this program is the only one that reads or writes these rows and columns.
         tl.store(u + row_offs, U, mask=ok[:, None])
         G_last = _chunk_tail(g_cum, seq_start, seq_len, chunk, head, H, K, C)
         K_e = _load_tile(k_to_end, rows, ok, head, H, K)
         S = tl.exp(G_last)[:, None] * S
-        S = _dot(tl.trans(K_e), U, S, PRECISION)
+        S = dot(tl.trans(K_e), U, S, PRECISION)
     if STORE_FINAL:
         tl.store(_state_ptrs(final, n, head, H, K, V, BV, v_block), S)
 
@@ -468,8 +452,8 @@ def kda_output_kernel(q_decayed, qk, u, states, o, cu_seqlens, chunk_offsets, nu
         Q_g = _load_tile(q_decayed, rows, ok, head, H, K)
         P = _load_square(qk, rows, ok, head, H, C, False)
         U = tl.load(u + row_offs, mask=ok[:, None], other=0.0)
-        out = _dot(Q_g, S, None, PRECISION)
-        out = _dot(P, U, out, PRECISION)
+        out = dot(Q_g, S, None, PRECISION)
+        out = dot(P, U, out, PRECISION)
         tl.store(o + row_offs, out.to(o.dtype.element_ty), mask=ok[:, None])
         task = next_task(task, cu_seqlens, chunk_offsets, num_seqs, H, "flat")
 
@@ -493,7 +477,7 @@ def kda_local_du_kernel(qk, d_o, d_u, cu_seqlens, chunk_offsets, num_seqs, num_r
         row_offs = (rows[:, None] * H + head) * V + tl.program_id(2) * BV + tl.arange(0, BV)[None, :]
         P = _load_square(qk, rows, ok, head, H, C, False)
         dO = tl.load(d_o + row_offs, mask=ok[:, None], other=0.0).to(P.dtype)
-        tl.store(d_u + row_offs, _dot(tl.trans(P), dO, None, PRECISION).to(d_u.dtype.element_ty), mask=ok[:, None])
+        tl.store(d_u + row_offs, dot(tl.trans(P), dO, None, PRECISION).to(d_u.dtype.element_ty), mask=ok[:, None])
         task = next_task(task, cu_seqlens, chunk_offsets, num_seqs, H, "flat")
 
 
@@ -531,16 +515,16 @@ def kda_state_backward_kernel(g_cum, q_decayed, k_to_end, w, d_o, d_final, d_u, 
         K_e = _load_tile(k_to_end, rows, ok, head, H, K)
         dO = tl.load(d_o + row_offs, mask=ok[:, None], other=0.0).to(K_e.dtype)
         dU = tl.load(d_u + row_offs, mask=ok[:, None], other=0.0).to(tl.float32)
-        dU = _dot(K_e, dS_in, dU, PRECISION)
+        dU = dot(K_e, dS_in, dU, PRECISION)
         tl.store(d_u + row_offs, dU.to(d_u.dtype.element_ty), mask=ok[:, None])
         Q_g = _load_tile(q_decayed, rows, ok, head, H, K)
         W = _load_tile(w, rows, ok, head, H, K)
         G_last = _chunk_tail(g_cum, seq_start, seq_len, chunk, head, H, K, C)
         dS = tl.exp(G_last)[:, None] * dS
-        dS = _dot(tl.trans(Q_g), dO, dS, PRECISION)
+        dS = dot(tl.trans(Q_g), dO, dS, PRECISION)
         # -dU negated before the cast (the stored dU's exact negative: rounding is symmetric),
         # never a bfloat16 tile: the interpreter negates those as integers.
-        dS = _dot(tl.trans(W), (-dU).to(d_u.dtype.element_ty), dS, PRECISION)
+        dS = dot(tl.trans(W), (-dU).to(d_u.dtype.element_ty), dS, PRECISION)
 
 
 @triton.jit(do_not_specialize=["num_seqs", "num_rows"])

@@ -28,6 +28,7 @@ import triton
 import triton.language as tl
 
 from .forward import query_chunk_key_ranges
+from .mma import dot
 from .tasks import first_task, next_task, task_at
 
 
@@ -61,15 +62,15 @@ def _dq_key_blocks(
         else:
             kT = tl.load(k_ptrs)
             vT = tl.load(v_ptrs)
-        p = tl.math.exp2(tl.dot(q, kT) * qk_scale - lse[:, None])
+        p = tl.math.exp2(dot(q, kT, None, None) * qk_scale - lse[:, None])
         if MASKED:
             visible = col_ok[None, :]
             if CAUSAL:
                 visible = visible & (cols[None, :] <= rows[:, None])
             p = tl.where(visible, p, 0.0)
-        dp = tl.dot(do, vT)
+        dp = dot(do, vT, None, None)
         ds = p * (dp - delta[:, None])
-        dq = tl.dot(ds.to(kT.dtype), tl.trans(kT), dq)
+        dq = dot(ds.to(kT.dtype), tl.trans(kT), dq, None)
     return dq
 
 
@@ -100,16 +101,16 @@ def _dkdv_query_blocks(
             do = tl.load(do_ptrs)
             lse = tl.load(lse_base + rows)
             delta = tl.load(delta_base + rows)
-        pT = tl.math.exp2(tl.dot(k, qT) * qk_scale - lse[None, :])  # [BLOCK_N, BLOCK_M]
+        pT = tl.math.exp2(dot(k, qT, None, None) * qk_scale - lse[None, :])  # [BLOCK_N, BLOCK_M]
         if MASKED:
             visible = row_ok[None, :]
             if CAUSAL:
                 visible = visible & (rows[None, :] >= cols[:, None])
             pT = tl.where(visible, pT, 0.0)
-        dv = tl.dot(pT.to(do.dtype), do, dv)
-        dpT = tl.dot(v, tl.trans(do))
+        dv = dot(pT.to(do.dtype), do, dv, None)
+        dpT = dot(v, tl.trans(do), None, None)
         dsT = pT * (dpT - delta[None, :])
-        dk = tl.dot(dsT.to(qT.dtype), tl.trans(qT), dk)
+        dk = dot(dsT.to(qT.dtype), tl.trans(qT), dk, None)
     return dk, dv
 
 

@@ -25,6 +25,7 @@ Source: FlashAttention-2 (Dao, 2023), Algorithm 1; Triton's fused-attention tuto
 import triton
 import triton.language as tl
 
+from .mma import dot
 from .tasks import first_task, next_task, task_at
 
 
@@ -45,7 +46,7 @@ def _attend_key_blocks(
             k = tl.load(k_ptrs, mask=col_ok[None, :], other=0.0)
         else:
             k = tl.load(k_ptrs)
-        scores = tl.dot(q, k) * qk_scale
+        scores = dot(q, k, None, None) * qk_scale
         if MASKED:
             visible = col_ok[None, :]
             if CAUSAL:
@@ -59,7 +60,7 @@ def _attend_key_blocks(
             v = tl.load(v_ptrs, mask=col_ok[:, None], other=0.0)
         else:
             v = tl.load(v_ptrs)
-        acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None])
+        acc = dot(p.to(v.dtype), v, acc * alpha[:, None], None)
         m_i = m_new
     return acc, l_i, m_i
 

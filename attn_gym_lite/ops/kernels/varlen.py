@@ -21,13 +21,11 @@ from ...schedule import SCHEDULES, choose_schedule, launch_grid, num_sms
 from .backward import attention_backward_kernel
 from .forward import attention_forward_kernel
 from .inactive import zero_inactive_rows_kernel
+from .mma import INTERPRETED  # Triton's interpreter: CPU tensors only (wrong results on CUDA ones)
 from .offsets import launch_chunk_offsets
 
 Tensor = torch.Tensor
 
-# Triton's interpreter replaces every @triton.jit function when TRITON_INTERPRET=1 is set before
-# the kernels are defined; it runs on CPU tensors only (and gives wrong results on CUDA ones).
-INTERPRETED = type(attention_forward_kernel).__name__ == "InterpretedFunction"
 
 _DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 _HEAD_DIMS = (16, 32, 64, 128)
@@ -205,9 +203,10 @@ def varlen_attention_triton(
     """Attention within each packed sequence, by Triton kernels with a chosen schedule.
 
     Args:
-        q, k, v: ``[T, H, D]`` of one dtype (bfloat16 or float16 on GPU; float32 too, meant for
-            the interpreter) and device; ``D`` in 16, 32, 64, 128. Any strides with the last one
-            1 (e.g. views of a fused QKV projection); others are made contiguous.
+        q, k, v: ``[T, H, D]`` of one dtype (bfloat16 or float16; float32 too, meant for the
+            interpreter, where 16-bit operands are widened before each product: :mod:`.mma`) and
+            device; ``D`` in 16, 32, 64, 128. Any strides with the last one 1 (e.g. views of a
+            fused QKV projection); others are made contiguous.
         cu_seqlens: int32 ``[N + 1]`` prefix sums ``[0, ..., L, L]`` on ``q``'s device, ``L <= T``.
             The kernels read it on the device: with a CUDA graph, copy each batch's
             ``cu_seqlens`` into the captured buffer and replay. What is checked where:
