@@ -200,7 +200,7 @@ def _both_models():
     return PackedLM(64, 32, 2), PackedTransformer(64, 32, 2, 1)
 
 
-def test_forward_refuses_input_ids_that_are_not_int64_of_shape_T():
+def test_forward_refuses_input_ids_that_are_not_integer_ids_of_shape_T():
     """Before: model(b.input_ids[None], b.cu_seqlens) failed in the attention with "cu_seqlens[-1]
     (active tokens L) must be <= token_capacity T = 1, got L = 8", naming neither input_ids nor its
     shape."""
@@ -212,8 +212,10 @@ def test_forward_refuses_input_ids_that_are_not_int64_of_shape_T():
             model(ids[None], cu)
         with pytest.raises(ValueError, match=r"^input_ids must have shape \[T\] .*, got shape \(\)$"):
             model(ids[0], cu)
-        with pytest.raises(TypeError, match=r"^input_ids must have dtype int64, got torch.int32$"):
-            model(ids.int(), cu)
+        with pytest.raises(TypeError, match=r"^input_ids must have dtype int64, int32, got torch.float32$"):
+            model(ids.float(), cu)
+        # int32 ids are token ids too (nn.Embedding takes both): the same logits as int64.
+        torch.testing.assert_close(model(ids.int(), cu), model(ids, cu), rtol=0, atol=0)
         with pytest.raises(TypeError, match=r"^input_ids must be a torch.Tensor of shape \[T\] .*, got list$"):
             model(ids.tolist(), cu)
         # loss goes through forward: the same message.

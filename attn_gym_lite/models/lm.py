@@ -92,19 +92,19 @@ def _check_selected_labels(labels: Tensor, loss_mask: Tensor, vocab_size: int) -
 
 
 def _check_input_ids(input_ids: Tensor, vocab_size: int) -> None:
-    """``input_ids`` an int64 ``[T]`` tensor and, where it is on the CPU (and ``torch.compile`` is
-    not tracing), every id in ``[0, vocab_size)``. The one check every model's ``forward`` makes.
+    """``input_ids`` an int64 (or int32, which ``nn.Embedding`` takes too) ``[T]`` tensor and, where
+    it is on the CPU (and ``torch.compile`` is not tracing), every id in ``[0, vocab_size)``. The one check every model's ``forward`` makes.
 
     Capture-safe: only a CPU tensor's values are read (free there); a CUDA tensor is checked by
     its metadata alone, since reading it would synchronise and is impossible during a capture.
 
     Raises:
-        TypeError: not a tensor, or not int64.
+        TypeError: not a tensor, or neither int64 nor int32.
         ValueError: not 1-D (a ``[1, T]`` batch dim, say); a CPU id outside ``[0, vocab_size)``.
     """
     # Metadata first: a [1, T] input would otherwise embed to [1, T, dim] and fail later as a
     # token capacity of 1 in the attention's cu_seqlens check, naming neither input_ids nor its shape.
-    check_tensor("input_ids", input_ids, ndim=1, shape="[T] (1-D: a packed batch has no batch dim)", dtypes=(torch.int64,))
+    check_tensor("input_ids", input_ids, ndim=1, shape="[T] (1-D: a packed batch has no batch dim)", dtypes=(torch.int64, torch.int32))
     if input_ids.device.type != "cpu" or torch.compiler.is_compiling():
         return
     rows = torch.nonzero((input_ids < 0) | (input_ids >= vocab_size)).flatten()
@@ -219,7 +219,8 @@ class PackedLM(_PackedLanguageModel):
             logits ``[T, vocab_size]`` in the parameters' dtype, on their device.
 
         Raises:
-            TypeError: ``input_ids`` not a tensor or not int64; ``cu_seqlens`` not an int32 tensor.
+            TypeError: ``input_ids`` not a tensor or neither int64 nor int32; ``cu_seqlens`` not an
+                int32 tensor.
             ValueError: ``input_ids`` not 1-D (a ``[1, T]`` batch dim, say); a CPU ``input_ids``
                 (not while ``torch.compile`` traces) with an id outside ``[0, vocab_size)``, the
                 message naming the first such row (a CUDA one is not read: the embedding's
@@ -320,7 +321,8 @@ class PackedTransformer(_PackedLanguageModel):
             logits ``[T, vocab_size]`` in the parameters' dtype, on their device.
 
         Raises:
-            TypeError: ``input_ids`` not a tensor or not int64; ``cu_seqlens`` not an int32 tensor.
+            TypeError: ``input_ids`` not a tensor or neither int64 nor int32; ``cu_seqlens`` not an
+                int32 tensor.
             ValueError: ``input_ids`` not 1-D (a ``[1, T]`` batch dim, say); a CPU ``input_ids``
                 (not while ``torch.compile`` traces) with an id outside ``[0, vocab_size)``, the
                 message naming the first such row (a CUDA one is not read: the embedding's
