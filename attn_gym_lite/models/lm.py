@@ -14,7 +14,7 @@ from torch import nn
 
 from ..checks import check_int, check_tensor
 from ..regions import mark_kernels
-from .attention import VarLenAttention
+from .attention import VarLenAttention, check_heads
 
 Tensor = torch.Tensor
 
@@ -245,11 +245,29 @@ class TransformerBlock(nn.Module):
     sequence) and its inactive-capacity masks; the MLP is SwiGLU (``down(silu(gate) * up)``),
     token-parallel, so it needs no mask: an inactive row only ever changes itself, and every row
     it sees is finite (the attention's output is masked).
+
+    Args:
+        dim: model width, a positive multiple of ``num_heads``.
+        num_heads: attention heads (head dim ``dim // num_heads``).
+        hidden: the SwiGLU hidden width, >= 1.
+        impl, schedule: as for :class:`VarLenAttention`.
+        device, dtype: where and in what the parameters are made (a floating dtype).
+
+    Raises:
+        ValueError: ``dim`` or ``num_heads`` is not a positive int or ``dim`` is not a multiple of
+            ``num_heads`` (a wrong type too: the message names ``TransformerBlock``, ``dim`` and
+            ``num_heads``); ``impl="triton"`` with a head dim not in 16, 32, 64, 128; ``hidden``
+            < 1; ``impl`` or ``schedule`` not one of their choices.
+        TypeError: ``hidden`` is not an int.
+        RuntimeError: torch's own, for a ``device`` string it does not parse or a non-floating
+            ``dtype``.
     """
 
     def __init__(self, dim: int, num_heads: int, hidden: int, *, impl: str, schedule: str,
                  device=None, dtype=None) -> None:
         super().__init__()
+        check_heads("TransformerBlock", dim, num_heads, impl)
+        check_int("hidden", hidden, minimum=1)
         factory = {"device": device, "dtype": dtype}
         self.norm_attention = nn.RMSNorm(dim, **factory)
         self.attention = VarLenAttention(dim, num_heads, causal=True, mask_inactive_capacity=True, impl=impl,
