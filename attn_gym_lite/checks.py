@@ -82,6 +82,9 @@ def tensor_metadata(*tensors: object) -> tuple | None:
     Checks that depend on nothing else (shapes agree, dtype allowed, contiguous, on one device,
     offsets below 2**31, ...) can be cached under this key and skipped on a repeated call: the
     host time of an eager call is part of every step.
+
+    Raises:
+        Nothing: any argument is accepted (a non-tensor one gives ``None``).
     """
     if not all(isinstance(t, Tensor) for t in tensors):
         return None

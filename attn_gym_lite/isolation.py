@@ -196,7 +196,21 @@ def describe_error(error: BaseException, max_chars: int | None = None) -> str:
 
     Returns:
         The text, e.g. ``"ValueError: chunk_size must be one of (16, 32, 64), got 8"``.
+
+    Raises:
+        TypeError: ``error`` is not an exception (a ``BaseException``), or ``max_chars`` is
+            neither ``None`` nor an int.
+        ValueError: ``max_chars`` < 0.
     """
+    if not isinstance(error, BaseException):
+        raise TypeError(f"error must be an exception, got {type(error).__name__} {error!r:.60}")
+    # The message format of attn_gym_lite.checks.check_int, inline: this module imports nothing
+    # from the package (and so not torch).
+    if max_chars is not None:
+        if isinstance(max_chars, bool) or not isinstance(max_chars, int):
+            raise TypeError(f"max_chars must be an int >= 0 or None, got {max_chars!r}")
+        if max_chars < 0:
+            raise ValueError(f"max_chars must be an int >= 0 or None, got {max_chars}")
     text = f"{type(error).__name__}: {error}".strip()
     return text if max_chars is None else text[:max_chars]
 

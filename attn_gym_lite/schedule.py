@@ -144,11 +144,37 @@ def persistent_workers(capacity_tasks: int, num_sms: int, ctas_per_sm: int) -> i
 
 
 def num_sms(device: torch.device | str) -> int:
-    """SM count of a CUDA device; on CPU (Triton interpreter) a nominal 4."""
-    device = torch.device(device)
-    if device.type == "cuda":
-        return torch.cuda.get_device_properties(device).multi_processor_count
-    return _INTERPRETER_SMS
+    """SM count of a CUDA device; on any other device (CPU: the Triton interpreter) a nominal 4.
+
+    Args:
+        device: a ``torch.device`` or a device string (``"cuda"``, ``"cuda:1"``, ``"cpu"``).
+
+    Returns:
+        The number of streaming multiprocessors (``multi_processor_count``).
+
+    Raises:
+        TypeError: ``device`` is not a ``torch.device`` or ``str`` (an int index is refused too).
+        ValueError: a string torch does not parse as a device (``"x"``), or a CUDA index at or
+            past the number of CUDA devices.
+        RuntimeError: ``device`` is a CUDA device and CUDA is not available.
+
+    Source: ``torch.cuda.get_device_properties``.
+    """
+    if not isinstance(device, (torch.device, str)):
+        raise TypeError(f"device must be a torch.device or a device string, got {device!r}")
+    if isinstance(device, str):
+        try:
+            device = torch.device(device)
+        except RuntimeError:
+            raise ValueError(f"device must be a device string such as 'cuda:0' or 'cpu', got {device!r}") from None
+    if device.type != "cuda":
+        return _INTERPRETER_SMS
+    if not torch.cuda.is_available():
+        raise RuntimeError(f"device must be an available CUDA device, got {str(device)!r} but CUDA is not available")
+    count = torch.cuda.device_count()
+    if device.index is not None and device.index >= count:
+        raise ValueError(f"device must be a CUDA device index below {count} (the devices present), got {str(device)!r}")
+    return torch.cuda.get_device_properties(device).multi_processor_count
 
 
 def choose_schedule(T: int, N: int, C: int, heads: int, num_sms: int, ctas_per_sm: int) -> str:

@@ -74,6 +74,14 @@ def test_auto_picks_the_kernels_where_they_run_and_the_reference_elsewhere():
     assert not needs_max_seqlen("triton") and not needs_max_seqlen("triton", "dynamic") and not needs_max_seqlen("reference")
 
 
+def test_needs_max_seqlen_refuses_an_unknown_impl_or_schedule():
+    assert not needs_max_seqlen("auto", "auto")
+    with pytest.raises(ValueError, match=r"impl must be one of \('auto', 'triton', .*\), got 'nope'"):
+        needs_max_seqlen("nope")
+    with pytest.raises(ValueError, match=r"schedule must be one of \('rect', .*\), got 'nope'"):
+        needs_max_seqlen("triton", "nope")
+
+
 @pytest.mark.skipif(not INTERPRETED and not torch.cuda.is_available(), reason="the kernels run neither compiled nor interpreted")
 @pytest.mark.parametrize("causal", [False, True])
 def test_every_implementation_here_computes_the_same_attention(causal):

@@ -265,3 +265,15 @@ def test_buckets_keyed_by_max_seqlen_refuse_a_longer_sequence_and_copy_nothing()
         buckets.replay(too_long, 300)
     for name, buffer in {**buckets.token_inputs, **buckets.fixed_inputs}.items():
         assert torch.equal(buffer, before[name]), f"{name} changed although the batch was refused"
+
+
+def test_private_pool_bytes_checks_the_handle():
+    with pytest.raises(TypeError, match=r"pool must be a sequence of ints, got NoneType"):
+        private_pool_bytes(None)
+    with pytest.raises(TypeError, match=r"pool\[1\] must be an int, got 'x'"):
+        private_pool_bytes((0, "x"))
+    with pytest.raises(ValueError, match=r"pool must be a graph pool handle of 2 ints, got 3 ints \(0, 1, 2\)"):
+        private_pool_bytes((0, 1, 2))
+    if not torch.cuda.is_available():
+        with pytest.raises(RuntimeError, match=r"private_pool_bytes reads torch.cuda.memory_snapshot\(\), but CUDA"):
+            private_pool_bytes((0, 1))

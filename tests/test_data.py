@@ -480,6 +480,12 @@ def test_load_tokenizer_errors(tmp_path, monkeypatch):
         load_tokenizer(max_training_bytes=0)
     with pytest.raises(TypeError, match=r"spec must be a str or os.PathLike, got int"):
         load_tokenizer(123)
+    with pytest.raises(TypeError, match=r"tokenizer must be a tokenizers.Tokenizer, got <class 'int'>"):
+        data.HFTokenizer(1, "x")
+    with pytest.raises(TypeError, match=r"name must be a str, got None"):
+        data.HFTokenizer(load_tokenizer(vocab_size=512, max_training_bytes=100_000).backend, None)
+    with pytest.raises(TypeError, match=r"encoding must be a tiktoken.Encoding, got int"):
+        data.TiktokenTokenizer(1)
     monkeypatch.setitem(sys.modules, "tiktoken", None)  # as if tiktoken were not installed
     with pytest.raises(ValueError, match=r"spec='tiktoken:gpt2' needs tiktoken"):
         load_tokenizer("tiktoken:gpt2")
@@ -688,3 +694,12 @@ def test_packed_batch_refuses_loss_mask_on_padding_rows():
     mask = batch.loss_mask.clone()
     mask[:16] = True
     assert int(dataclasses.replace(batch, loss_mask=mask).loss_mask.sum()) == 16
+
+
+def test_tiktoken_tokenizer_wraps_an_encoding():
+    tiktoken = pytest.importorskip("tiktoken")
+    ranks = {bytes([b]): b for b in range(256)}
+    encoding = tiktoken.Encoding("bytes", pat_str=r".", mergeable_ranks=ranks, special_tokens={})
+    tokenizer = data.TiktokenTokenizer(encoding)
+    assert tokenizer.name == "tiktoken:bytes" and tokenizer.vocab_size == 256
+    assert tokenizer.decode(tokenizer.encode("ab")) == "ab"

@@ -21,6 +21,7 @@ from attn_gym_lite.data import (
     BestFit,
     FirstFit,
     InOrder,
+    PackedBatch,
     PackedLoader,
     batch_from_pieces,
     jsonl_texts,
@@ -270,6 +271,21 @@ def test_batch_from_pieces_by_hand_and_errors():
     with pytest.raises(ValueError, match=r"must be non-empty, got lengths \[1, 0\]"):
         batch_from_pieces([[1], []], 4, 2)
 
+
+
+def test_a_batch_repr_is_its_sizes_dtypes_and_shapes():
+    """Before: repr(PackedBatch) printed every tensor in full, 11,152 characters at T = 512."""
+    pieces = [[1] * 97, [2] * 100, [3] * 50, [4] * 80, [5] * 104]
+    batch = batch_from_pieces(pieces, 512, 8)
+    assert repr(batch) == str(batch) == (
+        "PackedBatch(T=512, N=8, L=431, M=5, max_seqlen=104, input_ids=int64[512], labels=int64[512], "
+        "loss_mask=bool[512], cu_seqlens=int32[9])"
+    )
+    # A tensor off the CPU shows its device (a meta batch stands for a CUDA one: no values read).
+    meta = PackedBatch(*(getattr(batch, f).to("meta") for f in TENSOR_FIELDS),
+                       active_tokens=431, active_sequences=5, max_seqlen=104)
+    assert repr(meta).endswith("input_ids=int64[512]@meta, labels=int64[512]@meta, loss_mask=bool[512]@meta, "
+                               "cu_seqlens=int32[9]@meta)")
 
 @pytest.mark.parametrize(("stray", "error", "match"), [
     (99999, ValueError, r"must be a token id in \[0, 256\) \(the vocabulary of 'bytes'\), got 99999"),

@@ -1,12 +1,13 @@
 """capture_graph and StaticInputs: argument checks on CPU, capture and replay on the GPU."""
 
+import inspect
 from itertools import islice
 
 import pytest
 import torch
 
 from attn_gym_lite.data import PackedLoader
-from attn_gym_lite.graph.capture import StaticInputs, capture_graph
+from attn_gym_lite.graph.capture import _CAPTURE_OPTIONS, StaticInputs, capture_graph, capture_options
 from attn_gym_lite.models import PackedLM
 
 
@@ -56,6 +57,29 @@ def test_capture_graph_checks_its_arguments():
         capture_graph(lambda: None, warmup=1.5)
     with pytest.raises(ValueError, match="warmup must be an int >= 0, got -1"):
         capture_graph(lambda: None, warmup=-1)
+
+
+def test_capture_options_refuses_what_torch_cuda_graph_would_refuse_at_capture():
+    with capture_options(capture_error_mode="relaxed"):
+        with capture_options(capture_error_mode="global"):
+            assert _CAPTURE_OPTIONS.get() == {"capture_error_mode": "global"}
+        assert _CAPTURE_OPTIONS.get() == {"capture_error_mode": "relaxed"}
+    with pytest.raises(ValueError, match=r"capture_error_mode must be one of \('global', 'thread_local', 'relaxed'\), "
+                                         r"got 'nope'"):
+        with capture_options(capture_error_mode="nope"):
+            pass
+    with pytest.raises(ValueError, match=r"capture_options: option must be one of \('capture_error_mode', .*\), "
+                                         r"got 'bogus'"):
+        with capture_options(bogus=1):
+            pass
+    with pytest.raises(ValueError, match=r"capture_options: option must be one of .*, got 'pool'"):
+        with capture_options(pool=None):
+            pass
+    if "enable_annotations" in inspect.signature(torch.cuda.graph.__init__).parameters:
+        with pytest.raises(TypeError, match=r"enable_annotations must be a bool, got 1"):
+            with capture_options(enable_annotations=1):
+                pass
+    assert _CAPTURE_OPTIONS.get() is None
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU-only error")

@@ -156,3 +156,17 @@ def test_describe_error_is_type_and_message_optionally_cut():
     long = IsolatedRunError("m.f exited with code 1", "E" * 5000)
     assert describe_error(long, max_chars=30) == "IsolatedRunError: m.f exited w"
     assert describe_error(long) == "IsolatedRunError: m.f exited with code 1\n" + "E" * 5000
+
+
+@pytest.mark.parametrize(
+    ("args", "error", "message"),
+    [
+        (("chunk_size too small",), TypeError, r"^error must be an exception, got str 'chunk_size too small'$"),
+        ((ValueError("x"), -1), ValueError, r"^max_chars must be an int >= 0 or None, got -1$"),
+        ((ValueError("x"), 1.5), TypeError, r"^max_chars must be an int >= 0 or None, got 1.5$"),
+        ((ValueError("x"), True), TypeError, r"^max_chars must be an int >= 0 or None, got True$"),
+    ],
+)
+def test_describe_error_checks_its_arguments(args, error, message):
+    with pytest.raises(error, match=message):
+        describe_error(*args)

@@ -260,6 +260,8 @@ def test_bad_arguments_name_themselves(warm):
         KernelConfig(24, 16)
     with pytest.raises(ValueError, match="dkdv.block_n must be a multiple of dkdv.block_m, got 16 and 32"):
         AttentionConfig(KernelConfig(32, 16), KernelConfig(32, 16), KernelConfig(32, 16))
+    with pytest.raises(TypeError, match=r"AttentionConfig: dq must be a KernelConfig, got \(32, 16\)"):
+        AttentionConfig(KernelConfig(32, 16), (32, 16), KernelConfig(16, 32))
 
 
 def test_schedules_compute_bitwise_identical_results():

@@ -200,3 +200,25 @@ def test_model_loss_names_an_input_id_outside_the_vocabulary(stray):
     ids[4] = VOCAB - 1
     loss = model.loss(ids, labels, mask, cu, 3)
     assert loss.item() == pytest.approx(naive_mean_loss(model(ids, cu, 3).detach(), labels, mask)[0], rel=1e-12)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "message"),
+    [
+        (dict(dim=30, num_heads=4, hidden=64), ValueError,
+         r"^TransformerBlock: dim must be a positive multiple of num_heads, got dim=30, num_heads=4$"),
+        (dict(dim=32.0, num_heads=4, hidden=64), ValueError,
+         r"^TransformerBlock: dim must be a positive multiple of num_heads, got dim=32.0, num_heads=4$"),
+        (dict(dim=32, num_heads=4, hidden=0), ValueError, r"^hidden must be an int >= 1, got 0$"),
+        (dict(dim=32, num_heads=4, hidden=-1), ValueError, r"^hidden must be an int >= 1, got -1$"),
+        (dict(dim=32, num_heads=4, hidden=64.0), TypeError, r"^hidden must be an int >= 1, got 64.0$"),
+        (dict(dim=32, num_heads=4, hidden=True), TypeError, r"^hidden must be an int >= 1, got True$"),
+        (dict(dim=32, num_heads=4, hidden=64, impl="nope"), ValueError, r"^impl must be one of .*, got 'nope'$"),
+        (dict(dim=32, num_heads=2, hidden=64, impl="triton", schedule="nope"), ValueError,
+         r"^schedule must be one of .*, got 'nope'$"),
+    ],
+)
+def test_transformer_block_checks_its_sizes(kwargs, error, message):
+    kwargs = {"impl": "reference", "schedule": "auto", **kwargs}
+    with pytest.raises(error, match=message):
+        lm_module.TransformerBlock(**kwargs)

@@ -1,4 +1,4 @@
-"""VarLenAttention and PackedLM against independent computations."""
+"""VarLenAttention and PackedLM against independent computations; the models' input checks."""
 
 import math
 
@@ -186,3 +186,91 @@ def test_triton_models_refuse_an_unsupported_head_dim_where_they_are_built(dim, 
     assert PackedTransformer(100, dim, num_heads, 1, impl="auto").blocks[0].attention.head_dim == head_dim
     assert VarLenAttention(dim, num_heads, impl="reference").head_dim == head_dim
     assert VarLenAttention(32, 2, impl="triton").head_dim == 16
+
+
+# ---------------------------------------------------------------------------------------------
+# Both language models check input_ids at the start of forward: its metadata always, the ids of a
+# CPU tensor against the vocabulary (loss relies on forward for both: one place for the check).
+
+
+def _both_models():
+    from attn_gym_lite.models import PackedTransformer
+
+    torch.manual_seed(0)
+    return PackedLM(64, 32, 2), PackedTransformer(64, 32, 2, 1)
+
+
+def test_forward_refuses_input_ids_that_are_not_integer_ids_of_shape_T():
+    """Before: model(b.input_ids[None], b.cu_seqlens) failed in the attention with "cu_seqlens[-1]
+    (active tokens L) must be <= token_capacity T = 1, got L = 8", naming neither input_ids nor its
+    shape."""
+    cu = pad_cu_seqlens(cu_seqlens_from_lengths([5, 3]), 3)
+    ids = torch.randint(64, (16,))
+    for model in _both_models():
+        with pytest.raises(ValueError, match=r"^input_ids must have shape \[T\] \(1-D: a packed batch has no batch "
+                                             r"dim\), got shape \(1, 16\)$"):
+            model(ids[None], cu)
+        with pytest.raises(ValueError, match=r"^input_ids must have shape \[T\] .*, got shape \(\)$"):
+            model(ids[0], cu)
+        with pytest.raises(TypeError, match=r"^input_ids must have dtype int64, int32, got torch.float32$"):
+            model(ids.float(), cu)
+        # int32 ids are token ids too (nn.Embedding takes both): the same logits as int64.
+        torch.testing.assert_close(model(ids.int(), cu), model(ids, cu), rtol=0, atol=0)
+        with pytest.raises(TypeError, match=r"^input_ids must be a torch.Tensor of shape \[T\] .*, got list$"):
+            model(ids.tolist(), cu)
+        # loss goes through forward: the same message.
+        with pytest.raises(ValueError, match=r"^input_ids must have shape \[T\] .*, got shape \(1, 16\)$"):
+            model.loss(ids[None], ids, torch.ones(16, dtype=torch.bool), cu)
+        assert model(ids, cu).shape == (16, 64)
+
+
+@pytest.mark.parametrize("stray", [64, 100, -1])
+def test_forward_names_an_input_id_outside_the_vocabulary(monkeypatch, stray):
+    """Before: PackedTransformer(64, 32, 2, 1)(ids_with_100, cu) failed with torch's bare
+    "IndexError: index out of range in self"; only loss() checked the ids."""
+    import attn_gym_lite.models.lm as lm
+
+    cu = pad_cu_seqlens(cu_seqlens_from_lengths([5, 3]), 3)
+    ids = torch.randint(64, (16,))
+    bad = ids.clone()
+    bad[[2, 9]] = stray  # row 9 is inactive capacity: an id there is refused too (it is embedded)
+    message = (rf"^input_ids must be token ids in \[0, V\) = \[0, 64\) \(V = the embedding's vocabulary\), "
+               rf"got input_ids\[2\] = {stray} \(2 such rows\)$")
+    for model in _both_models():
+        with pytest.raises(ValueError, match=message):
+            model(bad, cu)
+        ids[2] = 63  # the largest id is a token like any other
+        assert torch.isfinite(model(ids, cu)).all()
+    # One place for the check: loss checks the ids once, through forward.
+    calls = []
+    checked = lm._check_input_ids
+    monkeypatch.setattr(lm, "_check_input_ids", lambda *a: calls.append(a) or checked(*a))
+    for model in _both_models():
+        with pytest.raises(ValueError, match=message):
+            model.loss(bad, ids, torch.ones(16, dtype=torch.bool), cu)
+        model.loss(ids, ids, torch.ones(16, dtype=torch.bool), cu)
+    assert len(calls) == 4
+
+
+def test_forward_reads_no_values_of_a_non_cpu_input_ids(monkeypatch):
+    """Only a CPU tensor's ids are read (free there): a CUDA one is checked by metadata alone (a
+    read would sync, and is impossible in a capture). A meta tensor stands for it here."""
+    import attn_gym_lite.models.lm as lm
+
+    monkeypatch.setattr(lm.torch, "nonzero", lambda *a, **k: pytest.fail("read the values of input_ids"))
+    lm._check_input_ids(torch.full((16,), 100, device="meta"), 64)
+    with pytest.raises(ValueError, match=r"^input_ids must have shape \[T\] .*, got shape \(1, 16\)$"):
+        lm._check_input_ids(torch.full((1, 16), 100, device="meta"), 64)
+    # While torch.compile traces, nothing is read either (the CPU check is eager only).
+    monkeypatch.setattr(lm.torch.compiler, "is_compiling", lambda: True)
+    lm._check_input_ids(torch.full((16,), 100), 64)
+
+
+def test_every_forward_documents_its_shapes_and_errors():
+    """Before: help(PackedTransformer.forward) showed nn.Module's "Define the computation performed
+    at every call" text."""
+    for model in _both_models():
+        doc = type(model).forward.__doc__
+        assert doc is not None and doc is not torch.nn.Module.forward.__doc__
+        for words in ("int64 ``[T]``", "int32 ``[N + 1]``", "max_seqlen", "``[T, vocab_size]``", "Raises:"):
+            assert words in doc, (type(model).__name__, words)

@@ -8,7 +8,7 @@ import torch
 
 from attn_gym_lite.profiling.compact import compact_timeline, host_phases
 from attn_gym_lite.profiling.memory import allocation_sites, allocation_timeline, find_blocks, record_memory_history
-from attn_gym_lite.profiling.summary import replay_idle, trace_summary
+from attn_gym_lite.profiling.summary import device_events, replay_idle, trace_summary
 
 
 def kernel(**fields):
@@ -41,6 +41,7 @@ READERS = {
     "host_phases": lambda trace: host_phases(trace, ["step"]),
     "trace_summary": trace_summary,
     "replay_idle": replay_idle,
+    "device_events": device_events,
 }
 
 BAD_TRACES = [

@@ -17,6 +17,7 @@ from attn_gym_lite.schedule import (
     chunk_offsets,
     decode_chunk,
     launch_grid,
+    num_sms,
     persistent_workers,
 )
 
@@ -212,3 +213,20 @@ def test_dense_gap_and_eager_overhead_read_a_record():
     assert (fwd_bwd["dense_backend"], fwd_bwd["ours_schedule"], fwd_bwd["ours_vs_dense"]) == ("flash", "flat", 310 / 400)
     rows = {r["implementation"]: r for r in eager_overhead(record)}
     assert rows["default"]["fwd_vs_varlen_attn"] == 1.5 and rows["default"]["fwd_bwd_vs_varlen_attn"] == 1.3
+
+
+def test_num_sms_names_a_bad_device():
+    assert num_sms("cpu") == num_sms(torch.device("cpu")) == 4
+    with pytest.raises(ValueError, match=r"device must be a device string such as 'cuda:0' or 'cpu', got 'x'"):
+        num_sms("x")
+    with pytest.raises(TypeError, match=r"device must be a torch.device or a device string, got 3"):
+        num_sms(3)
+    with pytest.raises(TypeError, match=r"device must be a torch.device or a device string, got None"):
+        num_sms(None)
+    if not torch.cuda.is_available():
+        with pytest.raises(RuntimeError, match=r"device must be an available CUDA device, got 'cuda' but CUDA"):
+            num_sms("cuda")
+    else:
+        past = f"cuda:{torch.cuda.device_count()}"
+        with pytest.raises(ValueError, match=rf"device must be a CUDA device index below .*, got '{past}'"):
+            num_sms(past)

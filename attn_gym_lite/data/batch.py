@@ -22,7 +22,7 @@ from ..ragged import cu_seqlens_from_lengths, packed_to_padded, pad_cu_seqlens
 __all__ = ["PackedBatch", "batch_from_pieces"]
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, repr=False)  # __repr__ below: compact
 class PackedBatch:
     """One fixed-capacity packed batch on the CPU: ``T`` token rows, ``N`` sequence slots.
 
@@ -177,6 +177,18 @@ class PackedBatch:
                 f"(sequence {longest}, {int(lengths[longest])} tokens), got {self.max_seqlen}"
             )
 
+    def __repr__(self) -> str:
+        """``PackedBatch(T=512, N=8, L=431, M=5, max_seqlen=97, input_ids=int64[512], ...)``.
+
+        Compact: the capacities and the host ints, then each tensor field as dtype and shape (with
+        its device where that is not the CPU); no tensor values, which at ``T`` in the thousands
+        would print tens of thousands of characters (and, on a device, read it).
+        """
+        tensors = ", ".join(f"{name}={_describe(getattr(self, name))}"
+                            for name in ("input_ids", "labels", "loss_mask", "cu_seqlens"))
+        return (f"PackedBatch(T={self.token_capacity}, N={self.sequence_capacity}, L={self.active_tokens}, "
+                f"M={self.active_sequences}, max_seqlen={self.max_seqlen}, {tensors})")
+
     @property
     def token_capacity(self) -> int:
         """``T``: rows of ``input_ids``/``labels``/``loss_mask``."""
@@ -203,6 +215,13 @@ class PackedBatch:
             loss_mask=self.loss_mask.pin_memory(),
             cu_seqlens=self.cu_seqlens.pin_memory(),
         )
+
+
+def _describe(tensor: Tensor) -> str:
+    """``int64[512]``, with ``@cuda:0`` where the tensor is not on the CPU (metadata only)."""
+    dtype = str(tensor.dtype).removeprefix("torch.")
+    device = "" if tensor.device.type == "cpu" else f"@{tensor.device}"
+    return f"{dtype}[{', '.join(map(str, tensor.shape))}]{device}"
 
 
 def assemble(

@@ -205,6 +205,10 @@ class FirstFit(_LookAhead):
     Args:
         buffer_size: ``B``, candidates each batch may choose from (>= 1). ``B = 1`` puts one
             piece in each batch (no packing at all).
+
+    Raises:
+        TypeError: ``buffer_size`` is not an int (``1.5``, ``"3"``, ``True``, ``None``).
+        ValueError: ``buffer_size`` < 1.
     """
 
     name = "first-fit"
@@ -233,6 +237,10 @@ class BestFit(_LookAhead):
 
     Args:
         buffer_size: ``B``, candidates each batch may choose from (>= 1).
+
+    Raises:
+        TypeError: ``buffer_size`` is not an int (``1.5``, ``"3"``, ``True``, ``None``).
+        ValueError: ``buffer_size`` < 1.
     """
 
     name = "best-fit"

@@ -38,6 +38,10 @@ class Recommendation:
             fewest buckets that meets the budget, or with ``max_buckets`` if none does.
         buckets_meet_budget: whether ``bucket_plan`` meets the budget (False when None).
         active_tokens: ``L`` of every batch of the sample with this policy.
+
+    Raises:
+        Nothing on its values: a record that :func:`recommend` fills in, so its fields are
+        not checked (a missing field is Python's ``TypeError`` from the dataclass ``__init__``).
     """
 
     token_capacity: int

@@ -57,6 +57,9 @@ class HFTokenizer:
 
     ``encode`` adds no special tokens (no BOS/EOS/CLS): packing marks document boundaries with
     ``cu_seqlens`` instead. Source: HF ``tokenizers`` (``Tokenizer.encode``/``encode_batch``).
+
+    Raises:
+        TypeError: ``tokenizer`` is not a ``tokenizers.Tokenizer``, or ``name`` is not a ``str``.
     """
 
     def __init__(self, tokenizer: object, name: str) -> None:
@@ -64,6 +67,8 @@ class HFTokenizer:
 
         if not isinstance(tokenizer, _HFTokenizer):
             raise TypeError(f"tokenizer must be a tokenizers.Tokenizer, got {type(tokenizer)}")
+        if not isinstance(name, str):
+            raise TypeError(f"name must be a str, got {name!r}")
         self.backend = tokenizer
         self.name = name
         self.vocab_size = tokenizer.get_vocab_size(with_added_tokens=True)
@@ -88,9 +93,19 @@ class TiktokenTokenizer:
 
     Text is encoded with ``encode_ordinary``: special-token strings in a document are ordinary
     text, never control tokens. Source: OpenAI ``tiktoken``.
+
+    Raises:
+        TypeError: ``encoding`` is not a ``tiktoken.Encoding`` (always, where tiktoken is not
+            installed).
     """
 
     def __init__(self, encoding: object) -> None:
+        try:
+            import tiktoken
+        except ImportError:
+            tiktoken = None
+        if tiktoken is None or not isinstance(encoding, tiktoken.Encoding):
+            raise TypeError(f"encoding must be a tiktoken.Encoding, got {type(encoding).__name__}")
         self.backend = encoding
         self.name = f"tiktoken:{encoding.name}"
         self.vocab_size = encoding.n_vocab

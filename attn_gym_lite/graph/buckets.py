@@ -257,11 +257,27 @@ class GraphBuckets:
 def private_pool_bytes(pool) -> int:
     """Bytes the caching allocator has reserved for graph pool ``pool`` (a
     ``torch.cuda.graph_pool_handle()`` or ``graph.pool()``), summed over its segments in
-    ``torch.cuda.memory_snapshot()``. Eager only (the snapshot is a host call)."""
+    ``torch.cuda.memory_snapshot()``. Eager only (the snapshot is a host call).
+
+    Returns:
+        Bytes (``total_size`` of the pool's segments); 0 for a pool that holds none.
+
+    Raises:
+        TypeError: ``pool`` is not a sequence of ints (a handle is a pair of ints).
+        ValueError: ``pool`` does not hold exactly 2 ints (checked after the TypeError cases).
+        RuntimeError: CUDA is not available (there is no snapshot to read).
+
+    Source: ``torch.cuda.memory_snapshot`` (its ``segment_pool_id`` field).
+    """
+    handle = check_int_sequence("pool", pool)
+    if len(handle) != 2:
+        raise ValueError(f"pool must be a graph pool handle of 2 ints, got {len(handle)} ints {tuple(handle)}")
+    if not torch.cuda.is_available():
+        raise RuntimeError("private_pool_bytes reads torch.cuda.memory_snapshot(), but CUDA is not available")
     return sum(
         segment["total_size"]
         for segment in torch.cuda.memory_snapshot()
-        if tuple(segment.get("segment_pool_id", ())) == tuple(pool)
+        if tuple(segment.get("segment_pool_id", ())) == tuple(handle)
     )
 
 

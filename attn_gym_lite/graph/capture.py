@@ -18,19 +18,23 @@ from __future__ import annotations
 
 import contextvars
 import dataclasses
+import inspect
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any, TypeVar
 
 import torch
 
-from ..checks import check_int
+from ..checks import check_bool, check_choice, check_int
 
 Tensor = torch.Tensor
 Output = TypeVar("Output")
 
 # Extra keyword arguments for torch.cuda.graph, set by whoever wraps captures (profiling's
 # record_annotations asks for enable_annotations=True on torch >= 2.14).
+#: The values of ``torch.cuda.graph``'s ``capture_error_mode`` (``cudaStreamCaptureMode``).
+_CAPTURE_ERROR_MODES = ("global", "thread_local", "relaxed")
+
 _CAPTURE_OPTIONS: contextvars.ContextVar[dict[str, Any] | None] = contextvars.ContextVar(
     "attn_gym_lite_capture_options", default=None
 )
@@ -43,7 +47,29 @@ def capture_options(**options: Any) -> Iterator[None]:
     The hook through which tools that wrap capture (e.g.
     :func:`attn_gym_lite.profiling.record_annotations`) change it, so that capture itself knows
     nothing about them. Blocks nest; inner options win.
+
+    Args:
+        options: keyword arguments of this torch's ``torch.cuda.graph`` other than ``pool`` and
+            ``stream`` (which :func:`capture_graph` sets), e.g. ``capture_error_mode`` or, on
+            torch >= 2.14, ``enable_annotations``.
+
+    Raises:
+        ValueError: on entering the block, an option ``torch.cuda.graph`` does not take (or
+            ``pool``/``stream``), or a ``capture_error_mode`` not in ``"global"``,
+            ``"thread_local"``, ``"relaxed"``.
+        TypeError: on entering the block, a non-``bool`` value for an option whose default is a
+            ``bool`` (``enable_annotations``, ``check_input_liveness``).
+
+    Source: ``torch.cuda.graph`` (its keyword arguments).
     """
+    parameters = inspect.signature(torch.cuda.graph.__init__).parameters
+    allowed = tuple(name for name in parameters if name not in ("self", "cuda_graph", "pool", "stream"))
+    for name, value in options.items():
+        check_choice("capture_options: option", name, allowed)
+        if name == "capture_error_mode":
+            check_choice("capture_error_mode", value, _CAPTURE_ERROR_MODES)
+        elif isinstance(parameters[name].default, bool):
+            check_bool(name, value)
     token = _CAPTURE_OPTIONS.set({**(_CAPTURE_OPTIONS.get() or {}), **options})
     try:
         yield

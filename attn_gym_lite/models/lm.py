@@ -14,7 +14,7 @@ from torch import nn
 
 from ..checks import check_int, check_tensor
 from ..regions import mark_kernels
-from .attention import VarLenAttention
+from .attention import VarLenAttention, check_heads
 
 Tensor = torch.Tensor
 
@@ -92,8 +92,21 @@ def _check_selected_labels(labels: Tensor, loss_mask: Tensor, vocab_size: int) -
 
 
 def _check_input_ids(input_ids: Tensor, vocab_size: int) -> None:
-    """Every id of a CPU ``input_ids`` in ``[0, vocab_size)`` (no sync: CPU tensors only)."""
-    check_tensor("input_ids", input_ids, ndim=1, shape="[T]")
+    """``input_ids`` an int64 (or int32, which ``nn.Embedding`` takes too) ``[T]`` tensor and, where
+    it is on the CPU (and ``torch.compile`` is not tracing), every id in ``[0, vocab_size)``. The one check every model's ``forward`` makes.
+
+    Capture-safe: only a CPU tensor's values are read (free there); a CUDA tensor is checked by
+    its metadata alone, since reading it would synchronise and is impossible during a capture.
+
+    Raises:
+        TypeError: not a tensor, or neither int64 nor int32.
+        ValueError: not 1-D (a ``[1, T]`` batch dim, say); a CPU id outside ``[0, vocab_size)``.
+    """
+    # Metadata first: a [1, T] input would otherwise embed to [1, T, dim] and fail later as a
+    # token capacity of 1 in the attention's cu_seqlens check, naming neither input_ids nor its shape.
+    check_tensor("input_ids", input_ids, ndim=1, shape="[T] (1-D: a packed batch has no batch dim)", dtypes=(torch.int64, torch.int32))
+    if input_ids.device.type != "cpu" or torch.compiler.is_compiling():
+        return
     rows = torch.nonzero((input_ids < 0) | (input_ids >= vocab_size)).flatten()
     if rows.numel() > 0:
         row = int(rows[0])
@@ -134,7 +147,8 @@ def packed_lm_loss(logits: Tensor, labels: Tensor, loss_mask: Tensor) -> Tensor:
 
 class _PackedLanguageModel(nn.Module):
     """What every packed language model here shares: the loss over ``loss_mask`` and whether its
-    attention sizes its work by ``max_seqlen``. Subclasses define ``forward`` and ``_attention``."""
+    attention sizes its work by ``max_seqlen``. Subclasses define ``_attention`` and ``forward``,
+    which starts with ``_check_input_ids`` (``loss`` relies on it: it does not check them again)."""
 
     @property
     def needs_max_seqlen(self) -> bool:
@@ -143,20 +157,16 @@ class _PackedLanguageModel(nn.Module):
 
     def loss(self, input_ids: Tensor, labels: Tensor, loss_mask: Tensor, cu_seqlens: Tensor,
              max_seqlen: int | None = None) -> Tensor:
-        """Mean cross-entropy over ``loss_mask`` (:func:`packed_lm_loss`).
+        """Mean cross-entropy over ``loss_mask`` (:func:`packed_lm_loss`) of ``forward``'s logits.
 
-        Where ``input_ids`` is on the CPU (and ``torch.compile`` is not tracing) its values are
-        read and checked before the embedding, as the labels are: the read costs no device sync.
+        ``input_ids`` is checked by ``forward`` (its shape and dtype; on the CPU its ids too), the
+        labels by :func:`token_loss_sum` (on the CPU, those ``loss_mask`` selects).
 
         Raises:
-            ValueError: a CPU ``input_ids`` with an id outside ``[0, V)`` (``V`` the embedding's
-                vocabulary; the message names the first such row and its id; otherwise the
-                embedding's bare ``IndexError``, or a device-side assert on CUDA); a label
-                outside ``[0, V)`` on a row ``loss_mask`` selects (:func:`token_loss_sum`).
-            And whatever ``forward`` raises for the shapes and ``cu_seqlens``.
+            TypeError / ValueError: what ``forward`` raises (``input_ids`` not int64 ``[T]``, a CPU
+                id outside ``[0, V)``, a bad ``cu_seqlens``); a label outside ``[0, V)`` on a CPU
+                row ``loss_mask`` selects, or a bad ``labels`` or ``loss_mask`` (:func:`token_loss_sum`).
         """
-        if isinstance(input_ids, Tensor) and input_ids.device.type == "cpu" and not torch.compiler.is_compiling():
-            _check_input_ids(input_ids, self.embedding.num_embeddings)
         logits = self(input_ids, cu_seqlens, max_seqlen)
         with mark_kernels("loss"):
             return packed_lm_loss(logits, labels, loss_mask)
@@ -198,7 +208,26 @@ class PackedLM(_PackedLanguageModel):
         return self.attention
 
     def forward(self, input_ids: Tensor, cu_seqlens: Tensor, max_seqlen: int | None = None) -> Tensor:
-        """``input_ids`` int64 ``[T]`` -> logits ``[T, vocab_size]``."""
+        """Logits of a packed batch.
+
+        Args:
+            input_ids: int64 ``[T]`` token ids in ``[0, vocab_size)``, the first ``L`` rows real.
+            cu_seqlens: int32 ``[N + 1]`` prefix sums, ``cu_seqlens[-1] = L <= T``.
+            max_seqlen: the longest sequence (tokens); used only where ``needs_max_seqlen``.
+
+        Returns:
+            logits ``[T, vocab_size]`` in the parameters' dtype, on their device.
+
+        Raises:
+            TypeError: ``input_ids`` not a tensor or neither int64 nor int32; ``cu_seqlens`` not an
+                int32 tensor.
+            ValueError: ``input_ids`` not 1-D (a ``[1, T]`` batch dim, say); a CPU ``input_ids``
+                (not while ``torch.compile`` traces) with an id outside ``[0, vocab_size)``, the
+                message naming the first such row (a CUDA one is not read: the embedding's
+                device-side assert fires instead); ``cu_seqlens`` breaking the layout rules, or on
+                the CPU the value rules (:func:`attn_gym_lite.ragged.active_token_mask`).
+        """
+        _check_input_ids(input_ids, self.embedding.num_embeddings)
         # Named regions: record_function ranges in eager traces, and labels on the kernels of a
         # captured graph (see attn_gym_lite.profiling).
         with mark_kernels("embedding"):
@@ -216,11 +245,29 @@ class TransformerBlock(nn.Module):
     sequence) and its inactive-capacity masks; the MLP is SwiGLU (``down(silu(gate) * up)``),
     token-parallel, so it needs no mask: an inactive row only ever changes itself, and every row
     it sees is finite (the attention's output is masked).
+
+    Args:
+        dim: model width, a positive multiple of ``num_heads``.
+        num_heads: attention heads (head dim ``dim // num_heads``).
+        hidden: the SwiGLU hidden width, >= 1.
+        impl, schedule: as for :class:`VarLenAttention`.
+        device, dtype: where and in what the parameters are made (a floating dtype).
+
+    Raises:
+        ValueError: ``dim`` or ``num_heads`` is not a positive int or ``dim`` is not a multiple of
+            ``num_heads`` (a wrong type too: the message names ``TransformerBlock``, ``dim`` and
+            ``num_heads``); ``impl="triton"`` with a head dim not in 16, 32, 64, 128; ``hidden``
+            < 1; ``impl`` or ``schedule`` not one of their choices.
+        TypeError: ``hidden`` is not an int.
+        RuntimeError: torch's own, for a ``device`` string it does not parse or a non-floating
+            ``dtype``.
     """
 
     def __init__(self, dim: int, num_heads: int, hidden: int, *, impl: str, schedule: str,
                  device=None, dtype=None) -> None:
         super().__init__()
+        check_heads("TransformerBlock", dim, num_heads, impl)
+        check_int("hidden", hidden, minimum=1)
         factory = {"device": device, "dtype": dtype}
         self.norm_attention = nn.RMSNorm(dim, **factory)
         self.attention = VarLenAttention(dim, num_heads, causal=True, mask_inactive_capacity=True, impl=impl,
@@ -281,6 +328,26 @@ class PackedTransformer(_PackedLanguageModel):
         return self.blocks[0].attention
 
     def forward(self, input_ids: Tensor, cu_seqlens: Tensor, max_seqlen: int | None = None) -> Tensor:
+        """Logits of a packed batch.
+
+        Args:
+            input_ids: int64 ``[T]`` token ids in ``[0, vocab_size)``, the first ``L`` rows real.
+            cu_seqlens: int32 ``[N + 1]`` prefix sums, ``cu_seqlens[-1] = L <= T``.
+            max_seqlen: the longest sequence (tokens); used only where ``needs_max_seqlen``.
+
+        Returns:
+            logits ``[T, vocab_size]`` in the parameters' dtype, on their device.
+
+        Raises:
+            TypeError: ``input_ids`` not a tensor or neither int64 nor int32; ``cu_seqlens`` not an
+                int32 tensor.
+            ValueError: ``input_ids`` not 1-D (a ``[1, T]`` batch dim, say); a CPU ``input_ids``
+                (not while ``torch.compile`` traces) with an id outside ``[0, vocab_size)``, the
+                message naming the first such row (a CUDA one is not read: the embedding's
+                device-side assert fires instead); ``cu_seqlens`` breaking the layout rules, or on
+                the CPU the value rules (:func:`attn_gym_lite.ragged.active_token_mask`).
+        """
+        _check_input_ids(input_ids, self.embedding.num_embeddings)
         with mark_kernels("embedding"):
             h = self.embedding(input_ids)
             # One set of RoPE tables per step, shared by every layer.

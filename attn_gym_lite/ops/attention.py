@@ -54,7 +54,17 @@ TRITON_HEAD_DIMS = (16, 32, 64, 128)
 
 def needs_max_seqlen(impl: str, schedule: str = "auto") -> bool:
     """Whether ``impl`` (with the Triton ``schedule``) sizes its work by a host ``max_seqlen``:
-    then a captured graph bakes the bound in, and every batch replayed on it must respect it."""
+    then a captured graph bakes the bound in, and every batch replayed on it must respect it.
+
+    ``"auto"`` (either argument) answers False: it resolves to ``"triton"`` or ``"reference"``,
+    and its schedule to ``"flat"`` or ``"dynamic"``, none of which reads the bound.
+
+    Raises:
+        ValueError: ``impl`` is not ``"auto"`` or one of :data:`IMPLEMENTATIONS`, or ``schedule``
+            is not one of :data:`~attn_gym_lite.schedule.SCHEDULES`.
+    """
+    checks.check_choice("impl", impl, ("auto", *IMPLEMENTATIONS))
+    checks.check_choice("schedule", schedule, SCHEDULES)
     return impl in ("varlen_attn", "sdpa") or (impl == "triton" and schedule == "rect")
 
 

@@ -22,7 +22,15 @@ _NO_GPU_HINT = " (a trace recorded without a GPU has none)"
 
 
 def device_events(trace: Trace) -> list[dict]:
-    """Kernel, memcpy and memset events (complete ``"ph": "X"`` slices), sorted by start."""
+    """Kernel, memcpy and memset events (complete ``"ph": "X"`` slices with a ``ts`` and a
+    ``dur``, µs), sorted by start.
+
+    Raises:
+        TypeError / ValueError: a malformed trace, by the rules of :func:`~attn_gym_lite.profiling.trace.check_trace` and
+            :func:`~attn_gym_lite.profiling.trace.check_slices` (the message names the event).
+    """
+    check_trace(trace, "device_events")
+    check_slices(trace, DEVICE_CATEGORIES, "device_events")
     return sorted(
         (e for e in trace.get("traceEvents", [])
          if e.get("cat") in DEVICE_CATEGORIES and e.get("ph") == "X" and "dur" in e and "ts" in e),

@@ -43,6 +43,11 @@ class KernelConfig:
         num_warps, num_stages: Triton launch parameters (ignored by the interpreter).
         ctas_per_sm: CTAs of this kernel one SM keeps resident; sizes the persistent grid
             (``num_sms * ctas_per_sm`` workers) and ``"auto"``'s choice.
+
+    Raises:
+        ValueError: ``block_m`` or ``block_n`` is not a power of two >= 16, or ``num_warps``,
+            ``num_stages`` or ``ctas_per_sm`` is not an int >= 1; a value of the wrong type
+            (``16.0``, ``"4"``, ``True``) raises ValueError too, not TypeError.
     """
 
     block_m: int
@@ -66,13 +71,23 @@ class KernelConfig:
 class AttentionConfig:
     """One :class:`KernelConfig` per kernel. The forward and dQ kernels need ``block_m`` to be a
     multiple of ``block_n`` and the dK/dV kernel the reverse, so that the causal diagonal starts
-    on a tile boundary."""
+    on a tile boundary.
+
+    Raises:
+        TypeError: ``forward``, ``dq`` or ``dkdv`` is not a :class:`KernelConfig`.
+        ValueError: ``forward.block_m`` or ``dq.block_m`` is not a multiple of its ``block_n``,
+            or ``dkdv.block_n`` is not a multiple of ``dkdv.block_m``.
+    """
 
     forward: KernelConfig
     dq: KernelConfig
     dkdv: KernelConfig
 
     def __post_init__(self) -> None:
+        for name in ("forward", "dq", "dkdv"):
+            value = getattr(self, name)
+            if not isinstance(value, KernelConfig):
+                raise TypeError(f"AttentionConfig: {name} must be a KernelConfig, got {value!r}")
         for name in ("forward", "dq"):
             c = getattr(self, name)
             if c.block_m % c.block_n:
