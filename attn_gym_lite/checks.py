@@ -34,6 +34,7 @@ __all__ = [
     "check_cu_seqlens_values",
     "check_host_cu_seqlens_values",
     "check_file",
+    "check_folder",
     "check_int",
     "check_int_sequence",
     "check_path",
@@ -256,11 +257,30 @@ def check_file(argument: str, path: object) -> Path:
 
     Raises:
         TypeError: see :func:`check_path`.
-        FileNotFoundError: no file is there.
+        FileNotFoundError: no file is there (``"path='x': no such file"``), or a directory is
+            (``"path='x' is a directory, expected a file"``).
     """
     path = check_path(argument, path)
+    if path.is_dir():
+        raise FileNotFoundError(f"{argument}={str(path)!r} is a directory, expected a file")
     if not path.is_file():
         raise FileNotFoundError(f"{argument}={str(path)!r}: no such file")
+    return path
+
+
+def check_folder(argument: str, path: object) -> Path:
+    """``path`` as a :class:`~pathlib.Path` to an existing directory (folder).
+
+    Raises:
+        TypeError: see :func:`check_path`.
+        FileNotFoundError: nothing is there (``"folder='x': no such folder"``), or a file is
+            (``"folder='x' is a file, expected a folder"``).
+    """
+    path = check_path(argument, path)
+    if path.exists() and not path.is_dir():
+        raise FileNotFoundError(f"{argument}={str(path)!r} is a file, expected a folder")
+    if not path.is_dir():
+        raise FileNotFoundError(f"{argument}={str(path)!r}: no such folder")
     return path
 
 

@@ -75,6 +75,39 @@ def test_plan_buckets_errors():
     assert plan_buckets(torch.tensor([100, 300]), 2) == plan_buckets((s for s in [100, 300]), 2)
 
 
+def test_plan_buckets_caps_capacities_at_token_capacity():
+    """Before: plan_buckets had no bound, so recommend's plan for T = 16 was (128,), past T."""
+    # L in {100, 200, 900, 1000} of batches of T = 1000: the top capacity is 1000 (not 1024),
+    # the rest multiples of 128; T = 960 refuses the sample 1000.
+    plan = plan_buckets([100, 200, 900, 1000], 2, token_capacity=1000)
+    assert plan.capacities == (256, 1000) and plan.expected_padded_rows == (156 + 56 + 100 + 0) / 4
+    assert plan_buckets([3, 5, 0], 3, token_capacity=16).capacities == (16,)  # align 128 >= T: one candidate
+    assert plan_buckets([3, 5, 0], 3, align=4, token_capacity=16).capacities == (4, 8)
+    with pytest.raises(ValueError, match=r"active_token_samples\[3\] must be at most token_capacity T = 960 "
+                                         r"\(a batch holds at most T tokens\), got 1000"):
+        plan_buckets([100, 200, 900, 1000], 2, token_capacity=960)
+    with pytest.raises(ValueError, match="token_capacity must be an int >= 1, got 0"):
+        plan_buckets([0], 1, token_capacity=0)
+    with pytest.raises(TypeError, match="token_capacity must be an int >= 1, got 16.0"):
+        plan_buckets([1], 1, token_capacity=16.0)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    samples=st.lists(st.integers(0, 40), min_size=1, max_size=12),
+    k=st.integers(1, 4),
+    align=st.sampled_from([1, 4, 8, 64]),
+    extra=st.integers(0, 30),
+)
+def test_plan_buckets_never_exceeds_token_capacity(samples, k, align, extra):
+    token_capacity = max(max(samples), 1) + extra
+    plan = plan_buckets(samples, k, align=align, token_capacity=token_capacity)
+    assert plan.capacities[-1] <= token_capacity and plan.capacities[-1] >= max(samples)
+    assert all(c % align == 0 or c == token_capacity for c in plan.capacities)
+    padding = sum(select_bucket(plan.capacities, s) - s for s in samples)
+    assert padding == pytest.approx(plan.expected_padded_rows * len(samples))
+
+
 @settings(max_examples=60, deadline=None)
 @given(
     samples=st.lists(st.integers(0, 5000), min_size=1, max_size=20),

@@ -342,7 +342,8 @@ def test_text_files_sorted_and_exact():
 def test_text_files_errors(tmp_path):
     with pytest.raises(FileNotFoundError, match=r"folder='.*missing': no such folder"):
         text_files(tmp_path / "missing")
-    with pytest.raises(FileNotFoundError, match=r"folder='.*a.txt': no such folder"):
+    # Before: a file was reported as "no such folder".
+    with pytest.raises(FileNotFoundError, match=r"folder='.*a.txt' is a file, expected a folder"):
         text_files(TINY_CORPUS / "a.txt")
     with pytest.raises(FileNotFoundError, match=r"matches pattern='\*\*/\*.rst'"):
         text_files(TINY_CORPUS, pattern="**/*.rst")
@@ -370,6 +371,9 @@ def test_jsonl_texts_skips_blank_lines_and_nulls():
 def test_jsonl_texts_errors(tmp_path):
     with pytest.raises(FileNotFoundError, match=r"path='.*nope.jsonl': no such file"):
         jsonl_texts(tmp_path / "nope.jsonl")
+    # Before: an existing folder was reported as "no such file".
+    with pytest.raises(FileNotFoundError, match=r"path='.*' is a directory, expected a file"):
+        jsonl_texts(tmp_path)
     # A wrong field fails at call time, from the first record.
     with pytest.raises(ValueError, match=r"field='body' is missing from line 1 .*\['id', 'text'\]"):
         jsonl_texts(TINY_JSONL, field="body")
@@ -383,6 +387,37 @@ def test_jsonl_texts_errors(tmp_path):
         list(jsonl_texts(numbers))
 
 
+def test_text_files_and_jsonl_texts_read_a_utf8_bom(tmp_path):
+    """Before: jsonl_texts refused a UTF-8 file with a byte order mark ("Unexpected UTF-8 BOM"),
+    and text_files kept the mark as a character of the first document."""
+    (tmp_path / "bom.jsonl").write_bytes(b"\xef\xbb\xbf" + '{"text": "caf\u00e9"}\n{"text": "b"}\n'.encode())
+    assert list(jsonl_texts(tmp_path / "bom.jsonl")) == ["caf\u00e9", "b"]
+    (tmp_path / "bom.txt").write_bytes(b"\xef\xbb\xbfhello")
+    assert list(text_files(tmp_path)) == ["hello"]
+
+
+def test_parquet_texts_decodes_a_dictionary_column(tmp_path):
+    """Before: a dictionary-encoded string column (pandas' categorical) was refused with
+    "column='text' of ... must hold strings, got dictionary<values=string, indices=int8, ...>"."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    texts = ["a cat", None, "a dog", "a cat"]
+    for values_type in (pa.string(), pa.large_string()):
+        path = tmp_path / f"categorical_{values_type}.parquet"
+        column = pa.array(texts, values_type).dictionary_encode()
+        assert pa.types.is_dictionary(column.type)
+        pq.write_table(pa.table({"text": column}), path, row_group_size=2)
+        assert pa.types.is_dictionary(pq.ParquetFile(path).schema_arrow.field("text").type)
+        assert list(parquet_texts(path, batch_size=3)) == ["a cat", "a dog", "a cat"]
+    # A dictionary of non-strings is still refused (Parquet reads an int dictionary back as int64).
+    numbers = tmp_path / "int_dictionary.parquet"
+    pq.write_table(pa.table({"n": pa.array([1, 2, 1]).dictionary_encode()}), numbers)
+    with pytest.raises(TypeError, match=r"column='n' of .* must hold strings \(string, large_string, string_view, "
+                                        r"or a dictionary of them\), got int64"):
+        parquet_texts(numbers, column="n")
+
+
 def test_parquet_texts_streams_rows_in_order(parquet_path):
     expected = [text for text in PARQUET_TEXTS if text is not None]
     assert list(parquet_texts(parquet_path, batch_size=1)) == expected
@@ -392,9 +427,11 @@ def test_parquet_texts_streams_rows_in_order(parquet_path):
 def test_parquet_texts_errors(parquet_path, tmp_path):
     with pytest.raises(FileNotFoundError, match=r"path='.*nope.parquet': no such file"):
         parquet_texts(tmp_path / "nope.parquet")
+    with pytest.raises(FileNotFoundError, match=r"path='.*' is a directory, expected a file"):
+        parquet_texts(tmp_path)
     with pytest.raises(ValueError, match=r"column='body' is not in .*columns: \['text', 'id'\]"):
         parquet_texts(parquet_path, column="body")
-    with pytest.raises(TypeError, match=r"column='id' of .* must hold strings, got int64"):
+    with pytest.raises(TypeError, match=r"column='id' of .* must hold strings .*, got int64"):
         parquet_texts(parquet_path, column="id")
     with pytest.raises(ValueError, match=r"batch_size must be an int >= 1, got 0"):
         parquet_texts(parquet_path, batch_size=0)
@@ -472,6 +509,8 @@ def test_default_tokenizer_round_trips_and_caches(small_bpe, small_cache, monkey
 def test_load_tokenizer_errors(tmp_path, monkeypatch):
     with pytest.raises(FileNotFoundError, match=r"spec='.*missing.json': no such file"):
         load_tokenizer(tmp_path / "missing.json")
+    with pytest.raises(FileNotFoundError, match=r"spec='.*' is a directory, expected a file"):
+        load_tokenizer(tmp_path)
     with pytest.raises(ValueError, match=r"only apply to the default tokenizer .*spec='x.json'"):
         load_tokenizer("x.json", vocab_size=1000)
     with pytest.raises(ValueError, match=r"vocab_size must be an int >= 257, got 100"):

@@ -182,11 +182,53 @@ def test_load_state_dict_rejects_mismatches():
         make(corpus).load_state_dict({k: v for k, v in state.items() if k != "rng"})
     with pytest.raises(TypeError, match=r"state must be a dict from state_dict\(\), got list"):
         make(corpus).load_state_dict([])
-    # A state naming documents the corpus does not have fails when iteration starts.
+    # A position past the corpus's end fails at load time; a state naming pending documents the
+    # corpus does not have fails when iteration starts (they are tokenized then).
+    with pytest.raises(ValueError, match=r"state\['source_position'\] must be at most the corpus's 3 documents, got 20"):
+        make(corpus[:3]).load_state_dict(state)
     other = make(corpus[:3])
-    other.load_state_dict(state | {"pending": [[15, 0, 4]]})
+    other.load_state_dict(state | {"pending": [[15, 0, 4]], "source_position": 0, "shuffle": []})
     with pytest.raises(ValueError, match=r"refers to documents \[15\] but the corpus has only 3"):
         next(iter(other))
+
+
+def test_load_state_dict_checks_every_field():
+    """Before: load_state_dict checked only the keys and the config: source_position=-5 failed
+    while iterating ("Indices for islice() must be None or an integer"), batches='x' with a str
+    concatenation error, and epoch=7 with epochs=1 or source_position=10**6 were accepted."""
+    corpus = random_corpus(4, count=20)
+    loader = make(corpus, epochs=1)
+    list(islice(loader, 2))
+    state = loader.state_dict()
+    assert state["source_position"] == 20 and state["epoch"] == 0
+    cases = [
+        ({"source_position": -5}, ValueError, r"state\['source_position'\] must be an int >= 0, got -5"),
+        ({"source_position": 10**6}, ValueError,
+         r"state\['source_position'\] must be at most the corpus's 20 documents, got 1000000: "
+         r"was the state saved with another corpus\?"),
+        ({"source_position": 2.0}, TypeError, r"state\['source_position'\] must be an int >= 0, got 2.0"),
+        ({"batches": "x"}, TypeError, r"state\['batches'\] must be an int >= 0, got 'x'"),
+        ({"epoch": 7}, ValueError, r"state\['epoch'\] must be below this loader's epochs = 1 \(epochs count from 0\), got 7"),
+        ({"epoch": True}, TypeError, r"state\['epoch'\] must be an int >= 0, got True"),
+        ({"config": None}, TypeError, r"state\['config'\] must be a dict of the loader's arguments, got NoneType"),
+        ({"shuffle": "x"}, TypeError, r"state\['shuffle'\] must be a list, got str: 'x'"),
+        ({"shuffle": [99]}, ValueError, r"state\['shuffle'\]\[0\] must be an int in \[0, 19\], got 99"),
+        ({"shuffle": [3, 3]}, ValueError, r"state\['shuffle'\] must hold distinct document indices, got \[3, 3\]"),
+        ({"shuffle": [1], "source_position": 0}, ValueError,
+         r"state\['shuffle'\] must be empty when state\['source_position'\] is 0"),
+        ({"pending": [[1, 5]]}, TypeError, r"state\['pending'\]\[0\] must be a \[document, start, stop\] list of 3 ints, got \[1, 5\]"),
+        ({"pending": [[1, 5, 3]]}, ValueError, r"state\['pending'\]\[0\]\[2\] \(stop\) must be an int in \[6, 29\], got 3"),
+        ({"pending": [[-1, 0, 3]]}, ValueError, r"state\['pending'\]\[0\]\[0\] \(document\) must be an int >= 0, got -1"),
+        ({"rng": 5}, ValueError, r"state\['rng'\] must be a random.Random state as state_dict\(\) writes it"),
+    ]
+    for change, error, match in cases:
+        with pytest.raises(error, match=match):
+            make(corpus, epochs=1).load_state_dict(state | change)
+    # The state itself (through JSON) still loads and resumes; epochs=None takes any epoch.
+    resumed = make(corpus, epochs=1)
+    resumed.load_state_dict(json.loads(json.dumps(state)))
+    assert len(list(resumed)) > 0
+    make(corpus, epochs=None).load_state_dict(state | {"config": state["config"] | {"epochs": None}, "epoch": 7})
 
 
 def test_worker_errors_reach_the_consumer():

@@ -168,6 +168,26 @@ def test_recommend_falls_back_to_graph_buckets():
     assert "neither packing nor" in strict.summary()
 
 
+def test_recommend_never_plans_a_bucket_above_T():
+    """Before: recommend(lengths, 16, 0.0, buffer_sizes=[64]) planned
+    BucketPlan(capacities=(128,), ...) for batches of T = 16: the default bucket_align = 128
+    rounded every L past T. Capacities are multiples of bucket_align capped at T."""
+    lengths = [3, 5, 7, 9, 11, 4, 6] * 10
+    small = recommend(lengths, 16, 0.0, buffer_sizes=[64])
+    assert not small.one_graph
+    # bucket_align >= T: every L rounds to T, so the plan is the one graph of capacity T.
+    assert small.bucket_plan.capacities == (16,)
+    assert small.bucket_plan.expected_padded_rows == pytest.approx(
+        sum(16 - L for L in small.active_tokens) / len(small.active_tokens))
+    assert "neither packing nor 1 buckets meet the budget" in small.summary()
+    assert recommend(lengths, 128, 0.0, buffer_sizes=[64]).bucket_plan.capacities == (128,)
+    # T not a multiple of bucket_align: the top capacity is T, not 256.
+    assert recommend(lengths, 200, 0.0, buffer_sizes=[64]).bucket_plan.capacities == (128, 200)
+    # A smaller alignment gives the buckets room.
+    aligned = recommend(lengths, 128, 0.0, buffer_sizes=[64], bucket_align=8)
+    assert len(aligned.bucket_plan.capacities) >= 2 and aligned.bucket_plan.capacities[-1] <= 128
+
+
 @pytest.mark.parametrize(
     ("kwargs", "error", "match"),
     [

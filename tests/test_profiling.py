@@ -352,6 +352,48 @@ def test_profile_writes_every_format_and_rejects_others(tmp_path):
         profile(None, warmup=-1)
 
 
+def test_load_trace_checks_the_file_and_its_contents(tmp_path):
+    """Before: load_trace returned a file holding [1, 2] as is, and malformed JSON raised a bare
+    JSONDecodeError without the path."""
+    event = cpu("op", 0.0, 1.0)
+    saved = save_trace({"traceEvents": [event], "displayTimeUnit": "ms"}, tmp_path / "saved.json.gz")
+    assert load_trace(saved) == {"traceEvents": [event], "displayTimeUnit": "ms"}
+    # The trace-event format's array form reads as the object form annotate_trace takes.
+    (tmp_path / "array.json").write_text(json.dumps([event]))
+    assert load_trace(tmp_path / "array.json") == {"traceEvents": [event]}
+    assert split_overlapping_lanes(load_trace(tmp_path / "array.json")) == {"traceEvents": [event]}
+    expected = (r"must hold a Chrome trace: a dict with a 'traceEvents' list of event objects, or a list of event "
+                r"objects, got ")
+    cases = {
+        "numbers.json": ("[1, 2]", expected + "event 0 of type int: 1"),
+        "string.json": ('"trace"', expected + "str 'trace'"),
+        "no_events.json": ('{"events": []}', expected + r"a dict without 'traceEvents' \(keys \['events'\]\)"),
+        "events_dict.json": ('{"traceEvents": {}}', expected + "'traceEvents' of type dict"),
+        "truncated.json": ('{"traceEvents": [', r"must hold Chrome trace-event JSON, but it is not JSON: "
+                                                 r"Expecting value at line 1 column 18"),
+    }
+    for name, (text, message) in cases.items():
+        (tmp_path / name).write_text(text)
+        with pytest.raises(ValueError, match=rf"^load_trace: path='.*{name}' {message}"):
+            load_trace(tmp_path / name)
+    (tmp_path / "plain.json.gz").write_text("{}")
+    with pytest.raises(ValueError, match=r"path='.*plain.json.gz' must be a gzip-compressed Chrome trace-event JSON "
+                                         r"file: Not a gzipped file"):
+        load_trace(tmp_path / "plain.json.gz")
+    (tmp_path / "latin1.json").write_bytes(b'["\xe9"]')
+    with pytest.raises(ValueError, match=r"path='.*latin1.json' must be a UTF-8 Chrome trace-event JSON file"):
+        load_trace(tmp_path / "latin1.json")
+    with pytest.raises(FileNotFoundError, match=r"path='.*missing.json': no such file"):
+        load_trace(tmp_path / "missing.json")
+    (tmp_path / "folder.json").mkdir()
+    with pytest.raises(FileNotFoundError, match=r"path='.*folder.json' is a directory, expected a file"):
+        load_trace(tmp_path / "folder.json")
+    with pytest.raises(ValueError, match=r"load_trace: path must end with .json or .json.gz, got '.*t.pftrace'"):
+        load_trace(tmp_path / "t.pftrace")
+    with pytest.raises(TypeError, match="path must be a str or os.PathLike, got int"):
+        load_trace(3)
+
+
 def test_profile_records_steps_without_warmup_and_refuses_an_empty_recording():
     with profile(None) as prof:
         for _ in range(3):

@@ -214,3 +214,49 @@ def test_the_padded_baseline_trains_batches_of_their_own_capacity():
         losses[stack] = torch.stack([step(b) for b in fed])
     torch.testing.assert_close(losses["eager padded"], losses["eager packed"], rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(losses["eager packed, L rows"], losses["eager packed"], rtol=1e-5, atol=1e-5)
+
+
+def _empty_batch(token_capacity=16, sequence_capacity=2):
+    """A batch with no real tokens (L = 0), which PackedBatch allows."""
+    from attn_gym_lite.data import PackedBatch
+
+    zeros = torch.zeros
+    return PackedBatch(zeros(token_capacity, dtype=torch.long), zeros(token_capacity, dtype=torch.long),
+                       zeros(token_capacity, dtype=torch.bool), zeros(sequence_capacity + 1, dtype=torch.int32),
+                       0, 0, 0)
+
+
+@pytest.mark.parametrize("eager_rows", ["capacity", "active"])
+@pytest.mark.parametrize("impl", ["reference", "auto"])
+@pytest.mark.parametrize("model_name", ["PackedLM", "PackedTransformer"])
+def test_an_eager_step_on_a_batch_without_tokens_has_loss_0_and_zero_gradients(eager_rows, impl, model_name):
+    """Before: with the reference attention (the CPU's default outside the interpreter) an eager
+    step on an L = 0 batch raised 'RuntimeError: The differentiated Tensor at index 1 appears to
+    not have been used in the graph' (the empty sequences never reach the projections). A replay
+    computes zero gradients for such a batch and runs Adam on them; the eager step does the same."""
+    from attn_gym_lite.data.batch import batch_from_pieces
+    from attn_gym_lite.models import PackedTransformer
+
+    torch.manual_seed(0)
+    if model_name == "PackedLM":
+        model = PackedLM(64, 32, 2, impl=impl)
+    else:
+        model = PackedTransformer(64, 32, 2, 1, impl=impl)
+    first = batch_from_pieces([[1, 2, 3]], 16, 2)
+    trainer = FixedCapacityTrainer(model, first, use_graph=False, eager_rows=eager_rows, lr=1e-2)
+    before = [p.detach().clone() for p in model.parameters()]
+    loss = trainer.step(_empty_batch())
+    assert loss.item() == 0.0
+    # Zero gradients on fresh Adam state: nothing moves.
+    assert all(torch.equal(p, b) for p, b in zip(model.parameters(), before))
+    # After a real step, an L = 0 step is Adam's momentum-only update on zero gradients.
+    trainer.step(first)
+    reference = [p.detach().clone().requires_grad_() for p in model.parameters()]
+    optimizer = torch.optim.Adam(reference, lr=1e-2)
+    for r, p in zip(reference, model.parameters()):
+        r.grad = torch.zeros_like(r)
+        optimizer.state[r] = {k: v.clone() for k, v in trainer.optimizer.state[p].items()}
+    optimizer.step()
+    assert trainer.step(_empty_batch()).item() == 0.0
+    for p, r in zip(model.parameters(), reference):
+        torch.testing.assert_close(p, r.detach())

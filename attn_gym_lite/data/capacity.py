@@ -72,36 +72,55 @@ class BucketPlan:
         object.__setattr__(self, "expected_fill", fill)
 
 
-def plan_buckets(active_token_samples: Sequence[int], k: int, *, align: int = 128) -> BucketPlan:
+def plan_buckets(active_token_samples: Sequence[int], k: int, *, align: int = 128,
+                 token_capacity: int | None = None) -> BucketPlan:
     """Choose ``k`` token capacities that minimise the expected padded rows for a measured
     distribution of active tokens ``L``.
 
-    Every capacity is a multiple of ``align`` (kernels like tiles of 64 or 128 rows). An optimal
-    set only ever uses capacities equal to some sample rounded up to ``align``, so an exact
-    dynamic program over those sorted candidates finds it in ``O(k m^2)`` for ``m`` distinct
-    candidates: ``best[b][j]`` is the least padding that covers every sample up to candidate
-    ``j`` with ``b`` buckets, the top one at candidate ``j``.
+    Every capacity is a multiple of ``align`` (kernels like tiles of 64 or 128 rows), or
+    ``token_capacity`` itself where one is given: no capacity exceeds it (a graph larger than
+    the batches' own capacity ``T`` would hold rows no batch has). An optimal set only ever uses
+    capacities equal to some sample rounded up to ``align`` (capped at ``token_capacity``), so an
+    exact dynamic program over those sorted candidates finds it in ``O(k m^2)`` for ``m``
+    distinct candidates: ``best[b][j]`` is the least padding that covers every sample up to
+    candidate ``j`` with ``b`` buckets, the top one at candidate ``j``.
 
     Args:
-        active_token_samples: observed ``L`` per batch (ints >= 0, at least one).
-        k: number of buckets (>= 1); fewer are returned when there are fewer distinct candidates.
+        active_token_samples: observed ``L`` per batch (ints >= 0, at least one; at most
+            ``token_capacity`` where given).
+        k: number of buckets (>= 1); fewer are returned when there are fewer distinct candidates
+            (with ``align >= token_capacity`` every sample rounds to ``token_capacity``: one).
         align: capacity granularity in tokens (>= 1).
+        token_capacity: the batches' capacity ``T`` (>= 1), the largest capacity allowed; ``None``
+            for no bound (capacities may then round past every sample's ``T``).
 
     Returns:
         A :class:`BucketPlan`.
 
     Raises:
-        TypeError: a sample, ``k`` or ``align`` is not an int (floats are not truncated, strings
-            not parsed, ``True`` is not 1).
-        ValueError: no samples, a negative one, ``k < 1``, ``align < 1``.
+        TypeError: a sample, ``k``, ``align`` or ``token_capacity`` is not an int (floats are not
+            truncated, strings not parsed, ``True`` is not 1).
+        ValueError: no samples, a negative one, ``k < 1``, ``align < 1``, ``token_capacity < 1``,
+            or a sample above ``token_capacity`` (the message names the sample and ``T``).
     """
     values = check_int_sequence("active_token_samples", active_token_samples, minimum=0)
     samples = np.asarray(values, dtype=np.int64)
     k = check_int("k", k, minimum=1)
     align = check_int("align", align, minimum=1)
+    if token_capacity is not None:
+        token_capacity = check_int("token_capacity", token_capacity, minimum=1)
+        above = np.flatnonzero(samples > token_capacity)
+        if above.size:
+            i = int(above[0])
+            raise ValueError(
+                f"active_token_samples[{i}] must be at most token_capacity T = {token_capacity} "
+                f"(a batch holds at most T tokens), got {values[i]}"
+            )
 
     # A batch with L = 0 still needs a graph to replay: round it up to one tile.
     rounded = np.maximum(-(-samples // align) * align, align)
+    if token_capacity is not None:
+        rounded = np.minimum(rounded, token_capacity)
     candidates, counts = np.unique(rounded, return_counts=True)
     sums = np.array([samples[rounded == c].sum() for c in candidates])
     # Padding if candidates i..j (inclusive) are all served by candidate j:

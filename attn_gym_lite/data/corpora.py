@@ -20,7 +20,7 @@ import sysconfig
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
-from ..checks import check_file, check_int, check_path
+from ..checks import check_file, check_folder, check_int
 
 __all__ = [
     "python_stdlib_corpus",
@@ -119,7 +119,8 @@ def _check_document(document: object, index: int) -> str:
 def text_files(folder: str | os.PathLike[str], pattern: str = "**/*.txt") -> Iterator[str]:
     """Yield the text of each file under ``folder`` matching ``pattern``, one file per document.
 
-    Files are read as UTF-8 in sorted order of their path relative to ``folder``.
+    Files are read as UTF-8 in sorted order of their path relative to ``folder``; a leading
+    UTF-8 byte order mark is dropped (it is not text).
 
     Args:
         folder: the folder to search.
@@ -130,13 +131,12 @@ def text_files(folder: str | os.PathLike[str], pattern: str = "**/*.txt") -> Ite
         Each file's text (str).
 
     Raises:
-        FileNotFoundError: ``folder`` is not an existing folder, or no file matches ``pattern``.
+        FileNotFoundError: ``folder`` does not exist or is a file (the message says which), or
+            no file matches ``pattern``.
         ValueError: ``pattern`` is empty or absolute; a file is not valid UTF-8 (when reached).
         TypeError: ``folder`` is not a path or ``pattern`` not a str.
     """
-    root = check_path("folder", folder)
-    if not root.is_dir():
-        raise FileNotFoundError(f"folder={str(root)!r}: no such folder")
+    root = check_folder("folder", folder)
     if not isinstance(pattern, str):
         raise TypeError(f"pattern must be a str, got {type(pattern).__name__}")
     if not pattern or Path(pattern).is_absolute():
@@ -151,7 +151,7 @@ def text_files(folder: str | os.PathLike[str], pattern: str = "**/*.txt") -> Ite
     def documents() -> Iterator[str]:
         for path in paths:
             try:
-                yield path.read_text(encoding="utf-8")
+                yield path.read_text(encoding="utf-8-sig")
             except UnicodeDecodeError as error:
                 raise ValueError(f"{str(path)!r} is not valid UTF-8: {error}") from None
 
@@ -159,8 +159,9 @@ def text_files(folder: str | os.PathLike[str], pattern: str = "**/*.txt") -> Ite
 
 
 def _jsonl_records(path: Path) -> Iterator[tuple[int, object]]:
-    """Yield ``(line_number, parsed_value)`` for each non-blank line of a JSON Lines file."""
-    with path.open(encoding="utf-8") as file:
+    """Yield ``(line_number, parsed_value)`` for each non-blank line of a JSON Lines file (a
+    leading UTF-8 byte order mark, as Windows tools write, is skipped)."""
+    with path.open(encoding="utf-8-sig") as file:
         lines = enumerate(file, start=1)
         while True:
             try:
@@ -199,14 +200,15 @@ def jsonl_texts(path: str | os.PathLike[str], field: str = "text") -> Iterator[s
     when this is called, so a wrong ``field`` fails at once.
 
     Args:
-        path: a ``.jsonl`` file (UTF-8, one JSON object per line).
+        path: a ``.jsonl`` file (UTF-8, with or without a byte order mark; one JSON object per
+            line).
         field: the key holding the document text.
 
     Yields:
         Each document (str).
 
     Raises:
-        FileNotFoundError: ``path`` is not an existing file.
+        FileNotFoundError: ``path`` does not exist or is a directory (the message says which).
         ValueError: the file is not UTF-8, a record lacks ``field`` or a line is not JSON (later
             lines: when reached).
         TypeError: a record's ``field`` is neither a string nor null.
@@ -236,17 +238,19 @@ def parquet_texts(
 
     Args:
         path: a Parquet file.
-        column: the string column holding the document text.
+        column: the string column holding the document text: ``string``, ``large_string`` or
+            ``string_view``, or a dictionary-encoded one (what pandas writes for a categorical
+            column), decoded as it is read.
         batch_size: rows per read (>= 1).
 
     Yields:
         Each document (str).
 
     Raises:
-        FileNotFoundError: ``path`` is not an existing file.
+        FileNotFoundError: ``path`` does not exist or is a directory (the message says which).
         ValueError: the file is not Parquet, or has no column ``column`` (the message lists the
             columns).
-        TypeError: ``column`` is not a string column.
+        TypeError: ``column`` is not a string column (nor a dictionary of strings).
     """
     import pyarrow as pa
     import pyarrow.parquet as pq
@@ -262,17 +266,25 @@ def parquet_texts(
         raise ValueError(f"column={column!r} is not in {str(path)!r} (columns: {schema.names})")
     column_type = schema.field(column).type
     string_view = getattr(pa.types, "is_string_view", lambda _: False)  # pyarrow >= 16
-    if not (
-        pa.types.is_string(column_type)
-        or pa.types.is_large_string(column_type)
-        or string_view(column_type)
-    ):
-        raise TypeError(f"column={column!r} of {str(path)!r} must hold strings, got {column_type}")
+
+    def is_string(data_type) -> bool:
+        return pa.types.is_string(data_type) or pa.types.is_large_string(data_type) or string_view(data_type)
+
+    encoded = pa.types.is_dictionary(column_type)
+    if not (is_string(column_type) or (encoded and is_string(column_type.value_type))):
+        raise TypeError(
+            f"column={column!r} of {str(path)!r} must hold strings (string, large_string, string_view, or a "
+            f"dictionary of them), got {column_type}"
+        )
 
     def documents() -> Iterator[str]:
         with pq.ParquetFile(path) as parquet_file:
             for record_batch in parquet_file.iter_batches(batch_size=batch_size, columns=[column]):
-                for text in record_batch.column(0).to_pylist():
+                values = record_batch.column(0)
+                # A categorical column may come back dictionary-encoded: its values are the texts.
+                if pa.types.is_dictionary(values.type):
+                    values = values.dictionary_decode()
+                for text in values.to_pylist():
                     if text is not None:
                         yield text
 

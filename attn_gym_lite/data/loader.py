@@ -86,6 +86,13 @@ def _rng_state_from_json(state: list) -> tuple:
 
 
 _END = object()
+
+
+def _check_list(argument: str, value: object) -> list:
+    """``value`` if it is a list (a JSON array: tuples, from a state built by hand, too)."""
+    if not isinstance(value, (list, tuple)):
+        raise TypeError(f"{argument} must be a list, got {type(value).__name__}: {value!r:.60}")
+    return list(value)
 _STATE_KEYS = {"config", "epoch", "source_position", "shuffle", "rng", "pending", "batches"}
 
 
@@ -424,10 +431,23 @@ class PackedLoader:
     def load_state_dict(self, state: dict) -> None:
         """Continue from a :meth:`state_dict` at the next iteration.
 
+        Every field is checked here, against this loader's arguments, so a damaged or foreign
+        state fails now rather than part-way through the next iteration: ``epoch`` an int in
+        ``[0, epochs)`` (any ``>= 0`` with ``epochs=None``), ``source_position`` an int between 0
+        and the number of documents in the corpus (read up to that position, not tokenized),
+        ``shuffle`` at most ``shuffle_buffer`` distinct indices below ``source_position``,
+        ``rng`` a generator state as :meth:`state_dict` writes it, ``pending`` ``[document,
+        start, stop]`` ranges of 1 to ``max_piece_tokens`` tokens, ``batches`` an int ``>= 0``.
+        Whether the pending documents exist and have those tokens is checked when iteration
+        starts (it needs them tokenized).
+
         Raises:
-            TypeError: ``state`` is not a dict.
-            ValueError: keys are missing, or ``state["config"]`` differs from this loader's
-                arguments (the message names the first difference).
+            TypeError: ``state`` is not a dict; ``state["config"]`` is not a dict; a field of the
+                wrong type (the message names it, e.g. ``state['batches']``).
+            ValueError: keys are missing; ``state["config"]`` differs from this loader's
+                arguments (the message names the first difference); a field out of range,
+                e.g. ``state['epoch']`` not below ``epochs`` or ``state['source_position']``
+                past the corpus's end; a malformed ``state['rng']``.
         """
         if not isinstance(state, dict):
             raise TypeError(f"state must be a dict from state_dict(), got {type(state).__name__}")
@@ -435,13 +455,63 @@ class PackedLoader:
             raise ValueError(
                 f"state is missing keys {sorted(missing)}; expected {sorted(_STATE_KEYS)}"
             )
+        if not isinstance(state["config"], dict):
+            raise TypeError(f"state['config'] must be a dict of the loader's arguments, got {type(state['config']).__name__}")
         for key, value in self._config().items():
             if state["config"].get(key) != value:
                 raise ValueError(
                     f"state was saved with {key}={state['config'].get(key)!r}, "
                     f"but this loader has {key}={value!r}"
                 )
+        self._check_state_fields(state)
         self._state = copy.deepcopy(state)
+
+    def _check_state_fields(self, state: dict) -> None:
+        """The range and type of each field of a state whose config matches (see
+        :meth:`load_state_dict`)."""
+        epoch = check_int("state['epoch']", state["epoch"], minimum=0)
+        if self.epochs is not None and epoch >= self.epochs:
+            raise ValueError(
+                f"state['epoch'] must be below this loader's epochs = {self.epochs} (epochs count from 0), got {epoch}"
+            )
+        source_position = check_int("state['source_position']", state["source_position"], minimum=0)
+        check_int("state['batches']", state["batches"], minimum=0)
+        shuffle = _check_list("state['shuffle']", state["shuffle"])
+        if len(shuffle) > self.shuffle_buffer:
+            raise ValueError(
+                f"state['shuffle'] must hold at most shuffle_buffer = {self.shuffle_buffer} document indices, "
+                f"got {len(shuffle)}"
+            )
+        if shuffle and not source_position:
+            raise ValueError(
+                f"state['shuffle'] must be empty when state['source_position'] is 0 (it holds documents read "
+                f"this epoch), got {shuffle[:5]}"
+            )
+        for i, doc in enumerate(shuffle):
+            check_int(f"state['shuffle'][{i}]", doc, minimum=0, maximum=source_position - 1)
+        if len(set(shuffle)) != len(shuffle):
+            raise ValueError(f"state['shuffle'] must hold distinct document indices, got {shuffle}")
+        for i, piece in enumerate(_check_list("state['pending']", state["pending"])):
+            name = f"state['pending'][{i}]"
+            if not isinstance(piece, (list, tuple)) or len(piece) != 3:
+                raise TypeError(f"{name} must be a [document, start, stop] list of 3 ints, got {piece!r}")
+            check_int(f"{name}[0] (document)", piece[0], minimum=0)
+            start = check_int(f"{name}[1] (start)", piece[1], minimum=0)
+            check_int(f"{name}[2] (stop)", piece[2], minimum=start + 1, maximum=start + self.max_piece_tokens)
+        try:
+            random.Random().setstate(_rng_state_from_json(state["rng"]))
+        except (TypeError, ValueError) as error:
+            raise ValueError(
+                "state['rng'] must be a random.Random state as state_dict() writes it "
+                f"([version, [625 ints], gauss_next]), got {state['rng']!r:.60}: {error}"
+            ) from None
+        if source_position:
+            read = sum(1 for _ in itertools.islice(self.corpus(), source_position))
+            if read < source_position:
+                raise ValueError(
+                    f"state['source_position'] must be at most the corpus's {read} documents, got {source_position}: "
+                    "was the state saved with another corpus?"
+                )
 
     def __repr__(self) -> str:
         return (

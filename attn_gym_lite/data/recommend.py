@@ -103,6 +103,12 @@ def recommend(
     :func:`~attn_gym_lite.data.capacity.plan_buckets` (the graph-buckets chapter) with 2, 3, ...,
     ``max_buckets`` capacities, to see whether a few graphs of smaller capacity would.
 
+    Bucket capacities are multiples of ``bucket_align`` capped at ``T`` (the top one may be ``T``
+    itself), never larger than ``T``. The plan has fewer capacities than asked when the ``L``
+    round up to fewer distinct candidates: with ``bucket_align >= T`` every ``L`` rounds to
+    ``T``, so the plan is the one graph of capacity ``T`` (buckets cannot help; choose a
+    ``bucket_align`` well below ``T``, e.g. ``T // 8``).
+
     Args:
         lengths: document lengths of a corpus sample (tokens).
         token_capacity: ``T`` (tokens).
@@ -111,7 +117,7 @@ def recommend(
             :class:`~attn_gym_lite.data.FirstFit` (bounded reordering).
         buffer_sizes: the candidates for ``B``.
         max_buckets: most graph buckets to consider (>= 2).
-        bucket_align: bucket capacities are multiples of this (tokens, >= 1).
+        bucket_align: bucket capacities are multiples of this (tokens, >= 1), or ``T``.
         max_piece_tokens, min_document_tokens, passes, seed: as in :func:`piece_stream`
             (pieces of at most ``min(max_piece_tokens, T)``).
 
@@ -165,7 +171,7 @@ def recommend(
     plan = None
     if not one_graph:
         for count in range(2, max_buckets + 1):
-            plan = plan_buckets(active_tokens, count, align=bucket_align)
+            plan = plan_buckets(active_tokens, count, align=bucket_align, token_capacity=token_capacity)
             if plan.expected_padded_rows <= allowed:
                 break
     return Recommendation(

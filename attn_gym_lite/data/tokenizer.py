@@ -329,7 +329,7 @@ def load_tokenizer(
         An object satisfying :class:`Tokenizer`.
 
     Raises:
-        FileNotFoundError: ``spec`` is a path that does not exist.
+        FileNotFoundError: ``spec`` is a path that does not exist, or a directory (the message says which).
         ValueError (also): ``spec`` is a file that is not a ``tokenizer.json``.
         ValueError: unknown tiktoken encoding, tiktoken not installed, or ``vocab_size`` /
             ``max_training_bytes`` given with a non-default ``spec`` or out of range.

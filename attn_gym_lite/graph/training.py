@@ -136,12 +136,23 @@ class FixedCapacityTrainer:
             raise RuntimeError("graph_gradients exist only with use_graph=True and no capacities (one captured graph)")
         return self._grads
 
-    def _forward_backward(self, inputs, max_seqlen: int) -> tuple[Tensor, tuple[Tensor, ...]]:
+    def _forward_backward(self, inputs, max_seqlen: int, *,
+                          allow_unused: bool = False) -> tuple[Tensor, tuple[Tensor, ...]]:
+        """The loss and one gradient per parameter.
+
+        ``allow_unused`` (eager steps on a batch with no real tokens, ``L = 0``, only): a parameter
+        the loss does not reach (an attention that skips every empty sequence never uses its
+        projections) gets a zero gradient, the one a captured graph computes for such a batch
+        (every row is masked out of the loss). Never while capturing: a zero materialised at
+        capture would be replayed as that parameter's gradient for every later batch.
+        """
         loss = self.model.loss(inputs["input_ids"], inputs["labels"], inputs["loss_mask"], inputs["cu_seqlens"],
                                max_seqlen)
         # The seed gradient (a fill of ones) is launched here, outside the model's regions;
         # autograd's own kernels get "<region> backward" labels from the regions that made them.
         with mark_kernels("backward"):
+            if allow_unused:
+                return loss, torch.autograd.grad(loss, self.parameters, allow_unused=True, materialize_grads=True)
             return loss, torch.autograd.grad(loss, self.parameters)
 
     def _bucket_step(self, inputs: dict[str, Tensor]) -> tuple[Tensor, ...]:
@@ -160,6 +171,10 @@ class FixedCapacityTrainer:
         are all queued on the current stream. The batch's ``L`` and longest sequence are host ints
         (``batch.active_tokens``, ``batch.max_seqlen``): choosing a bucket and checking the graph's
         key cost nothing.
+
+        A batch with no real tokens (``L = 0``) or no counted row has loss 0 and zero gradients in
+        every mode, eager or replayed; the Adam step still runs on them (a no-op for fresh Adam
+        state, a momentum-only update after earlier steps), so every mode advances alike.
 
         Raises:
             TypeError: ``batch`` is not a :class:`PackedBatch`.
@@ -192,7 +207,9 @@ class FixedCapacityTrainer:
             rows = batch.active_tokens if self.eager_rows == "active" else batch.token_capacity
             inputs = {name: getattr(batch, name)[:rows].to(self.device, non_blocking=True) for name in _TOKEN_FIELDS}
             inputs["cu_seqlens"] = batch.cu_seqlens.to(self.device, non_blocking=True)
-            loss, grads = self._forward_backward(inputs, max(batch.max_seqlen, 1))
+            # L = 0: every gradient is zero, as a replay computes it (see _forward_backward).
+            loss, grads = self._forward_backward(inputs, max(batch.max_seqlen, 1),
+                                                 allow_unused=batch.active_tokens == 0)
         # The graph's gradient outputs are attached, not copied: Adam reads them in place, and the
         # next replay rewrites the same storage.
         for parameter, grad in zip(self.parameters, grads):

@@ -31,7 +31,7 @@ from typing import Any
 import torch
 from torch.profiler import ProfilerActivity
 
-from ..checks import check_real
+from ..checks import check_file, check_path, check_real
 
 Trace = dict[str, Any]
 SUFFIXES = (".json", ".json.gz", ".pftrace")
@@ -133,18 +133,59 @@ class profile:  # noqa: N801 -- a context manager named like the torch.profiler.
 
 
 def load_trace(path: str | os.PathLike) -> Trace:
-    """Read a Chrome trace-event JSON file (``.json`` or ``.json.gz``) into a dict.
+    """Read a Chrome trace-event JSON file (``.json`` or ``.json.gz``) into a trace dict.
+
+    The file holds either the object form :func:`save_trace` and :class:`profile` write,
+    ``{"traceEvents": [event, ...], ...}``, or the trace-event format's array form, a bare
+    ``[event, ...]``, returned as ``{"traceEvents": [...]}``: either way the result is what
+    :func:`~attn_gym_lite.profiling.annotate_trace` and :func:`split_overlapping_lanes` take.
+    Each event must be a JSON object.
 
     Raises:
-        ValueError: another suffix (a ``.pftrace`` cannot be read back here).
+        TypeError: ``path`` is not a ``str`` or ``os.PathLike``.
+        FileNotFoundError: no file at ``path``, or a directory (the message says which).
+        ValueError: another suffix (a ``.pftrace`` cannot be read back here); a file that is not
+            gzip (``.json.gz``), not UTF-8 or not JSON (the message names the path, and the line
+            and column of a JSON error); JSON that is not a trace: neither a dict with a
+            ``"traceEvents"`` list nor a list, or an event that is not an object.
     """
-    path = Path(path)
-    if path.name.endswith(".json.gz"):
-        with gzip.open(path, "rt") as file:
-            return json.load(file)
-    if path.suffix == ".json":
-        return json.loads(path.read_text())
-    raise ValueError(f"load_trace: path must end with .json or .json.gz, got {str(path)!r}")
+    path = check_path("path", path)
+    gzipped = path.name.endswith(".json.gz")
+    if not gzipped and path.suffix != ".json":
+        raise ValueError(f"load_trace: path must end with .json or .json.gz, got {str(path)!r}")
+    path = check_file("path", path)
+    where = f"load_trace: path={str(path)!r}"
+    try:
+        if gzipped:
+            with gzip.open(path, "rt", encoding="utf-8") as file:
+                trace = json.load(file)
+        else:
+            trace = json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as error:
+        raise ValueError(
+            f"{where} must hold Chrome trace-event JSON, but it is not JSON: {error.msg} at line {error.lineno} "
+            f"column {error.colno}"
+        ) from None
+    except (UnicodeDecodeError, gzip.BadGzipFile, EOFError) as error:
+        kind = "a gzip-compressed" if gzipped else "a UTF-8"
+        raise ValueError(f"{where} must be {kind} Chrome trace-event JSON file: {error}") from None
+    expected = "a Chrome trace: a dict with a 'traceEvents' list of event objects, or a list of event objects"
+    if isinstance(trace, list):
+        trace = {"traceEvents": trace}
+    elif not isinstance(trace, dict):
+        raise ValueError(f"{where} must hold {expected}, got {type(trace).__name__} {trace!r:.60}")
+    elif "traceEvents" not in trace:
+        keys = sorted(map(str, trace))
+        raise ValueError(f"{where} must hold {expected}, got a dict without 'traceEvents' (keys {keys[:8]})")
+    events = trace["traceEvents"]
+    if not isinstance(events, list):
+        raise ValueError(f"{where} must hold {expected}, got 'traceEvents' of type {type(events).__name__}")
+    for i, event in enumerate(events):
+        if not isinstance(event, dict):
+            raise ValueError(
+                f"{where} must hold {expected}, got event {i} of type {type(event).__name__}: {event!r:.60}"
+            )
+    return trace
 
 
 def save_trace(trace: Trace, path: str | os.PathLike) -> Path:
