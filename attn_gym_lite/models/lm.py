@@ -14,7 +14,7 @@ from torch import nn
 
 from ..checks import check_int, check_tensor
 from ..regions import mark_kernels
-from .attention import VarLenAttention, check_heads
+from .attention import VarLenAttention
 
 Tensor = torch.Tensor
 
@@ -147,13 +147,37 @@ def packed_lm_loss(logits: Tensor, labels: Tensor, loss_mask: Tensor) -> Tensor:
 
 class _PackedLanguageModel(nn.Module):
     """What every packed language model here shares: the loss over ``loss_mask`` and whether its
-    attention sizes its work by ``max_seqlen``. Subclasses define ``_attention`` and ``forward``,
-    which starts with ``_check_input_ids`` (``loss`` relies on it: it does not check them again)."""
+    attention sizes its work by ``max_seqlen``, and ``forward``, which checks ``input_ids`` (``loss``
+    relies on it: it does not check them again). Subclasses define ``embedding``, ``_attention``
+    and ``_logits`` (the network from checked ids to logits)."""
 
     @property
     def needs_max_seqlen(self) -> bool:
         """Whether the attention sizes its work by ``max_seqlen`` (then a graph bakes it in)."""
         return self._attention().needs_max_seqlen
+
+    def forward(self, input_ids: Tensor, cu_seqlens: Tensor, max_seqlen: int | None = None) -> Tensor:
+        """Logits of a packed batch.
+
+        Args:
+            input_ids: int64 ``[T]`` token ids in ``[0, vocab_size)``, the first ``L`` rows real.
+            cu_seqlens: int32 ``[N + 1]`` prefix sums, ``cu_seqlens[-1] = L <= T``.
+            max_seqlen: the longest sequence (tokens); used only where ``needs_max_seqlen``.
+
+        Returns:
+            logits ``[T, vocab_size]`` in the parameters' dtype, on their device.
+
+        Raises:
+            TypeError: ``input_ids`` not a tensor or neither int64 nor int32; ``cu_seqlens`` not an
+                int32 tensor.
+            ValueError: ``input_ids`` not 1-D (a ``[1, T]`` batch dim, say); a CPU ``input_ids``
+                (not while ``torch.compile`` traces) with an id outside ``[0, vocab_size)``, the
+                message naming the first such row (a CUDA one is not read: the embedding's
+                device-side assert fires instead); ``cu_seqlens`` breaking the layout rules, or on
+                the CPU the value rules (:func:`attn_gym_lite.ragged.active_token_mask`).
+        """
+        _check_input_ids(input_ids, self.embedding.num_embeddings)
+        return self._logits(input_ids, cu_seqlens, max_seqlen)
 
     def loss(self, input_ids: Tensor, labels: Tensor, loss_mask: Tensor, cu_seqlens: Tensor,
              max_seqlen: int | None = None) -> Tensor:
@@ -207,27 +231,7 @@ class PackedLM(_PackedLanguageModel):
     def _attention(self) -> VarLenAttention:
         return self.attention
 
-    def forward(self, input_ids: Tensor, cu_seqlens: Tensor, max_seqlen: int | None = None) -> Tensor:
-        """Logits of a packed batch.
-
-        Args:
-            input_ids: int64 ``[T]`` token ids in ``[0, vocab_size)``, the first ``L`` rows real.
-            cu_seqlens: int32 ``[N + 1]`` prefix sums, ``cu_seqlens[-1] = L <= T``.
-            max_seqlen: the longest sequence (tokens); used only where ``needs_max_seqlen``.
-
-        Returns:
-            logits ``[T, vocab_size]`` in the parameters' dtype, on their device.
-
-        Raises:
-            TypeError: ``input_ids`` not a tensor or neither int64 nor int32; ``cu_seqlens`` not an
-                int32 tensor.
-            ValueError: ``input_ids`` not 1-D (a ``[1, T]`` batch dim, say); a CPU ``input_ids``
-                (not while ``torch.compile`` traces) with an id outside ``[0, vocab_size)``, the
-                message naming the first such row (a CUDA one is not read: the embedding's
-                device-side assert fires instead); ``cu_seqlens`` breaking the layout rules, or on
-                the CPU the value rules (:func:`attn_gym_lite.ragged.active_token_mask`).
-        """
-        _check_input_ids(input_ids, self.embedding.num_embeddings)
+    def _logits(self, input_ids: Tensor, cu_seqlens: Tensor, max_seqlen: int | None) -> Tensor:
         # Named regions: record_function ranges in eager traces, and labels on the kernels of a
         # captured graph (see attn_gym_lite.profiling).
         with mark_kernels("embedding"):
@@ -255,8 +259,8 @@ class TransformerBlock(nn.Module):
 
     Raises:
         ValueError: ``dim`` or ``num_heads`` is not a positive int or ``dim`` is not a multiple of
-            ``num_heads`` (a wrong type too: the message names ``TransformerBlock``, ``dim`` and
-            ``num_heads``); ``impl="triton"`` with a head dim not in 16, 32, 64, 128; ``hidden``
+            ``num_heads`` (a wrong type too), or ``impl="triton"`` with a head dim not in 16, 32,
+            64, 128 (the message names ``VarLenAttention``, ``dim`` and ``num_heads``); ``hidden``
             < 1; ``impl`` or ``schedule`` not one of their choices.
         TypeError: ``hidden`` is not an int.
         RuntimeError: torch's own, for a ``device`` string it does not parse or a non-floating
@@ -266,12 +270,14 @@ class TransformerBlock(nn.Module):
     def __init__(self, dim: int, num_heads: int, hidden: int, *, impl: str, schedule: str,
                  device=None, dtype=None) -> None:
         super().__init__()
-        check_heads("TransformerBlock", dim, num_heads, impl)
-        check_int("hidden", hidden, minimum=1)
         factory = {"device": device, "dtype": dtype}
+        # The attention first: it checks dim, num_heads and the head dim (naming VarLenAttention, as
+        # every model's message does); registered after the norm, so the parameter order stays.
+        attention = VarLenAttention(dim, num_heads, causal=True, mask_inactive_capacity=True, impl=impl,
+                                    schedule=schedule, rotary=True, **factory)
+        check_int("hidden", hidden, minimum=1)
         self.norm_attention = nn.RMSNorm(dim, **factory)
-        self.attention = VarLenAttention(dim, num_heads, causal=True, mask_inactive_capacity=True, impl=impl,
-                                         schedule=schedule, rotary=True, **factory)
+        self.attention = attention
         self.norm_mlp = nn.RMSNorm(dim, **factory)
         self.gate_up = nn.Linear(dim, 2 * hidden, bias=False, **factory)
         self.down = nn.Linear(hidden, dim, bias=False, **factory)
@@ -327,27 +333,7 @@ class PackedTransformer(_PackedLanguageModel):
     def _attention(self) -> VarLenAttention:
         return self.blocks[0].attention
 
-    def forward(self, input_ids: Tensor, cu_seqlens: Tensor, max_seqlen: int | None = None) -> Tensor:
-        """Logits of a packed batch.
-
-        Args:
-            input_ids: int64 ``[T]`` token ids in ``[0, vocab_size)``, the first ``L`` rows real.
-            cu_seqlens: int32 ``[N + 1]`` prefix sums, ``cu_seqlens[-1] = L <= T``.
-            max_seqlen: the longest sequence (tokens); used only where ``needs_max_seqlen``.
-
-        Returns:
-            logits ``[T, vocab_size]`` in the parameters' dtype, on their device.
-
-        Raises:
-            TypeError: ``input_ids`` not a tensor or neither int64 nor int32; ``cu_seqlens`` not an
-                int32 tensor.
-            ValueError: ``input_ids`` not 1-D (a ``[1, T]`` batch dim, say); a CPU ``input_ids``
-                (not while ``torch.compile`` traces) with an id outside ``[0, vocab_size)``, the
-                message naming the first such row (a CUDA one is not read: the embedding's
-                device-side assert fires instead); ``cu_seqlens`` breaking the layout rules, or on
-                the CPU the value rules (:func:`attn_gym_lite.ragged.active_token_mask`).
-        """
-        _check_input_ids(input_ids, self.embedding.num_embeddings)
+    def _logits(self, input_ids: Tensor, cu_seqlens: Tensor, max_seqlen: int | None) -> Tensor:
         with mark_kernels("embedding"):
             h = self.embedding(input_ids)
             # One set of RoPE tables per step, shared by every layer.
