@@ -30,6 +30,7 @@ import contextlib
 import dataclasses
 import json
 import math
+import numbers
 import os
 import signal
 import subprocess
@@ -199,7 +200,7 @@ def describe_error(error: BaseException, max_chars: int | None = None) -> str:
 
     Raises:
         TypeError: ``error`` is not an exception (a ``BaseException``), or ``max_chars`` is
-            neither ``None`` nor an int.
+            neither ``None`` nor an integer (``numbers.Integral``, numpy's included; not a bool).
         ValueError: ``max_chars`` < 0.
     """
     if not isinstance(error, BaseException):
@@ -207,8 +208,10 @@ def describe_error(error: BaseException, max_chars: int | None = None) -> str:
     # The message format of attn_gym_lite.checks.check_int, inline: this module imports nothing
     # from the package (and so not torch).
     if max_chars is not None:
-        if isinstance(max_chars, bool) or not isinstance(max_chars, int):
+        # Any integer slicing takes (numpy's too), not a bool.
+        if isinstance(max_chars, bool) or not isinstance(max_chars, numbers.Integral):
             raise TypeError(f"max_chars must be an int >= 0 or None, got {max_chars!r}")
+        max_chars = int(max_chars)
         if max_chars < 0:
             raise ValueError(f"max_chars must be an int >= 0 or None, got {max_chars}")
     text = f"{type(error).__name__}: {error}".strip()

@@ -155,6 +155,9 @@ def test_describe_error_is_type_and_message_optionally_cut():
     assert describe_error(RuntimeError()) == "RuntimeError:"
     long = IsolatedRunError("m.f exited with code 1", "E" * 5000)
     assert describe_error(long, max_chars=30) == "IsolatedRunError: m.f exited w"
+    # A numpy integer is an integer (slicing takes it): the same text, as main accepted it.
+    np = pytest.importorskip("numpy")
+    assert describe_error(long, max_chars=np.int64(30)) == "IsolatedRunError: m.f exited w"
     assert describe_error(long) == "IsolatedRunError: m.f exited with code 1\n" + "E" * 5000
 
 
