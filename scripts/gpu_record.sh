@@ -13,8 +13,8 @@
 #    malformed-layout and KDA kernel tests unfiltered (on the GPU). UNFILTERED=0 leaves out the
 #    last lane (when the kernels are unchanged since their last GPU run);
 # S: scale-out, on a host with two GPUs (NVLink multicast off in every process);
-# X: explorations, not recordings: scripts/explore_hopper_forward.py, then scripts/explore_kda.py
-#    where the tree has it, EXPLORE_S seconds each.
+# X: explorations, not recordings: scripts/explore_hopper_forward.py, then scripts/explore_kda.py,
+#    EXPLORE_S seconds each; EXPLORE="kda" (or "forward") runs one of them only.
 # Everything lands in $OUT: one tarball of recordings per pass, re-made after every suite so that a
 # call killed at its limit still returns what finished, and one tarball of every log of the pass
 # (logs_<PASS>.tar.gz: a device call returns a limited number of files, so logs travel together).
@@ -107,10 +107,13 @@ for path in sorted(glob.glob("notebooks/*.ipynb")):
 PY
       ;;
     X)
-      timeout $(( ${EXPLORE_S:-100} + 30 )) python3 scripts/explore_hopper_forward.py "${EXPLORE_S:-100}" \
-        > "$LOGS/explore_forward.log" 2>&1
-      echo "explore forward: rc $?" | tee -a "$log"; tail -30 "$LOGS/explore_forward.log" | tee -a "$log"
-      if [ -f scripts/explore_kda.py ]; then  # on the branches with the KDA speed work
+      # EXPLORE names which explorations run (default both): "forward", "kda" or "forward kda".
+      if [[ " ${EXPLORE:-forward kda} " == *" forward "* ]]; then
+        timeout $(( ${EXPLORE_S:-100} + 30 )) python3 scripts/explore_hopper_forward.py "${EXPLORE_S:-100}" \
+          > "$LOGS/explore_forward.log" 2>&1
+        echo "explore forward: rc $?" | tee -a "$log"; tail -30 "$LOGS/explore_forward.log" | tee -a "$log"
+      fi
+      if [[ " ${EXPLORE:-forward kda} " == *" kda "* ]] && [ -f scripts/explore_kda.py ]; then
         timeout $(( ${EXPLORE_S:-100} + 30 )) python3 scripts/explore_kda.py --budget "${EXPLORE_S:-100}" \
           > "$LOGS/explore_kda.log" 2>&1
         echo "explore kda: rc $?" | tee -a "$log"; tail -30 "$LOGS/explore_kda.log" | tee -a "$log"
