@@ -94,6 +94,7 @@ _DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 _WIDTHS = (16, 32, 64, 128)  # K and V: tl.dot needs >= 16, registers cap the state at 128 x 128
 _CHUNKS = (16, 32, 64)
 _SUB = 16  # sub-block of the intra-chunk kernel
+_LOG2_SUB = _SUB.bit_length() - 1  # the binary-splitting levels of a diagonal sub-block
 # Launch options of the sequential kernels and of the per-chunk backward (ignored by the
 # interpreter). Triton pipelines their loops' loads through shared memory; with K = V = 128,
 # C = 64 and BV = 64, three stages (the default) ask for more than the 227 KiB an H200 block
@@ -105,6 +106,11 @@ _SEQUENTIAL = dict(num_warps=4, num_stages=1)
 # this one's products run) should fit. UNMEASURED: chosen by that arithmetic, not on the H200.
 _SEQUENTIAL_LOW_PRECISION = dict(num_warps=4, num_stages=2)
 _CHUNK_BACKWARD = dict(num_warps=8, num_stages=2)  # with value blocks of 32, to fit the H200's shared memory
+# The per-chunk kernels with 16-row sub-blocks (intra, wy, pairwise backward): at Triton's default 4
+# warps each thread holds 16 floats of every [16, 128] tile and ptxas spilled 1.0-2.4 KiB of stack
+# per thread (sm_90, K = 128, C = 64, compiled on a CPU by scripts/kernel_resources.py); at 8 warps
+# 0-0.6 KiB. UNMEASURED on the H200: the choice of that count, not of a timing.
+_PER_CHUNK = dict(num_warps=8, num_stages=2)
 
 
 # -----------------------------------------------------------------------------
@@ -213,11 +219,12 @@ def kda_cumsum_kernel(g, g_cum, cu_seqlens, chunk_offsets, num_seqs, num_rows, H
 
 
 @triton.jit
-def _split_factors(g_cum, G, block_start, block_valid, head, H, K: tl.constexpr, BC: tl.constexpr, h: tl.constexpr):
+def _split_factors(g_cum, G, block_start, block_valid, head, H, K: tl.constexpr, BC: tl.constexpr, bit):
     """One level of the binary splitting of a diagonal ``BC x BC`` sub-block's decays.
 
-    Positions ``j < r`` of the sub-block whose binary forms first differ at bit ``h`` (a power of two
-    below ``BC``) lie on both sides of the midpoint ``m = (r // h) * h``: ``j < m <= r``. So
+    Positions ``j < r`` of the sub-block whose binary forms first differ at bit ``bit`` (``h = 2**bit
+    < BC``, a runtime value: the levels are a loop, not unrolled copies) lie on both sides of the
+    midpoint ``m = (r // h) * h``: ``j < m <= r``. So
     ``E_rj = exp(G_r - G_m) exp(G_m - G_j)`` with both factors ``<= 1`` whatever the decay, and
     the level's pairs are one matrix product of ``X ⊙ row_f`` with ``(Y ⊙ col_f)^T``. The ``log2 BC``
     levels cover every pair ``j < r`` once; ``j = r`` (``E = 1``) is the caller's.
@@ -229,21 +236,22 @@ def _split_factors(g_cum, G, block_start, block_valid, head, H, K: tl.constexpr,
     ``[BC, BC]``: the pairs ``(r, j)`` this level computes (there ``m = m'``; elsewhere the product
     mixes two midpoints and must be dropped)."""
     sub = tl.arange(0, BC)
-    upper = ((sub // h) % 2 == 1) & (sub < block_valid)
-    mid_r = (sub // h) * h
-    mid_c = (sub // (2 * h)) * (2 * h) + h
-    lower = ((sub // h) % 2 == 0) & (mid_c < block_valid)
+    upper = (((sub >> bit) & 1) == 1) & (sub < block_valid)
+    mid_r = (sub >> bit) << bit
+    mid_c = ((sub >> (bit + 1)) << (bit + 1)) + (1 << bit)
+    lower = (((sub >> bit) & 1) == 0) & (mid_c < block_valid)
     G_mr = _load_rows(g_cum, block_start + mid_r, upper, head, H, K)
     G_mc = _load_rows(g_cum, block_start + mid_c, lower, head, H, K)
     row_f = tl.where(upper[:, None], tl.exp(tl.where(upper[:, None], G - G_mr, 0.0)), 0.0)
     col_f = tl.where(lower[:, None], tl.exp(tl.where(lower[:, None], G_mc - G, 0.0)), 0.0)
-    at_level = (sub[:, None] // h == sub[None, :] // h + 1) & (sub[:, None] // (2 * h) == sub[None, :] // (2 * h))
+    at_level = ((sub[:, None] >> bit) == (sub[None, :] >> bit) + 1) & ((sub[:, None] >> (bit + 1)) == (sub[None, :] >> (bit + 1)))
     return row_f, col_f, at_level
 
 
 @triton.jit(do_not_specialize=["num_seqs", "num_rows"])
 def kda_intra_kernel(q, k, g_cum, gram, qk, cu_seqlens, chunk_offsets, num_seqs, num_rows, H, scale,
-                     K: tl.constexpr, C: tl.constexpr, BC: tl.constexpr, PRECISION: tl.constexpr):
+                     K: tl.constexpr, C: tl.constexpr, BC: tl.constexpr, LOG2_BC: tl.constexpr,
+                     PRECISION: tl.constexpr):
     """The decayed Gram matrices of one chunk, stored row by row into ``[T, H, C]`` buffers::
 
         gram[r, j] = Σ_d k_rd k_jd exp(G_rd - G_jd)           j <  r   (other entries unspecified)
@@ -282,15 +290,14 @@ def kda_intra_kernel(q, k, g_cum, gram, qk, cu_seqlens, chunk_offsets, num_seqs,
             # The diagonal sub-block, by binary splitting (see _split_factors): one product per level.
             gram_diag = tl.zeros([BC, BC], tl.float32)
             qk_diag = tl.zeros([BC, BC], tl.float32)
-            for level in tl.static_range(8):  # h = BC / 2, BC / 4, ..., 1: log2(BC) <= 8 levels
-                if (BC // 2 >> level) >= 1:
-                    row_f, col_f, at_level = _split_factors(g_cum, G_i, chunk_start + i * BC, valid - i * BC, head,
-                                                            H, K, BC, BC // 2 >> level)
-                    k_col = k_i * col_f
-                    gram_diag += tl.where(at_level, tl.dot(k_i * row_f, tl.trans(k_col), input_precision=PRECISION),
-                                          0.0)
-                    qk_diag += tl.where(at_level, tl.dot(q_i * row_f, tl.trans(k_col), input_precision=PRECISION),
-                                        0.0)
+            for bit in range(0, LOG2_BC):  # h = 2**bit: 1, 2, ..., BC / 2
+                row_f, col_f, at_level = _split_factors(g_cum, G_i, chunk_start + i * BC, valid - i * BC, head,
+                                                        H, K, BC, bit)
+                k_col = k_i * col_f
+                gram_diag += tl.where(at_level, tl.dot(k_i * row_f, tl.trans(k_col), input_precision=PRECISION),
+                                      0.0)
+                qk_diag += tl.where(at_level, tl.dot(q_i * row_f, tl.trans(k_col), input_precision=PRECISION),
+                                    0.0)
             # j = r: E = 1 (P includes its diagonal, Γ does not).
             qk_diag += tl.where(sub[:, None] == sub[None, :], tl.sum(q_i * k_i, 1)[:, None], 0.0)
             cols_i = i * BC + sub
@@ -641,7 +648,7 @@ def _load_block(ptr, rows, ok, cols, head, H, C: tl.constexpr):
 @triton.jit(do_not_specialize=["num_seqs", "num_rows"])
 def kda_pairwise_backward_kernel(q, k, g_cum, d_qk, d_gram, dq_part, dk_part, dG_part, dq, dk, dg,
                                  cu_seqlens, chunk_offsets, num_seqs, num_rows, H, K: tl.constexpr, C: tl.constexpr,
-                                 BC: tl.constexpr, PRECISION: tl.constexpr):
+                                 BC: tl.constexpr, LOG2_BC: tl.constexpr, PRECISION: tl.constexpr):
     """The pairwise terms of the backward, then the chain through ``G = cumsum(g)``.
 
     With coefficients ``c^P_rj`` (``d_qk``: dL/dP_rj, times ``scale``) and ``c^Γ_rj``
@@ -710,25 +717,24 @@ def kda_pairwise_backward_kernel(q, k, g_cum, d_qk, d_gram, dq_part, dk_part, dG
             # is (c ⊙ at_level) (k ⊙ col_f) scaled by row_f, the column side its transpose.
             c_P = _load_block(d_qk, rows_i, ok_i, r, head, H, C)
             c_G = _load_block(d_gram, rows_i, ok_i, r, head, H, C)
-            for level in tl.static_range(8):  # h = BC / 2, BC / 4, ..., 1: log2(BC) <= 8 levels
-                if (BC // 2 >> level) >= 1:
-                    row_f, col_f, at_level = _split_factors(g_cum, G_i, chunk_start + i * BC, valid - i * BC, head,
-                                                            H, K, BC, BC // 2 >> level)
-                    cp = tl.where(at_level, c_P, 0.0)
-                    cg = tl.where(at_level, c_G, 0.0)
-                    k_col = k_i * col_f
-                    row_q += tl.dot(cp, k_col, input_precision=PRECISION) * row_f
-                    row_k += tl.dot(cg, k_col, input_precision=PRECISION) * row_f
-                    to_col = tl.dot(tl.trans(cp), q_i * row_f, input_precision=PRECISION)
-                    to_col = tl.dot(tl.trans(cg), k_i * row_f, to_col, input_precision=PRECISION)
-                    col_k += to_col * col_f
+            for bit in range(0, LOG2_BC):  # h = 2**bit: 1, 2, ..., BC / 2
+                row_f, col_f, at_level = _split_factors(g_cum, G_i, chunk_start + i * BC, valid - i * BC, head,
+                                                        H, K, BC, bit)
+                cp_level = tl.where(at_level, c_P, 0.0)
+                cg_level = tl.where(at_level, c_G, 0.0)
+                k_col = k_i * col_f
+                row_q += tl.dot(cp_level, k_col, input_precision=PRECISION) * row_f
+                row_k += tl.dot(cg_level, k_col, input_precision=PRECISION) * row_f
+                to_col = tl.dot(tl.trans(cp_level), q_i * row_f, input_precision=PRECISION)
+                to_col = tl.dot(tl.trans(cg_level), k_i * row_f, to_col, input_precision=PRECISION)
+                col_k += to_col * col_f
             # j = r: E = 1.
             on_diagonal = sub[:, None] == sub[None, :]
-            cp = tl.sum(tl.where(on_diagonal, c_P, 0.0), 1)[:, None]
-            cg = tl.sum(tl.where(on_diagonal, c_G, 0.0), 1)[:, None]
-            row_q += cp * k_i
-            row_k += cg * k_i
-            col_k += cp * q_i + cg * k_i
+            cp_diag = tl.sum(tl.where(on_diagonal, c_P, 0.0), 1)[:, None]
+            cg_diag = tl.sum(tl.where(on_diagonal, c_G, 0.0), 1)[:, None]
+            row_q += cp_diag * k_i
+            row_k += cg_diag * k_i
+            col_k += cp_diag * q_i + cg_diag * k_i
             d_q = _load_rows(dq_part, rows_i, ok_i, head, H, K) + row_q
             d_k = _load_rows(dk_part, rows_i, ok_i, head, H, K) + row_k + col_k
             dG = _load_rows(dG_part, rows_i, ok_i, head, H, K) + q_i * row_q + k_i * (row_k - col_k)
@@ -881,10 +887,10 @@ def _kda_forward(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, cu_se
         grid = (plan.G_cap, H)
         common = (cu_seqlens, offsets, N, T, H)
         kda_cumsum_kernel[grid](g, g_cum, *common, K=K, C=C)
-        kda_intra_kernel[grid](q, k, g_cum, gram, qk, *common, plan.scale, K=K, C=C, BC=_SUB,
-                               PRECISION=precision)
+        kda_intra_kernel[grid](q, k, g_cum, gram, qk, *common, plan.scale, K=K, C=C, BC=_SUB, LOG2_BC=_LOG2_SUB,
+                               PRECISION=precision, **_PER_CHUNK)
         kda_wy_kernel[grid](q, k, v, g_cum, beta, gram, inverse, w, u, q_decayed, k_to_end, *common, plan.scale,
-                            K=K, V=V, C=C, BC=_SUB, PRECISION=precision)
+                            K=K, V=V, C=C, BC=_SUB, PRECISION=precision, **_PER_CHUNK)
     BV = plan.value_block
     # Without a final state, `states` stands in for its pointer: STORE_FINAL=False never writes it.
     kda_state_kernel[(N, H, V // BV)](g_cum, k_to_end, w, u, states, states if final is None else final,
@@ -954,7 +960,7 @@ def _kda_backward(q: Tensor, k: Tensor, v: Tensor, g_dtype: torch.dtype, beta: T
         )
         kda_pairwise_backward_kernel[(plan.G_cap, H)](
             q, k, saved["g_cum"], d_qk, d_gram, dq_part, dk_part, dG_part, dq, dk, dg, cu_seqlens, offsets, N, T, H,
-            K=K, C=C, BC=_SUB, PRECISION=precision,
+            K=K, C=C, BC=_SUB, LOG2_BC=_LOG2_SUB, PRECISION=precision, **_PER_CHUNK,
         )
     return dq, dk, dv, dg, dbeta
 
