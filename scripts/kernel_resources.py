@@ -38,7 +38,8 @@ POINTERS = {
     "dq": BF16, "dk": BF16, "g_cum": F32, "gram": F32, "inverse": F32, "d_qk": F32, "d_gram": F32,
     "d_qk_out": F32, "d_gram_out": F32, "dq_part": F32, "dk_part": F32, "dG_part": F32, "dg": F32,
 }
-CONSTANTS = {"K": K, "V": V, "C": C, "BC": SUB, "LOG2_BC": SUB.bit_length() - 1, "BV": 32, "PRECISION": "tf32"}
+CONSTANTS = {"K": K, "V": V, "C": C, "BC": SUB, "LOG2_BC": SUB.bit_length() - 1, "BV": 32, "PRECISION": "tf32",
+             "BK": getattr(kda, "_key_block", lambda width: width)(K)}  # what the package launches
 KERNELS = {  # name -> the launch options the package uses (Triton's defaults where it passes none)
     "kda_intra_kernel": getattr(kda, "_PER_CHUNK", {}),
     "kda_wy_kernel": getattr(kda, "_PER_CHUNK", {}),
