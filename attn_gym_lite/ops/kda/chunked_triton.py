@@ -104,7 +104,9 @@ _SEQUENTIAL = dict(num_warps=4, num_stages=1)
 # dtype, and the forward no longer loads Q_g and P: a stage takes about a quarter of the shared
 # memory the float32 four-product loop took, so two stages (the next chunk's tiles loaded while
 # this one's products run) should fit. UNMEASURED: chosen by that arithmetic, not on the H200.
-_SEQUENTIAL_LOW_PRECISION = dict(num_warps=4, num_stages=2)
+# 8 warps: compiled for sm_90 at BV = 64 (scripts/kernel_resources.py), 4 warps spilled 664 B
+# (state) and 744 B (state backward) of stack per thread, 8 warps 72 B and 24 B.
+_SEQUENTIAL_LOW_PRECISION = dict(num_warps=8, num_stages=2)
 _CHUNK_BACKWARD = dict(num_warps=8, num_stages=2)  # with value blocks of 32, to fit the H200's shared memory
 # The per-chunk kernels with 16-row sub-blocks (intra, wy, pairwise backward): at Triton's default 4
 # warps each thread holds 16 floats of every [16, 128] tile and ptxas spilled 1.0-2.4 KiB of stack
