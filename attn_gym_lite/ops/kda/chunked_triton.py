@@ -95,6 +95,7 @@ _DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 _WIDTHS = (16, 32, 64, 128)  # K and V: tl.dot needs >= 16, registers cap the state at 128 x 128
 _CHUNKS = (16, 32, 64)
 _SUB = 16  # sub-block of the intra-chunk kernel
+_LOG2_SUB = _SUB.bit_length() - 1  # the binary-splitting levels of a diagonal sub-block
 # Launch options of the sequential kernels and of the per-chunk backward (ignored by the
 # interpreter). Triton pipelines their loops' loads through shared memory; with K = V = 128,
 # C = 64 and BV = 64, three stages (the default) ask for more than the 227 KiB an H200 block
@@ -104,8 +105,15 @@ _SEQUENTIAL = dict(num_warps=4, num_stages=1)
 # dtype, and the forward no longer loads Q_g and P: a stage takes about a quarter of the shared
 # memory the float32 four-product loop took, so two stages (the next chunk's tiles loaded while
 # this one's products run) should fit. UNMEASURED: chosen by that arithmetic, not on the H200.
-_SEQUENTIAL_LOW_PRECISION = dict(num_warps=4, num_stages=2)
+# 8 warps: compiled for sm_90 at BV = 64 (scripts/kernel_resources.py), 4 warps spilled 664 B
+# (state) and 744 B (state backward) of stack per thread, 8 warps 72 B and 24 B.
+_SEQUENTIAL_LOW_PRECISION = dict(num_warps=8, num_stages=2)
 _CHUNK_BACKWARD = dict(num_warps=8, num_stages=2)  # with value blocks of 32, to fit the H200's shared memory
+# The per-chunk kernels with 16-row sub-blocks (intra, wy, pairwise backward): at Triton's default 4
+# warps each thread holds 16 floats of every [16, 128] tile and ptxas spilled 1.0-2.4 KiB of stack
+# per thread (sm_90, K = 128, C = 64, compiled on a CPU by scripts/kernel_resources.py); at 8 warps
+# 0-0.6 KiB. UNMEASURED on the H200: the choice of that count, not of a timing.
+_PER_CHUNK = dict(num_warps=8, num_stages=2)
 
 
 # -----------------------------------------------------------------------------
@@ -197,11 +205,12 @@ def kda_cumsum_kernel(g, g_cum, cu_seqlens, chunk_offsets, num_seqs, num_rows, H
 
 
 @triton.jit
-def _split_factors(g_cum, G, block_start, block_valid, head, H, K: tl.constexpr, BC: tl.constexpr, h: tl.constexpr):
+def _split_factors(g_cum, G, block_start, block_valid, head, H, K: tl.constexpr, BC: tl.constexpr, bit):
     """One level of the binary splitting of a diagonal ``BC x BC`` sub-block's decays.
 
-    Positions ``j < r`` of the sub-block whose binary forms first differ at bit ``h`` (a power of two
-    below ``BC``) lie on both sides of the midpoint ``m = (r // h) * h``: ``j < m <= r``. So
+    Positions ``j < r`` of the sub-block whose binary forms first differ at bit ``bit`` (``h = 2**bit
+    < BC``, a runtime value: the levels are a loop, not unrolled copies) lie on both sides of the
+    midpoint ``m = (r // h) * h``: ``j < m <= r``. So
     ``E_rj = exp(G_r - G_m) exp(G_m - G_j)`` with both factors ``<= 1`` whatever the decay, and
     the level's pairs are one matrix product of ``X ⊙ row_f`` with ``(Y ⊙ col_f)^T``. The ``log2 BC``
     levels cover every pair ``j < r`` once; ``j = r`` (``E = 1``) is the caller's.
@@ -213,21 +222,22 @@ def _split_factors(g_cum, G, block_start, block_valid, head, H, K: tl.constexpr,
     ``[BC, BC]``: the pairs ``(r, j)`` this level computes (there ``m = m'``; elsewhere the product
     mixes two midpoints and must be dropped)."""
     sub = tl.arange(0, BC)
-    upper = ((sub // h) % 2 == 1) & (sub < block_valid)
-    mid_r = (sub // h) * h
-    mid_c = (sub // (2 * h)) * (2 * h) + h
-    lower = ((sub // h) % 2 == 0) & (mid_c < block_valid)
+    upper = (((sub >> bit) & 1) == 1) & (sub < block_valid)
+    mid_r = (sub >> bit) << bit
+    mid_c = ((sub >> (bit + 1)) << (bit + 1)) + (1 << bit)
+    lower = (((sub >> bit) & 1) == 0) & (mid_c < block_valid)
     G_mr = _load_rows(g_cum, block_start + mid_r, upper, head, H, K)
     G_mc = _load_rows(g_cum, block_start + mid_c, lower, head, H, K)
     row_f = tl.where(upper[:, None], tl.exp(tl.where(upper[:, None], G - G_mr, 0.0)), 0.0)
     col_f = tl.where(lower[:, None], tl.exp(tl.where(lower[:, None], G_mc - G, 0.0)), 0.0)
-    at_level = (sub[:, None] // h == sub[None, :] // h + 1) & (sub[:, None] // (2 * h) == sub[None, :] // (2 * h))
+    at_level = ((sub[:, None] >> bit) == (sub[None, :] >> bit) + 1) & ((sub[:, None] >> (bit + 1)) == (sub[None, :] >> (bit + 1)))
     return row_f, col_f, at_level
 
 
 @triton.jit(do_not_specialize=["num_seqs", "num_rows"])
 def kda_intra_kernel(q, k, g_cum, gram, qk, cu_seqlens, chunk_offsets, num_seqs, num_rows, H, scale,
-                     K: tl.constexpr, C: tl.constexpr, BC: tl.constexpr, PRECISION: tl.constexpr):
+                     K: tl.constexpr, C: tl.constexpr, BC: tl.constexpr, LOG2_BC: tl.constexpr,
+                     PRECISION: tl.constexpr):
     """The decayed Gram matrices of one chunk, stored row by row into ``[T, H, C]`` buffers::
 
         gram[r, j] = Σ_d k_rd k_jd exp(G_rd - G_jd)           j <  r   (other entries unspecified)
@@ -266,15 +276,14 @@ def kda_intra_kernel(q, k, g_cum, gram, qk, cu_seqlens, chunk_offsets, num_seqs,
             # The diagonal sub-block, by binary splitting (see _split_factors): one product per level.
             gram_diag = tl.zeros([BC, BC], tl.float32)
             qk_diag = tl.zeros([BC, BC], tl.float32)
-            for level in tl.static_range(8):  # h = BC / 2, BC / 4, ..., 1: log2(BC) <= 8 levels
-                if (BC // 2 >> level) >= 1:
-                    row_f, col_f, at_level = _split_factors(g_cum, G_i, chunk_start + i * BC, valid - i * BC, head,
-                                                            H, K, BC, BC // 2 >> level)
-                    k_col = k_i * col_f
-                    gram_diag += tl.where(at_level, tl.dot(k_i * row_f, tl.trans(k_col), input_precision=PRECISION),
-                                          0.0)
-                    qk_diag += tl.where(at_level, tl.dot(q_i * row_f, tl.trans(k_col), input_precision=PRECISION),
-                                        0.0)
+            for bit in range(0, LOG2_BC):  # h = 2**bit: 1, 2, ..., BC / 2
+                row_f, col_f, at_level = _split_factors(g_cum, G_i, chunk_start + i * BC, valid - i * BC, head,
+                                                        H, K, BC, bit)
+                k_col = k_i * col_f
+                gram_diag += tl.where(at_level, tl.dot(k_i * row_f, tl.trans(k_col), input_precision=PRECISION),
+                                      0.0)
+                qk_diag += tl.where(at_level, tl.dot(q_i * row_f, tl.trans(k_col), input_precision=PRECISION),
+                                    0.0)
             # j = r: E = 1 (P includes its diagonal, Γ does not).
             qk_diag += tl.where(sub[:, None] == sub[None, :], tl.sum(q_i * k_i, 1)[:, None], 0.0)
             cols_i = i * BC + sub
@@ -527,12 +536,26 @@ def kda_state_backward_kernel(g_cum, q_decayed, k_to_end, w, d_o, d_final, d_u, 
         dS = dot(tl.trans(W), (-dU).to(d_u.dtype.element_ty), dS, PRECISION)
 
 
+@triton.jit
+def _load_cols(ptr, rows, ok, head, H, D: tl.constexpr, cols):
+    """Columns ``cols`` of rows ``rows`` of head ``head`` of a contiguous ``[T, H, D]`` tensor, as
+    float32, zero where not ``ok``."""
+    offs = (rows[:, None] * H + head) * D + cols[None, :]
+    return tl.load(ptr + offs, mask=ok[:, None], other=0.0).to(tl.float32)
+
+
+@triton.jit
+def _store_cols(ptr, x, rows, ok, head, H, D: tl.constexpr, cols):
+    offs = (rows[:, None] * H + head) * D + cols[None, :]
+    tl.store(ptr + offs, x.to(ptr.dtype.element_ty), mask=ok[:, None])
+
+
 @triton.jit(do_not_specialize=["num_seqs", "num_rows"])
 def kda_chunk_backward_kernel(q, k, v, g_cum, beta, gram, inverse, u, states, d_o, d_u, d_states,
                               dv, dbeta, d_qk_out, d_gram_out, dq_part, dk_part, dG_part,
                               cu_seqlens, chunk_offsets, num_seqs, num_rows, H, scale,
-                              K: tl.constexpr, V: tl.constexpr, C: tl.constexpr, BV: tl.constexpr,
-                              PRECISION: tl.constexpr):
+                              K: tl.constexpr, V: tl.constexpr, C: tl.constexpr, BK: tl.constexpr,
+                              BV: tl.constexpr, PRECISION: tl.constexpr):
     """The per-chunk backward up to the pairwise terms, given ``dO``, ``dU`` and the state
     gradients from :func:`kda_state_backward_kernel` (equations in :func:`_kda_backward`).
     Writes the chunk's rows of ``dv`` and ``dbeta`` (final), the coefficients of the pairwise
@@ -540,7 +563,17 @@ def kda_chunk_backward_kernel(q, k, v, g_cum, beta, gram, inverse, u, states, d_
     both float32 ``[T, H, C]``, and float32 partial ``dq, dk`` and ``dL/dG`` for
     :func:`kda_pairwise_backward_kernel`. Grid ``(G_cap, H)``, flat schedule (fixed, not a
     parameter: under it, program ``(i, head)`` has chunk ``i`` of the flat chunk list, whose
-    entering state and state gradient are slot ``i`` of ``states`` and ``d_states``)."""
+    entering state and state gradient are slot ``i`` of ``states`` and ``d_states``).
+
+    The work is cut so that few tiles are live at once: first the terms that do not involve the
+    key dimension (``dP``, ``dU``'s share of ``dM``, ``dv``), one value block at a time; then, one
+    block of ``BK`` key channels at a time, the ``[C, BK]`` products with the states (``dQ_g``,
+    ``dW``, ``dK_e``, each summed over the value blocks) and everything they give column by
+    column, adding that block's share to ``dM``; last ``dA`` from the complete ``dM``. Every
+    channel of ``dq``, ``dk``, ``dG`` depends on its own column only, so the blocks are
+    independent; the ``U``, ``dU``, ``dO`` tiles are read once per key block (``K / BK`` extra
+    reads of a few KiB), and the float32 accumulators held at once shrink from three ``[C, K]``
+    to three ``[C, BK]`` (see ``_key_block``)."""
     task = first_task(cu_seqlens, cu_seqlens, chunk_offsets, num_seqs, H, num_rows, C, "flat")
     while task >= 0:
         seq_start, seq_len, chunk, head = task_at(task, cu_seqlens, chunk_offsets, num_seqs, num_rows, "flat")
@@ -551,67 +584,76 @@ def kda_chunk_backward_kernel(q, k, v, g_cum, beta, gram, inverse, u, states, d_
         b = tl.load(beta + rows * H + head, mask=ok, other=0.0).to(tl.float32)
         M = _load_square(inverse, rows, ok, head, H, C, False)
 
-        # Contractions over V, one value block at a time. Only M, beta and the accumulators are
-        # live here: the [C, K] tiles used after the loop are loaded after it, so that the loop
-        # does not hold them in registers (eight [C, K] float32 tiles overflowed the register file).
+        # 1. What does not involve the keys, one value block at a time.
         dP = tl.zeros([C, C], tl.float32)
         dM = tl.zeros([C, C], tl.float32)
-        dQg = tl.zeros([C, K], tl.float32)
-        dW = tl.zeros([C, K], tl.float32)
-        dKd = tl.zeros([C, K], tl.float32)
-        dG_last = tl.zeros([K], tl.float32)
         db = tl.zeros([C], tl.float32)
         for v_block in range(0, V // BV):
             cols = v_block * BV + tl.arange(0, BV)
-            row_offs = (rows[:, None] * H + head) * V + cols[None, :]
-            S0 = tl.load(_state_ptrs(states, slot, head, H, K, V, BV, v_block)).to(tl.float32)
-            dS1 = tl.load(_state_ptrs(d_states, slot, head, H, K, V, BV, v_block)).to(tl.float32)
-            U = tl.load(u + row_offs, mask=ok[:, None], other=0.0).to(tl.float32)  # saved by the forward
-            dU = tl.load(d_u + row_offs, mask=ok[:, None], other=0.0).to(tl.float32)
-            dO = tl.load(d_o + row_offs, mask=ok[:, None], other=0.0).to(tl.float32)
-            v_c = tl.load(v + row_offs, mask=ok[:, None], other=0.0).to(tl.float32)
+            U = _load_cols(u, rows, ok, head, H, V, cols)  # saved by the forward
+            dU = _load_cols(d_u, rows, ok, head, H, V, cols)
+            dO = _load_cols(d_o, rows, ok, head, H, V, cols)
+            v_c = _load_cols(v, rows, ok, head, H, V, cols)
             dP = tl.dot(dO, tl.trans(U), dP, input_precision=PRECISION)
-            dQg = tl.dot(dO, tl.trans(S0), dQg, input_precision=PRECISION)
-            dW = tl.dot(-dU, tl.trans(S0), dW, input_precision=PRECISION)
-            dKd = tl.dot(U, tl.trans(dS1), dKd, input_precision=PRECISION)
-            dG_last += tl.sum(S0 * dS1, 1)
             B_v = b[:, None] * v_c
             dM = tl.dot(dU, tl.trans(B_v), dM, input_precision=PRECISION)
             dB_v = tl.dot(tl.trans(M), dU, input_precision=PRECISION)
-            tl.store(dv + row_offs, (b[:, None] * dB_v).to(dv.dtype.element_ty), mask=ok[:, None])
+            _store_cols(dv, b[:, None] * dB_v, rows, ok, head, H, V, cols)
             db += tl.sum(dB_v * v_c, 1)
 
-        # Through the UT transform: W = M B_k, U_0 = M B_v, M = (I + A)^{-1}, A = Diag(beta) Γ.
-        k_c = _load_rows(k, rows, ok, head, H, K)
-        G = _load_rows(g_cum, rows, ok, head, H, K)
-        k_decayed = k_c * tl.exp(G)  # K ⊙ exp(G), exponent <= 0 (0 on padding rows, where k = 0)
-        B_k = b[:, None] * k_decayed
+        # 2. One block of key channels at a time.
+        last = seq_start + chunk * C + valid - 1  # the chunk's last row inside the sequence
+        for k_block in range(0, K // BK):
+            kcols = k_block * BK + tl.arange(0, BK)
+            dQg = tl.zeros([C, BK], tl.float32)
+            dW = tl.zeros([C, BK], tl.float32)
+            dKd = tl.zeros([C, BK], tl.float32)
+            dG_last = tl.zeros([BK], tl.float32)
+            for v_block in range(0, V // BV):
+                cols = v_block * BV + tl.arange(0, BV)
+                state_offs = (slot.to(tl.int64) * H + head) * (K * V) + kcols[:, None] * V + cols[None, :]
+                S0 = tl.load(states + state_offs).to(tl.float32)  # [BK, BV] of the entering state
+                dS1 = tl.load(d_states + state_offs).to(tl.float32)
+                U = _load_cols(u, rows, ok, head, H, V, cols)
+                dU = _load_cols(d_u, rows, ok, head, H, V, cols)
+                dO = _load_cols(d_o, rows, ok, head, H, V, cols)
+                dQg = tl.dot(dO, tl.trans(S0), dQg, input_precision=PRECISION)
+                dW = tl.dot(-dU, tl.trans(S0), dW, input_precision=PRECISION)
+                dKd = tl.dot(U, tl.trans(dS1), dKd, input_precision=PRECISION)
+                dG_last += tl.sum(S0 * dS1, 1)
+            # Through the UT transform: W = M B_k, U_0 = M B_v, M = (I + A)^{-1}, A = Diag(beta) Γ.
+            k_c = _load_cols(k, rows, ok, head, H, K, kcols)
+            G = _load_cols(g_cum, rows, ok, head, H, K, kcols)
+            decay = tl.exp(G)  # exponent <= 0 (0 on padding rows, where k = 0)
+            k_decayed = k_c * decay
+            B_k = b[:, None] * k_decayed
+            dB_k = tl.dot(tl.trans(M), dW, input_precision=PRECISION)
+            dM = tl.dot(dW, tl.trans(B_k), dM, input_precision=PRECISION)
+            db += tl.sum(dB_k * k_decayed, 1)
+            # Everything but the pairwise terms (kda_pairwise_backward_kernel adds those).
+            q_c = _load_cols(q, rows, ok, head, H, K, kcols)
+            G_last = tl.load(g_cum + (last * H + head) * K + kcols).to(tl.float32)
+            to_end = tl.exp(tl.where(ok[:, None], G_last[None, :] - G, 0.0))
+            k_to_end = k_c * to_end
+            d_q = scale * decay * dQg
+            d_k = b[:, None] * decay * dB_k + to_end * dKd
+            dG = dQg * (scale * q_c * decay) + dB_k * B_k - dKd * k_to_end  # dL/dG_r through Q_g, B_k, K_e
+            dG_tail = tl.sum(dKd * k_to_end, 0) + tl.exp(G_last) * dG_last  # through G_last
+            dG = tl.where(pos[:, None] == valid - 1, dG + dG_tail[None, :], dG)
+            _store_cols(dq_part, d_q, rows, ok, head, H, K, kcols)
+            _store_cols(dk_part, d_k, rows, ok, head, H, K, kcols)
+            _store_cols(dG_part, dG, rows, ok, head, H, K, kcols)
+
+        # 3. dA from the complete dM.
         gram_c = _load_square(gram, rows, ok, head, H, C, True)
-        dB_k = tl.dot(tl.trans(M), dW, input_precision=PRECISION)
-        dM = tl.dot(dW, tl.trans(B_k), dM, input_precision=PRECISION)
         dA = -tl.dot(tl.dot(tl.trans(M), dM, input_precision=PRECISION), tl.trans(M), input_precision=PRECISION)
         strict = (pos[None, :] < pos[:, None]) & ok[:, None]
         dA = tl.where(strict, dA, 0.0)
-        db += tl.sum(dA * gram_c, 1) + tl.sum(dB_k * k_decayed, 1)
+        db += tl.sum(dA * gram_c, 1)
         d_gram = dA * b[:, None]  # coefficient of Γ_rj = Σ_d k_rd k_jd E_rjd
         d_qk = tl.where((pos[None, :] <= pos[:, None]) & ok[:, None], dP, 0.0) * scale  # of Σ_d q_rd k_jd E_rjd
-
         _store_rows(d_qk_out, d_qk, rows, ok, head, H, C)
         _store_rows(d_gram_out, d_gram, rows, ok, head, H, C)
-
-        # Everything but the pairwise terms (kda_pairwise_backward_kernel adds those).
-        q_c = _load_rows(q, rows, ok, head, H, K)
-        G_last = _chunk_tail(g_cum, seq_start, seq_len, chunk, head, H, K, C)
-        decay = tl.exp(G)
-        k_to_end = k_c * tl.exp(tl.where(ok[:, None], G_last[None, :] - G, 0.0))
-        d_q = scale * decay * dQg
-        d_k = b[:, None] * decay * dB_k + tl.exp(tl.where(ok[:, None], G_last[None, :] - G, 0.0)) * dKd
-        dG = dQg * (scale * q_c * decay) + dB_k * B_k - dKd * k_to_end  # dL/dG_r through Q_g, B_k, K_e
-        dG_tail = tl.sum(dKd * k_to_end, 0) + tl.exp(G_last) * dG_last  # through G_last
-        dG = tl.where(pos[:, None] == valid - 1, dG + dG_tail[None, :], dG)
-        _store_rows(dq_part, d_q, rows, ok, head, H, K)
-        _store_rows(dk_part, d_k, rows, ok, head, H, K)
-        _store_rows(dG_part, dG, rows, ok, head, H, K)
         tl.store(dbeta + rows * H + head, db.to(dbeta.dtype.element_ty), mask=ok)
         task = next_task(task, cu_seqlens, chunk_offsets, num_seqs, H, "flat")
 
@@ -625,7 +667,7 @@ def _load_block(ptr, rows, ok, cols, head, H, C: tl.constexpr):
 @triton.jit(do_not_specialize=["num_seqs", "num_rows"])
 def kda_pairwise_backward_kernel(q, k, g_cum, d_qk, d_gram, dq_part, dk_part, dG_part, dq, dk, dg,
                                  cu_seqlens, chunk_offsets, num_seqs, num_rows, H, K: tl.constexpr, C: tl.constexpr,
-                                 BC: tl.constexpr, PRECISION: tl.constexpr):
+                                 BC: tl.constexpr, LOG2_BC: tl.constexpr, PRECISION: tl.constexpr):
     """The pairwise terms of the backward, then the chain through ``G = cumsum(g)``.
 
     With coefficients ``c^P_rj`` (``d_qk``: dL/dP_rj, times ``scale``) and ``c^Γ_rj``
@@ -694,25 +736,24 @@ def kda_pairwise_backward_kernel(q, k, g_cum, d_qk, d_gram, dq_part, dk_part, dG
             # is (c ⊙ at_level) (k ⊙ col_f) scaled by row_f, the column side its transpose.
             c_P = _load_block(d_qk, rows_i, ok_i, r, head, H, C)
             c_G = _load_block(d_gram, rows_i, ok_i, r, head, H, C)
-            for level in tl.static_range(8):  # h = BC / 2, BC / 4, ..., 1: log2(BC) <= 8 levels
-                if (BC // 2 >> level) >= 1:
-                    row_f, col_f, at_level = _split_factors(g_cum, G_i, chunk_start + i * BC, valid - i * BC, head,
-                                                            H, K, BC, BC // 2 >> level)
-                    cp = tl.where(at_level, c_P, 0.0)
-                    cg = tl.where(at_level, c_G, 0.0)
-                    k_col = k_i * col_f
-                    row_q += tl.dot(cp, k_col, input_precision=PRECISION) * row_f
-                    row_k += tl.dot(cg, k_col, input_precision=PRECISION) * row_f
-                    to_col = tl.dot(tl.trans(cp), q_i * row_f, input_precision=PRECISION)
-                    to_col = tl.dot(tl.trans(cg), k_i * row_f, to_col, input_precision=PRECISION)
-                    col_k += to_col * col_f
+            for bit in range(0, LOG2_BC):  # h = 2**bit: 1, 2, ..., BC / 2
+                row_f, col_f, at_level = _split_factors(g_cum, G_i, chunk_start + i * BC, valid - i * BC, head,
+                                                        H, K, BC, bit)
+                cp_level = tl.where(at_level, c_P, 0.0)
+                cg_level = tl.where(at_level, c_G, 0.0)
+                k_col = k_i * col_f
+                row_q += tl.dot(cp_level, k_col, input_precision=PRECISION) * row_f
+                row_k += tl.dot(cg_level, k_col, input_precision=PRECISION) * row_f
+                to_col = tl.dot(tl.trans(cp_level), q_i * row_f, input_precision=PRECISION)
+                to_col = tl.dot(tl.trans(cg_level), k_i * row_f, to_col, input_precision=PRECISION)
+                col_k += to_col * col_f
             # j = r: E = 1.
             on_diagonal = sub[:, None] == sub[None, :]
-            cp = tl.sum(tl.where(on_diagonal, c_P, 0.0), 1)[:, None]
-            cg = tl.sum(tl.where(on_diagonal, c_G, 0.0), 1)[:, None]
-            row_q += cp * k_i
-            row_k += cg * k_i
-            col_k += cp * q_i + cg * k_i
+            cp_diag = tl.sum(tl.where(on_diagonal, c_P, 0.0), 1)[:, None]
+            cg_diag = tl.sum(tl.where(on_diagonal, c_G, 0.0), 1)[:, None]
+            row_q += cp_diag * k_i
+            row_k += cg_diag * k_i
+            col_k += cp_diag * q_i + cg_diag * k_i
             d_q = _load_rows(dq_part, rows_i, ok_i, head, H, K) + row_q
             d_k = _load_rows(dk_part, rows_i, ok_i, head, H, K) + row_k + col_k
             dG = _load_rows(dG_part, rows_i, ok_i, head, H, K) + q_i * row_q + k_i * (row_k - col_k)
@@ -815,6 +856,14 @@ def _value_block(V: int, largest: int = 64) -> int:
     return V if INTERPRETED else min(V, largest)
 
 
+def _key_block(K: int) -> int:
+    # The per-chunk backward's key channels per block. Compiled for sm_90 at K = V = 128, C = 64,
+    # 8 warps, value blocks of 32 (scripts/kernel_resources.py), the spilled stack per thread was
+    # 2448 B with the whole K at once, 856 B with blocks of 64 and 184 B with blocks of 32; 16 in
+    # the interpreter, so that the tests (K = 32) run the split.
+    return min(K, 16 if INTERPRETED else 32)
+
+
 # In eager mode the host time of a call is part of every step, and everything _check_arguments
 # decides depends on metadata only: decide it once per call signature (as ops.kernels.varlen's
 # _PLANS does); a repeated call costs one dictionary lookup.
@@ -865,10 +914,10 @@ def _kda_forward(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, cu_se
         grid = (plan.G_cap, H)
         common = (cu_seqlens, offsets, N, T, H)
         kda_cumsum_kernel[grid](g, g_cum, *common, K=K, C=C)
-        kda_intra_kernel[grid](q, k, g_cum, gram, qk, *common, plan.scale, K=K, C=C, BC=_SUB,
-                               PRECISION=precision)
+        kda_intra_kernel[grid](q, k, g_cum, gram, qk, *common, plan.scale, K=K, C=C, BC=_SUB, LOG2_BC=_LOG2_SUB,
+                               PRECISION=precision, **_PER_CHUNK)
         kda_wy_kernel[grid](q, k, v, g_cum, beta, gram, inverse, w, u, q_decayed, k_to_end, *common, plan.scale,
-                            K=K, V=V, C=C, BC=_SUB, PRECISION=precision)
+                            K=K, V=V, C=C, BC=_SUB, PRECISION=precision, **_PER_CHUNK)
     BV = plan.value_block
     # Without a final state, `states` stands in for its pointer: STORE_FINAL=False never writes it.
     kda_state_kernel[(N, H, V // BV)](g_cum, k_to_end, w, u, states, states if final is None else final,
@@ -934,11 +983,11 @@ def _kda_backward(q: Tensor, k: Tensor, v: Tensor, g_dtype: torch.dtype, beta: T
             q, k, v, saved["g_cum"], beta, saved["gram"], saved["inverse"], saved["u"],
             saved["states"], d_o, d_u, d_states, dv, dbeta, d_qk, d_gram, dq_part, dk_part, dG_part,
             cu_seqlens, offsets, N, T, H, plan.scale,
-            K=K, V=V, C=C, BV=plan.backward_value_block, PRECISION=precision, **_CHUNK_BACKWARD,
+            K=K, V=V, C=C, BK=_key_block(K), BV=plan.backward_value_block, PRECISION=precision, **_CHUNK_BACKWARD,
         )
         kda_pairwise_backward_kernel[(plan.G_cap, H)](
             q, k, saved["g_cum"], d_qk, d_gram, dq_part, dk_part, dG_part, dq, dk, dg, cu_seqlens, offsets, N, T, H,
-            K=K, C=C, BC=_SUB, PRECISION=precision,
+            K=K, C=C, BC=_SUB, LOG2_BC=_LOG2_SUB, PRECISION=precision, **_PER_CHUNK,
         )
     return dq, dk, dv, dg, dbeta
 
