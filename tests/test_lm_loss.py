@@ -165,15 +165,22 @@ def test_one_definition_in_the_models_layer():
     assert not hasattr(distributed, "_NO_IGNORED_LABEL")
 
 
-def test_model_loss_ignores_stale_labels_past_the_active_rows():
-    """The model's loss goes through packed_lm_loss: labels on inactive capacity rows can be
-    anything (a recycled static buffer), the loss is that of the active rows alone."""
+def _small_batch():
+    """A float64 one-block model and a T = 8 batch of two sequences (3 and 2 tokens, N = 3) with
+    random ids and labels; rows 0, 1 and 3 counted."""
     torch.manual_seed(0)
     model = PackedLM(VOCAB, 8, 2, impl="reference").double()
     cu = pad_cu_seqlens(cu_seqlens_from_lengths([3, 2]), 3)
     ids = torch.randint(VOCAB, (8,))
     labels = torch.randint(VOCAB, (8,))
     mask = torch.tensor([1, 1, 0, 1, 0, 0, 0, 0], dtype=torch.bool)
+    return model, cu, ids, labels, mask
+
+
+def test_model_loss_ignores_stale_labels_past_the_active_rows():
+    """The model's loss goes through packed_lm_loss: labels on inactive capacity rows can be
+    anything (a recycled static buffer), the loss is that of the active rows alone."""
+    model, cu, ids, labels, mask = _small_batch()
     stale = labels.clone()
     stale[5:] = torch.tensor([-1, 10**9, -100])
     loss = model.loss(ids, stale, mask, cu, 3)
@@ -185,12 +192,7 @@ def test_model_loss_ignores_stale_labels_past_the_active_rows():
 def test_model_loss_names_an_input_id_outside_the_vocabulary(stray):
     """Before: an id past the vocabulary failed in the embedding with torch's bare IndexError
     ("index out of range in self"), naming neither input_ids nor the row."""
-    torch.manual_seed(0)
-    model = PackedLM(VOCAB, 8, 2, impl="reference").double()
-    cu = pad_cu_seqlens(cu_seqlens_from_lengths([3, 2]), 3)
-    ids = torch.randint(VOCAB, (8,))
-    labels = torch.randint(VOCAB, (8,))
-    mask = torch.tensor([1, 1, 0, 1, 0, 0, 0, 0], dtype=torch.bool)
+    model, cu, ids, labels, mask = _small_batch()
     bad = ids.clone()
     bad[[4, 6]] = stray
     with pytest.raises(ValueError, match=rf"^input_ids must be token ids in \[0, V\) = \[0, {VOCAB}\) \(V = the "
