@@ -250,7 +250,7 @@ def kda_intra_kernel(q, k, g_cum, gram, qk, cu_seqlens, chunk_offsets, num_seqs,
         chunk_start = seq_start + chunk * C  # packed row of position 0
         valid = tl.minimum(seq_len - chunk * C, C)  # rows of this chunk inside the sequence
         sub = tl.arange(0, BC)
-        for i in tl.static_range(C // BC):
+        for i in range(0, C // BC):  # runtime loops: unrolled, the sub-blocks' tiles stayed live together
             r = i * BC + sub  # chunk positions of sub-block i
             ok_i = r < valid
             q_i = _load_rows(q, chunk_start + r, ok_i, head, H, K)
@@ -263,7 +263,7 @@ def kda_intra_kernel(q, k, g_cum, gram, qk, cu_seqlens, chunk_offsets, num_seqs,
             k_ref = k_i * to_ref
             out = (chunk_start + r[:, None]) * H * C + head * C
             # Earlier sub-blocks: one product each, through the reference point.
-            for jb in tl.static_range(i):
+            for jb in range(0, i):
                 cols_j = jb * BC + sub
                 ok_j = cols_j < tl.where(block_ok, valid, 0)  # nothing if sub-block i is all padding
                 k_j = _load_rows(k, chunk_start + cols_j, ok_j, head, H, K)
@@ -690,7 +690,8 @@ def kda_pairwise_backward_kernel(q, k, g_cum, d_qk, d_gram, dq_part, dk_part, dG
         valid = tl.minimum(seq_len - chunk * C, C)
         sub = tl.arange(0, BC)
         later = tl.zeros([K], tl.float32)  # Σ dG over the rows after this sub-block
-        for i in tl.static_range(C // BC - 1, -1, -1):  # last sub-block first
+        for i_back in range(0, C // BC):  # last sub-block first; runtime loops (unrolled, tiles stayed live)
+            i = C // BC - 1 - i_back
             r = i * BC + sub
             ok_i = r < valid
             rows_i = chunk_start + r
@@ -703,7 +704,7 @@ def kda_pairwise_backward_kernel(q, k, g_cum, d_qk, d_gram, dq_part, dk_part, dG
             row_k = tl.zeros([BC, K], tl.float32)
             col_k = tl.zeros([BC, K], tl.float32)
             # Row side, earlier sub-blocks jb < i, through this sub-block's reference point.
-            for jb in tl.static_range(i):
+            for jb in range(0, i):
                 cols_j = jb * BC + sub
                 ok_j = cols_j < tl.where(block_ok, valid, 0)
                 k_j = _load_rows(k, chunk_start + cols_j, ok_j, head, H, K)
@@ -718,7 +719,7 @@ def kda_pairwise_backward_kernel(q, k, g_cum, d_qk, d_gram, dq_part, dk_part, dG
             row_k *= to_ref
             # Column side, later sub-blocks ib > i (their rows see this sub-block's keys), through
             # the later sub-block's reference point.
-            for ib in tl.static_range(i + 1, C // BC):
+            for ib in range(i + 1, C // BC):
                 rr = ib * BC + sub
                 ok_r = rr < valid
                 ref_r = _load_row(g_cum, chunk_start + ib * BC, ib * BC < valid, head, H, K)
