@@ -81,17 +81,22 @@ for pass in ${PASS}; do
       gpu_tests="-q -rfEs -p no:cacheprovider --timeout=120 --durations=15 -m gpu"
       timeout 400 python3 -m pytest $gpu_tests tests --ignore=tests/test_linear_attention_suite.py \
         > "$LOGS/tests_gpu.log" 2>&1 &
+      lanes=$!
       timeout 400 python3 -m pytest $gpu_tests tests/test_linear_attention_suite.py > "$LOGS/tests_gpu_la.log" 2>&1 &
+      lanes="$lanes $!"
       if [ "${UNFILTERED:-1}" = 1 ]; then
         timeout 400 python3 -m pytest -q -rfEs -p no:cacheprovider --durations=15 tests/test_kernels.py \
           tests/test_properties.py tests/test_malformed_layouts.py tests/test_kda_triton.py > "$LOGS/tests_unfiltered.log" 2>&1 &
+        lanes="$lanes $!"
       else echo "unfiltered kernel and property tests not run (UNFILTERED=0)" > "$LOGS/tests_unfiltered.log"; fi
       # Heaviest first, so that the lanes finish together (09 alone took 275-300 s in GPU mode).
       ls ${NOTEBOOKS:-notebooks/09*.ipynb notebooks/04*.ipynb notebooks/08*.ipynb notebooks/02*.ipynb \
         notebooks/06*.ipynb notebooks/10*.ipynb notebooks/05*.ipynb notebooks/03*.ipynb notebooks/07*.ipynb \
         notebooks/01*.ipynb} | NOTEBOOK_LIMIT_S=${NOTEBOOK_LIMIT_S:-420} xargs -P "${NOTEBOOK_LANES:-3}" -I{} \
         bash -c 'notebook {}'
-      wait $(jobs -p | grep -v "^$packer$")
+      # The test lanes by their PIDs: a bare `wait` (or one given nothing, if `jobs` had already
+      # dropped the finished lanes) would wait for the log packer's endless loop too.
+      wait $lanes
       kill "$packer" 2>/dev/null
       for f in "$LOGS"/tests_*.log; do echo "== $f"; grep -E "passed|failed|error" "$f" | tail -3; grep -E "^(FAILED|ERROR)" "$f"; done | tee -a "$log"
       for f in "$LOGS"/nb_*.log; do tail -1 "$f"; done | tee -a "$log"
