@@ -15,8 +15,13 @@ from hypothesis import strategies as st
 
 from attn_gym_lite.data import PackedBatch
 from attn_gym_lite.ops.attention import varlen_attention_reference
+from attn_gym_lite.ops.kernels import INTERPRETED
 from attn_gym_lite.ragged import cu_seqlens_from_lengths, pad_cu_seqlens
 from attn_gym_lite.testing.exactness import compare_gradients, exact_gradients, gradients_at_capacity
+
+# For tests that hand CPU tensors to the Triton kernels: only Triton's interpreter runs them (CI sets
+# it without a GPU); on a CUDA host the kernels refuse CPU tensors and the `gpu` tests cover them.
+CPU_KERNELS = pytest.mark.skipif(not INTERPRETED, reason="CPU tensors reach the Triton kernels only in the interpreter")
 
 FAST = settings(max_examples=30, deadline=None)
 

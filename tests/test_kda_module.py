@@ -4,6 +4,7 @@ the three cores, and argument errors."""
 
 import pytest
 import torch
+from helpers import CPU_KERNELS
 
 from attn_gym_lite.models.kda import KDA_MASK_SITES, KDA_REGIONS, KDAAttention
 from attn_gym_lite.ops.kda import kda_recurrent
@@ -13,10 +14,7 @@ from attn_gym_lite.ragged import cu_seqlens_from_lengths, pad_cu_seqlens
 from attn_gym_lite.testing.exactness import compare_gradients, exact_gradients, gradients_at_capacity
 
 IMPLS = ["chunked", "recurrent", "triton"]
-# CPU tensors reach the Triton kernels only through the interpreter (CI sets it without a GPU); on a
-# CUDA host the kernels refuse them, and the `gpu` tests below run the layer on the GPU instead.
-CPU_TRITON = pytest.mark.skipif(not INTERPRETED, reason="CPU tensors reach the Triton kernels only in the interpreter")
-IMPL_PARAMS = ["chunked", "recurrent", pytest.param("triton", marks=CPU_TRITON)]
+IMPL_PARAMS = ["chunked", "recurrent", pytest.param("triton", marks=CPU_KERNELS)]
 IMPLS_HERE = [impl for impl in IMPLS if impl != "triton" or INTERPRETED]  # for the tests that loop over them
 HIDDEN, HEADS, K, C = 32, 2, 16, 16  # small (the kernel's smallest tiles): the interpreter runs it on a CPU
 
@@ -146,7 +144,7 @@ def _forward_and_gradients(layer: KDAAttention, x: torch.Tensor, cu: torch.Tenso
     return [y, *torch.autograd.grad((y * y).sum(), [leaf, *layer.parameters()])]
 
 
-@pytest.mark.parametrize("impl", ["chunked", pytest.param("triton", marks=CPU_TRITON)])
+@pytest.mark.parametrize("impl", ["chunked", pytest.param("triton", marks=CPU_KERNELS)])
 def test_layer_marks_its_stages_as_regions_in_forward_order(impl):
     """Each of KDA_REGIONS is entered once per forward, in forward order, as a record_function range
     holding the layer's own torch ops; nothing else is entered."""

@@ -9,12 +9,12 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers import CPU_KERNELS
 
 from attn_gym_lite.bench import linear_attention as la
 from attn_gym_lite.isolation import IsolatedRunError
 from attn_gym_lite.models.kda import KDA_REGIONS
 from attn_gym_lite.ops.kda import kda_chunked
-from attn_gym_lite.ops.kernels import INTERPRETED
 from attn_gym_lite.profiling import CAPTURE_ORDER, GraphAnnotations, annotate_trace, graphs_from_capture_trace, load_trace
 from attn_gym_lite.testing.exactness import error_stats
 
@@ -129,7 +129,7 @@ def test_exactness_records_an_error_instead_of_raising():
     assert "float32/eager" in result["errors"] and "no-such-kernel" in result["errors"]["float32/eager"]
 
 
-@pytest.mark.skipif(not INTERPRETED, reason="CPU tensors reach the Triton kernels only in the interpreter")
+@CPU_KERNELS
 def test_exactness_of_the_triton_kernel_in_the_interpreter():
     result = la.exactness(48, 5, 1, 16, 16, dtypes=("float32",), layouts=2, modes=("eager",), device="cpu")
     assert result["errors"] == {}
