@@ -11,7 +11,10 @@
 #    harmless). Three test lanes: the `gpu`-marked tests without the linear-attention ones; the
 #    linear-attention `gpu` tests (slow: each runs a small suite); the kernel, property,
 #    malformed-layout and KDA kernel tests unfiltered (on the GPU). UNFILTERED=0 leaves out the
-#    last lane (when the kernels are unchanged since their last GPU run);
+#    last lane (when the kernels are unchanged since their last GPU run). TEST_IDS="a.txt b.txt":
+#    instead, one lane per file of test node ids (to finish what an earlier call cut off);
+#    NOTEBOOKS=none: no notebooks (they already ran at this code); STOP_ON_FAILURE=1: a failed test
+#    ends the call after C, so that PASS="C A" records nothing on code that just failed;
 # S: scale-out, on a host with two GPUs (NVLink multicast off in every process);
 # X: explorations, not recordings: scripts/explore_hopper_forward.py, then scripts/explore_kda.py,
 #    EXPLORE_S seconds each; EXPLORE="kda" (or "forward") runs one of them only.
@@ -78,28 +81,59 @@ for pass in ${PASS}; do
       # --durations: the slowest tests, to keep the lanes balanced. At 6d5d3ee one lane of all the
       # `gpu` tests stopped at its limit after 72 of 100 (the linear-attention suite tests are slow
       # beside the notebooks), so those run in their own lane.
-      gpu_tests="-q -rfEs -p no:cacheprovider --timeout=120 --durations=15 -m gpu"
-      timeout 400 python3 -m pytest $gpu_tests tests --ignore=tests/test_linear_attention_suite.py \
-        > "$LOGS/tests_gpu.log" 2>&1 &
-      lanes=$!
-      timeout 400 python3 -m pytest $gpu_tests tests/test_linear_attention_suite.py > "$LOGS/tests_gpu_la.log" 2>&1 &
-      lanes="$lanes $!"
-      if [ "${UNFILTERED:-1}" = 1 ]; then
-        timeout 400 python3 -m pytest -q -rfEs -p no:cacheprovider --durations=15 tests/test_kernels.py \
-          tests/test_properties.py tests/test_malformed_layouts.py tests/test_kda_triton.py > "$LOGS/tests_unfiltered.log" 2>&1 &
+      # -v names each test as it starts (a lane killed at its limit shows the test it was in), and
+      # ATTN_GYM_LITE_FAILURE_LOG (tests/conftest.py) writes each failure's report as it happens:
+      # at 81d01ba a lane killed at its limit had printed one F and no name or traceback.
+      lane() {  # lane NAME PYTEST_ARGS...: one test lane in the background, its PID added to $lanes
+        local name=$1; shift
+        ATTN_GYM_LITE_FAILURE_LOG="$LOGS/failures_$name.log" timeout "${TEST_LIMIT_S:-400}" \
+          python3 -m pytest -v -rfEs -p no:cacheprovider --timeout=120 --durations=15 "$@" > "$LOGS/tests_$name.log" 2>&1 &
         lanes="$lanes $!"
-      else echo "unfiltered kernel and property tests not run (UNFILTERED=0)" > "$LOGS/tests_unfiltered.log"; fi
+      }
+      lanes=""
+      if [ -n "${TEST_IDS:-}" ]; then
+        # TEST_IDS: files of test node ids (one per line, as `pytest --collect-only -q` prints them),
+        # one lane per file: to finish a run that an earlier call cut, without repeating what passed.
+        for ids in $TEST_IDS; do
+          mapfile -t selected < "$ids"
+          lane "$(basename "$ids" .txt)" "${selected[@]}"
+        done
+      else
+        lane gpu -m gpu tests --ignore=tests/test_linear_attention_suite.py
+        lane gpu_la -m gpu tests/test_linear_attention_suite.py
+        if [ "${UNFILTERED:-1}" = 1 ]; then
+          lane unfiltered tests/test_kernels.py tests/test_properties.py tests/test_malformed_layouts.py tests/test_kda_triton.py
+        else echo "unfiltered kernel and property tests not run (UNFILTERED=0)" > "$LOGS/tests_unfiltered.log"; fi
+      fi
       # Heaviest first, so that the lanes finish together (09 alone took 275-300 s in GPU mode).
-      ls ${NOTEBOOKS:-notebooks/09*.ipynb notebooks/04*.ipynb notebooks/08*.ipynb notebooks/02*.ipynb \
-        notebooks/06*.ipynb notebooks/10*.ipynb notebooks/05*.ipynb notebooks/03*.ipynb notebooks/07*.ipynb \
-        notebooks/01*.ipynb} | NOTEBOOK_LIMIT_S=${NOTEBOOK_LIMIT_S:-420} xargs -P "${NOTEBOOK_LANES:-3}" -I{} \
-        bash -c 'notebook {}'
+      # NOTEBOOKS=none: tests only (the notebooks already ran in GPU mode at this code).
+      if [ "${NOTEBOOKS:-}" != none ]; then
+        ls ${NOTEBOOKS:-notebooks/09*.ipynb notebooks/04*.ipynb notebooks/08*.ipynb notebooks/02*.ipynb \
+          notebooks/06*.ipynb notebooks/10*.ipynb notebooks/05*.ipynb notebooks/03*.ipynb notebooks/07*.ipynb \
+          notebooks/01*.ipynb} | NOTEBOOK_LIMIT_S=${NOTEBOOK_LIMIT_S:-420} xargs -P "${NOTEBOOK_LANES:-3}" -I{} \
+          bash -c 'notebook {}'
+      fi
       # The test lanes by their PIDs: a bare `wait` (or one given nothing, if `jobs` had already
       # dropped the finished lanes) would wait for the log packer's endless loop too.
       wait $lanes
       kill "$packer" 2>/dev/null
-      for f in "$LOGS"/tests_*.log; do echo "== $f"; grep -E "passed|failed|error" "$f" | tail -3; grep -E "^(FAILED|ERROR)" "$f"; done | tee -a "$log"
-      for f in "$LOGS"/nb_*.log; do tail -1 "$f"; done | tee -a "$log"
+      for f in "$LOGS"/tests_*.log; do
+        echo "== $f"
+        if summary=$(grep -E "^=*.* in [0-9.]+s" "$f" | tail -1) && [ -n "$summary" ]; then
+          echo "$summary"
+          grep -E "^(FAILED|ERROR) " "$f" | head -20
+        else  # no pytest summary: killed at its limit (then -v's last line names the test), or never started
+          echo "no summary (cut at its limit, or pytest did not start); last lines:"; tail -3 "$f"
+        fi
+      done | tee -a "$log"
+      cat "$LOGS"/failures_*.log 2>/dev/null | head -c 6000 | tee -a "$log"
+      for f in "$LOGS"/nb_*.log; do tail -1 "$f"; done 2>/dev/null | tee -a "$log"
+      # STOP_ON_FAILURE=1 (with PASS="C A", say): a failing test skips the recording passes after C.
+      if [ "${STOP_ON_FAILURE:-0}" = 1 ] && { cat "$LOGS"/failures_*.log 2>/dev/null | grep -q . \
+          || grep -qE "^(ERROR|usage):|[0-9]+ (failed|errors?) " "$LOGS"/tests_*.log; }; then
+        echo "pass C: a test failed, so the passes after it do not run (STOP_ON_FAILURE=1)" | tee -a "$log"
+        stop=1
+      fi
       echo "pass C: $((SECONDS - start)) s" | tee -a "$log"
       python3 - <<'PY' >> "$log"
 import json, glob
@@ -127,4 +161,5 @@ PY
   esac
   ls -la "$REC" | tee -a "$log"
   pack_logs
+  if [ "${stop:-0}" = 1 ]; then exit 3; fi
 done

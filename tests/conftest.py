@@ -20,6 +20,16 @@ def pytest_collection_modifyitems(items):
             item.add_marker(pytest.mark.skip(reason="needs a CUDA device"))
 
 
+def pytest_runtest_logreport(report):
+    """With ``ATTN_GYM_LITE_FAILURE_LOG`` set, append each failure's report to that file as it
+    happens: pytest prints tracebacks only at the end of the run, which a run killed at its time
+    limit on the GPU host never reaches (scripts/gpu_record.sh sets it per test lane)."""
+    path = os.environ.get("ATTN_GYM_LITE_FAILURE_LOG")
+    if path and report.failed:
+        with open(path, "a") as file:
+            file.write(f"=== {report.nodeid} ({report.when}, {report.duration:.1f} s)\n{report.longreprtext}\n\n")
+
+
 @pytest.fixture(autouse=True)
 def _close_figures():
     """Close the figures a test drew (pyplot keeps every open figure alive and warns past 20)."""
