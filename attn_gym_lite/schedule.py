@@ -28,7 +28,7 @@ from collections.abc import Sequence
 
 import torch
 
-from .checks import check_cu_seqlens, check_int, host_values
+from .checks import INT32_MAX, check_choice, check_cu_seqlens, check_int, check_int_sequence
 
 Tensor = torch.Tensor
 
@@ -54,10 +54,12 @@ _INTERPRETER_SMS = 4
 
 
 def _lengths(lengths: Tensor | Sequence[int]) -> list[int]:
-    values = host_values("lengths", lengths).tolist() if isinstance(lengths, Tensor) else list(lengths)
-    for i, s in enumerate(values):
-        check_int(f"lengths[{i}]", s, minimum=0)
-    return values
+    # No lengths at all is M = 0 sequences (G_active = 0); anything else is read entry by entry.
+    empty_tensor = (isinstance(lengths, Tensor) and lengths.shape == (0,) and not lengths.is_floating_point()
+                    and not lengths.is_complex() and lengths.dtype != torch.bool)
+    if empty_tensor or (isinstance(lengths, (list, tuple, range)) and len(lengths) == 0):
+        return []
+    return check_int_sequence("lengths", lengths, minimum=0)
 
 
 # -----------------------------------------------------------------------------
@@ -86,11 +88,13 @@ def G_active(lengths: Tensor | Sequence[int], C: int) -> int:
 
     Args:
         lengths: sequence lengths ``s_i`` in tokens (ints ``>= 0``, or a 1-D integer tensor, read
-            on the host: eager only). Empty slots count 0.
+            on the host: eager only). Empty slots count 0; an empty list gives 0.
         C: chunk size in tokens, ``>= 1``.
 
     Raises:
-        TypeError / ValueError: a length or ``C`` is not an int in range.
+        TypeError: ``lengths`` is not a sequence of ints or an integer tensor (a float tensor is
+            refused, not truncated), or ``C`` is not an int.
+        ValueError: a length is negative, ``C < 1``, or ``lengths`` is a meta tensor.
 
     Source: seed article, "The anatomy of a ragged kernel".
     """
@@ -220,26 +224,31 @@ def launch_grid(
             the persistent grid.
 
     Raises:
-        ValueError: unknown ``schedule``, ``max_seqlen`` missing for ``"rect"`` or given to
-            another schedule.
-        TypeError / ValueError: a count is not an int in range.
+        ValueError: unknown ``schedule`` (``"auto"`` included), ``max_seqlen`` missing for
+            ``"rect"`` or given to another schedule.
+        TypeError / ValueError: a count is not an int in range: each of ``T, N, C, heads,
+            num_sms, ctas_per_sm`` is checked for every schedule, also where its grid does not
+            read it.
     """
+    check_choice("schedule", schedule, ("rect", "flat", "persistent", "dynamic"))
+    # Every count is checked whichever schedule uses it: a bad one is a slip in the caller's code
+    # even where this schedule's grid does not read it.
+    T, N, C = check_int("T", T, minimum=0), check_int("N", N, minimum=1), check_int("C", C, minimum=1)
+    heads = check_int("heads", heads, minimum=1)
+    num_sms = check_int("num_sms", num_sms, minimum=1)
+    ctas_per_sm = check_int("ctas_per_sm", ctas_per_sm, minimum=1)
     if schedule == "rect":
         if max_seqlen is None:
             raise ValueError("max_seqlen must be an int >= 1 for schedule='rect', got None")
-        chunks = -(-check_int("max_seqlen", max_seqlen, minimum=1) // check_int("C", C, minimum=1))
-        return (chunks, check_int("N", N, minimum=1), check_int("heads", heads, minimum=1))
+        return (-(-check_int("max_seqlen", max_seqlen, minimum=1) // C), N, heads)
     if max_seqlen is not None:
         raise ValueError(
             f"max_seqlen is only used by schedule='rect'; schedule={schedule!r} reads the work "
             f"from chunk_offsets on the device, got max_seqlen={max_seqlen!r}"
         )
     if schedule == "flat":
-        return (chunk_capacity(T, N, C), check_int("heads", heads, minimum=1))
-    if schedule in ("persistent", "dynamic"):
-        tasks = chunk_capacity(T, N, C) * check_int("heads", heads, minimum=1)
-        return (persistent_workers(tasks, num_sms, ctas_per_sm),)
-    raise ValueError(f"schedule must be one of 'rect', 'flat', 'persistent', 'dynamic', got {schedule!r}")
+        return (chunk_capacity(T, N, C), heads)
+    return (persistent_workers(chunk_capacity(T, N, C) * heads, num_sms, ctas_per_sm),)
 
 
 # -----------------------------------------------------------------------------
@@ -260,7 +269,8 @@ def chunk_offsets(cu_seqlens: Tensor, C: int) -> Tensor:
 
     Args:
         cu_seqlens: int32 ``[N + 1]`` prefix sums, any device.
-        C: chunk size in tokens, ``>= 1``.
+        C: chunk size in tokens, ``>= 1`` (any size: the ceilings are taken in int64, so a ``C``
+            near or past ``2**31`` gives 1 chunk per non-empty sequence, not a wrapped int32).
 
     Returns:
         int32 ``[N + 1]`` on ``cu_seqlens``'s device; the last entry is ``G_active``. Empty slots
@@ -276,7 +286,10 @@ def chunk_offsets(cu_seqlens: Tensor, C: int) -> Tensor:
     C = check_int("C", C, minimum=1)
     # Prepending cu_seqlens[0] makes the first "length" 0, so the cumsum starts at 0 and no
     # separate concatenation is needed.
-    lengths = torch.diff(cu_seqlens, prepend=cu_seqlens[:1])
+    # In int64: `lengths + (C - 1)` wraps in int32 once C nears 2**31. A C past INT32_MAX covers
+    # any int32 length in one chunk, as INT32_MAX does, so it is capped there (no int64 overflow).
+    C = min(C, INT32_MAX)
+    lengths = torch.diff(cu_seqlens, prepend=cu_seqlens[:1]).to(torch.int64)
     chunks = torch.div(lengths + (C - 1), C, rounding_mode="floor")
     return chunks.cumsum(0, dtype=torch.int32)
 
@@ -292,20 +305,25 @@ def decode_chunk(chunk_offsets: Sequence[int] | Tensor, cu_seqlens: Sequence[int
     cu_seqlens[sequence] + local_chunk * C``.
 
     Args:
-        chunk_offsets: the ``N + 1`` offsets of :func:`chunk_offsets` (list or tensor, read on the
-            host).
-        cu_seqlens: the matching ``N + 1`` prefix sums.
-        flat_chunk: an index in ``[0, G_active)``.
-        C: the chunk size the offsets were built with.
+        chunk_offsets: the ``N + 1`` offsets of :func:`chunk_offsets` (ints, or a 1-D integer
+            tensor read on the host).
+        cu_seqlens: the matching ``N + 1`` prefix sums (ints or a 1-D integer tensor).
+        flat_chunk: an int index in ``[0, G_active)``.
+        C: the chunk size the offsets were built with, ``>= 1``.
 
     Raises:
-        ValueError: ``flat_chunk`` outside ``[0, G_active)``, or the two prefix sums differ in
-            length.
+        TypeError: ``chunk_offsets`` or ``cu_seqlens`` is not a sequence of ints or an integer
+            tensor (a float tensor is refused), or ``flat_chunk`` or ``C`` is not an int
+            (``True``, ``0.5``, ``"0"``).
+        ValueError: either prefix sum is empty, they differ in length, ``C < 1``, or
+            ``flat_chunk`` is outside ``[0, G_active)``.
 
     Source: seed article, "Scheduling without max_seqlen" (``search_first_greater``).
     """
-    offsets = host_values("chunk_offsets", chunk_offsets).tolist() if isinstance(chunk_offsets, Tensor) else list(chunk_offsets)
-    bounds = host_values("cu_seqlens", cu_seqlens).tolist() if isinstance(cu_seqlens, Tensor) else list(cu_seqlens)
+    offsets = check_int_sequence("chunk_offsets", chunk_offsets)
+    bounds = check_int_sequence("cu_seqlens", cu_seqlens)
+    flat_chunk = check_int("flat_chunk", flat_chunk)
+    C = check_int("C", C, minimum=1)
     if len(offsets) != len(bounds):
         raise ValueError(
             f"chunk_offsets must have as many entries as cu_seqlens ({len(bounds)}), got {len(offsets)}"
@@ -321,7 +339,7 @@ def decode_chunk(chunk_offsets: Sequence[int] | Tensor, cu_seqlens: Sequence[int
         else:
             hi = mid
     local = flat_chunk - offsets[lo]
-    return lo, local, bounds[lo] + local * check_int("C", C, minimum=1)
+    return lo, local, bounds[lo] + local * C
 
 
 def grid_sizes(T: int, N: int, lengths, C: int, heads: int, num_sms: int, ctas_per_sm: int = 1) -> dict:

@@ -1,8 +1,10 @@
 """Grid arithmetic and chunk decoding (attn_gym_lite.schedule): the seed's worked example, the
 capacity bound for every layout, and the oracle decoding every chunk exactly once."""
 
+import itertools
 import math
 
+import numpy as np
 import pytest
 import torch
 from hypothesis import given, settings
@@ -230,3 +232,54 @@ def test_num_sms_names_a_bad_device():
         past = f"cuda:{torch.cuda.device_count()}"
         with pytest.raises(ValueError, match=rf"device must be a CUDA device index below .*, got '{past}'"):
             num_sms(past)
+
+
+def test_length_lists_are_checked_not_truncated():
+    # A float tensor was read through an int64 cast: [1.5, 2.7] counted as [1, 2], 3 chunks.
+    with pytest.raises(TypeError, match="lengths must be a sequence of ints, got a torch.float32 tensor"):
+        G_active(torch.tensor([1.5, 2.7]), 1)
+    with pytest.raises(TypeError, match="lengths must be a sequence of ints, got NoneType"):
+        G_active(None, 4)
+    with pytest.raises(TypeError, match="lengths must be a sequence of ints, got a torch.bool tensor"):
+        G_active(torch.tensor([True, False]), 1)
+    # No lengths is no chunks; integer arrays and tensors count like lists, as a Python int.
+    assert G_active([], 4) == G_active(torch.zeros(0, dtype=torch.int64), 4) == 0
+    count = G_active(np.array([3, 4]), 2)
+    assert type(count) is int and count == sum(math.ceil(s / 2) for s in (3, 4))
+
+
+def test_decode_chunk_checks_its_index_and_prefix_sums():
+    for bad in (True, 0.5, "0", None):
+        with pytest.raises(TypeError, match=f"flat_chunk must be an int, got {bad!r}"):
+            decode_chunk([0, 2, 3], [0, 65, 128], bad, 64)
+    with pytest.raises(ValueError, match="chunk_offsets must hold at least one int, got none"):
+        decode_chunk([], [], 0, 64)
+    with pytest.raises(TypeError, match="chunk_offsets must be a sequence of ints, got a torch.float32 tensor"):
+        decode_chunk(torch.tensor([0.0, 2.0, 3.0]), [0, 65, 128], 1, 64)
+    with pytest.raises(TypeError, match="cu_seqlens must be a sequence of ints, got NoneType"):
+        decode_chunk([0, 2, 3], None, 1, 64)
+    with pytest.raises(ValueError, match="C must be an int >= 1, got 0"):
+        decode_chunk([0, 2, 3], [0, 65, 128], 1, 0)
+    # Tensors decode like lists: chunk 1 is the second chunk of sequence 0, at token 64.
+    cu = torch.tensor([0, 65, 128], dtype=torch.int32)
+    assert decode_chunk(chunk_offsets(cu, 64), cu, 1, 64) == (0, 1, 64)
+
+
+def test_chunk_offsets_of_a_huge_chunk_do_not_wrap():
+    # int32 arithmetic wrapped: C = 2**31 gave [-1, -1], C = 2**40 a ZeroDivisionError.
+    cu = torch.tensor([0, 3, 3, 10], dtype=torch.int32)
+    for C in (2**31 - 1, 2**31, 2**40):
+        expected = [0] + list(itertools.accumulate(math.ceil(s / C) for s in (3, 0, 7)))
+        assert chunk_offsets(cu, C).tolist() == expected == [0, 1, 1, 2]
+
+
+def test_launch_grid_checks_every_count_for_every_schedule():
+    sizes = dict(T=8, N=2, C=4, heads=1, num_sms=1, ctas_per_sm=1)
+    with pytest.raises(TypeError, match="T must be an int >= 0, got 'x'"):
+        launch_grid("rect", **{**sizes, "T": "x"}, max_seqlen=3)
+    with pytest.raises(TypeError, match="num_sms must be an int >= 1, got None"):
+        launch_grid("rect", **{**sizes, "num_sms": None}, max_seqlen=3)
+    with pytest.raises(ValueError, match="ctas_per_sm must be an int >= 1, got 0"):
+        launch_grid("flat", **{**sizes, "ctas_per_sm": 0})
+    with pytest.raises(ValueError, match=r"schedule must be one of \('rect', 'flat', 'persistent', 'dynamic'\), got 'auto'"):
+        launch_grid("auto", **sizes)
