@@ -316,17 +316,23 @@ def check_tensor(argument: str, value: object, *, ndim: int | None = None, shape
 
 
 def check_qkv(q: object, k: object, v: object, dtypes: Collection[torch.dtype]) -> None:
-    """``q, k, v`` of one shape ``[T, H, D]``, one dtype (one of ``dtypes``) and one device.
+    """``q, k, v`` of one shape ``[T, H, D]`` with ``H >= 1`` and ``D >= 1`` (``T = 0`` is an
+    empty batch), one dtype (one of ``dtypes``) and one device.
 
     Raises:
         TypeError: not tensors, or a dtype outside ``dtypes``, or dtypes that differ.
-        ValueError: not 3-D, or shapes or devices that differ.
+        ValueError: not 3-D, no heads or an empty head dim (``H = 0``, ``D = 0``: the softmax
+            scale ``1 / sqrt(D)`` has no value), or shapes or devices that differ.
     """
     for name, x in (("q", q), ("k", k), ("v", v)):
         check_tensor(name, x, ndim=3, shape="[T, H, D]", dtypes=dtypes)
     if not (q.shape == k.shape == v.shape):
         raise ValueError(
             f"q, k, v must have one shape [T, H, D], got {tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}"
+        )
+    if q.shape[1] < 1 or q.shape[2] < 1:
+        raise ValueError(
+            f"q, k, v must have shape [T, H, D] with H >= 1 heads and head dim D >= 1, got {tuple(q.shape)}"
         )
     if not (q.dtype == k.dtype == v.dtype):
         raise TypeError(f"q, k, v must have one dtype, got {q.dtype}, {k.dtype}, {v.dtype}")

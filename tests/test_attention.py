@@ -342,3 +342,30 @@ def test_the_reference_path_in_a_capture_says_it_was_chosen_and_why(impl, head_d
     with pytest.raises(RuntimeError, match=r"varlen_attention chose the reference implementation \(" + why):
         capture_graph(step, warmup=1)
     assert calls == [False, True]  # eager warm-up ran; the capture is what was refused
+
+
+def test_empty_heads_and_head_dims_are_refused_by_name():
+    # D = 0 raised a bare ZeroDivisionError (the scale 1 / sqrt(D)); H = 0 a message about "heads".
+    cu = cu_seqlens_from_lengths([4])
+    for shape in ((4, 2, 0), (4, 0, 16)):
+        x = torch.randn(shape)
+        for fn in (varlen_attention, varlen_attention_reference):
+            with pytest.raises(ValueError, match=rf"q, k, v must have shape \[T, H, D\] with H >= 1 heads and head "
+                                                 rf"dim D >= 1, got \({shape[0]}, {shape[1]}, {shape[2]}\)"):
+                fn(x, x, x, cu)
+    # T = 0 (an empty batch) is still computed: nothing to attend to.
+    empty = torch.randn(0, 2, 16)
+    assert varlen_attention_reference(empty, empty, empty, cu_seqlens_from_lengths([0])).shape == (0, 2, 16)
+
+
+def test_options_are_checked_for_every_impl():
+    q = torch.randn(4, 2, 8)
+    cu = cu_seqlens_from_lengths([4])
+    # The reference path handed causal to SDPA unchecked (torch's message named 'is_causal'), and
+    # took any config although config is checked where "triton" reads it.
+    for bad in ("no", None, 1):
+        with pytest.raises(TypeError, match=f"causal must be a bool, got {bad!r}"):
+            varlen_attention_reference(q, q, q, cu, causal=bad)
+    for impl in ("reference", "sdpa", "auto"):
+        with pytest.raises(TypeError, match="config must be an AttentionConfig or None, got dict"):
+            varlen_attention(q, q, q, cu, impl=impl, max_seqlen=4, config={})

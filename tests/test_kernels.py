@@ -5,6 +5,8 @@ repeated tail, empty sequences in the middle, L = 0, sequences of one token, one
 Without a GPU the kernels run in Triton's interpreter on CPU tensors (conftest sets
 TRITON_INTERPRET=1), in float32 with 16-row tiles; with one they run compiled, in bfloat16."""
 
+import math
+
 import pytest
 import torch
 import triton
@@ -384,3 +386,17 @@ def test_launch_chunk_offsets_allocates_by_default_and_refuses_bad_buffers():
         launch_chunk_offsets(cu, 64, out=torch.empty(5, dtype=torch.int64, device=DEVICE))
     with pytest.raises(ValueError, match="chunk_size must be an int >= 1, got 0"):
         launch_chunk_offsets(cu, 0)
+
+
+def test_a_rect_bound_past_T_sizes_the_grid_as_T_does():
+    # max_seqlen = 2**40 asked for ceil(2**40 / 16) CTAs per sequence: the interpreter crashed,
+    # and no GPU launches a grid dimension past 2**31 - 1. No sequence is longer than T.
+    from attn_gym_lite.ops.kernels import varlen
+
+    q, k, v, _, cu = make_inputs([40, 8, 0], 3, rows=48)
+    plan = varlen._plan(q, k, v, cu, False, "rect", 2**40, False, None)
+    assert plan.forward.grid == varlen._plan(q, k, v, cu, False, "rect", 48, False, None).forward.grid
+    assert plan.forward.grid[0] == math.ceil(48 / plan.forward.config.block_m)
+    out = varlen_attention_triton(q, k, v, cu, schedule="rect", max_seqlen=2**40)
+    ref = varlen_attention_reference(q.double(), k.double(), v.double(), cu)
+    assert (out[:48].double() - ref).abs().max() <= RTOL * ref.abs().max()

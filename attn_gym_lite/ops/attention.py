@@ -141,8 +141,10 @@ def varlen_attention(
         ``zero_inactive``; none for ``"sdpa"`` (its ``L`` is ``T``).
 
     Raises:
-        TypeError: a tensor argument is not a tensor or has the wrong dtype; a flag is not a bool.
-        ValueError: shapes or devices disagree; ``cu_seqlens`` breaks a layout rule (1-D, int32,
+        TypeError: a tensor argument is not a tensor or has the wrong dtype; a flag is not a bool;
+            ``config`` is not an :class:`~attn_gym_lite.ops.kernels.AttentionConfig` or ``None``
+            (for every ``impl``, not only ``"triton"``).
+        ValueError: shapes or devices disagree, or ``H`` or ``D`` is zero; ``cu_seqlens`` breaks a layout rule (1-D, int32,
             contiguous, ``N + 1 >= 2``), or (validated: for ``"reference"``, for a CPU
             ``cu_seqlens``, and where ``max_seqlen`` is used) a value rule (starts at 0, never
             decreases, ``L <= T``); ``max_seqlen`` is missing where needed, given where refused, or
@@ -162,6 +164,11 @@ def varlen_attention(
     checks.check_bool("zero_inactive", zero_inactive)
     checks.check_bool("validate", validate)
     checks.check_choice("schedule", schedule, SCHEDULES)
+    if config is not None:  # checked for every impl, as the flags are, though only "triton" reads it
+        from .kernels import AttentionConfig
+
+        if not isinstance(config, AttentionConfig):
+            raise TypeError(f"config must be an AttentionConfig or None, got {type(config).__name__}")
     requested = impl
     impl = _checked_impl(impl, q, k, v, cu_seqlens)
     if max_seqlen is not None:
@@ -269,13 +276,15 @@ def varlen_attention_reference(
 
     Raises:
         TypeError / ValueError: ``q, k, v`` not ``[T, H, D]`` tensors of one floating dtype and
-            device (:func:`attn_gym_lite.checks.check_qkv`); ``cu_seqlens`` breaking the layout
+            device, ``H`` or ``D`` zero (:func:`attn_gym_lite.checks.check_qkv`); ``causal`` not a
+            bool (TypeError); ``cu_seqlens`` breaking the layout
             or value rules (:func:`attn_gym_lite.checks.check_cu_seqlens_values`, with ``T``), or
             on a device other than the CPU and ``q``'s.
         RuntimeError: called while a CUDA stream is capturing.
 
     Source: the FlashAttention varlen convention (``cu_seqlens`` prefix sums).
     """
+    checks.check_bool("causal", causal)
     checks.check_qkv(q, k, v, _DTYPES)
     # cu_seqlens is read on the host, so the CPU is as good as q's device (and lets q live on the
     # "meta" device, e.g. to count FLOPs).

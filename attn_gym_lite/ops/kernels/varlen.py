@@ -251,7 +251,8 @@ def varlen_attention_triton(
             * ``"dynamic"``: as many workers, taking tasks from a counter in device memory.
             * ``"auto"``: per kernel, ``"flat"`` if its capacity fits in one wave of resident
               CTAs, else ``"dynamic"`` (a static choice, fixed at capture).
-        max_seqlen: ``>=`` the longest sequence, in tokens; only with ``schedule="rect"``.
+        max_seqlen: ``>=`` the longest sequence, in tokens; only with ``schedule="rect"``. A bound
+            past ``T`` is accepted and sizes the grid as ``T`` does (no sequence is longer).
         zero_inactive: write zeros to rows ``L..T-1`` of the output and of the gradients of
             ``q, k, v``, reading ``L`` on the device. The default leaves them unspecified (like
             torch's ``varlen_attn``) and saves writing ``4 (T - L) H D`` elements per step: the
@@ -318,6 +319,10 @@ def _plan(q: Tensor, k: Tensor, v: Tensor, cu_seqlens: Tensor, causal: bool, sch
     T, H, _ = q.shape
     N = cu_seqlens.numel() - 1
     sms = num_sms(q.device)
+    # No sequence is longer than the T rows: a larger bound only adds CTAs that exit at once
+    # (2**40 asked for a grid no GPU launches, and hung the interpreter), so the grid stops at T.
+    if max_seqlen is not None:
+        max_seqlen = min(max_seqlen, max(T, 1))
     sizes = dict(T=T, N=N, H=H, max_seqlen=max_seqlen, sms=sms)
     forward = _launch(schedule, config.forward.block_m, config.forward, **sizes)
     dq = _launch(schedule, config.dq.block_m, config.dq, **sizes)
