@@ -28,7 +28,14 @@ from collections.abc import Sequence
 import torch
 
 from .checks import INT32_MAX as _INT32_MAX
-from .checks import check_cu_seqlens, check_cu_seqlens_values, check_host_cu_seqlens_values, check_int, check_real
+from .checks import (
+    check_cu_seqlens,
+    check_cu_seqlens_values,
+    check_host_cu_seqlens_values,
+    check_int,
+    check_real,
+    host_values,
+)
 
 Tensor = torch.Tensor
 
@@ -79,10 +86,11 @@ def cu_seqlens_from_lengths(
 
     Raises:
         TypeError: ``lengths`` is neither a 1-D integer tensor nor a sequence of ints.
-        ValueError: ``lengths`` is empty or not 1-D, an entry is negative, or the total
-            exceeds the int32 range.
+        ValueError: ``lengths`` is empty or not 1-D, a meta tensor (no values to read), an
+            entry is negative or past the int32 range, or the total exceeds the int32 range.
 
-    Eager: reads ``lengths`` on the host to check them. Source: FlashAttention varlen
+    Eager: reads ``lengths`` on the host to check them, and builds the result there before
+    moving it to ``device`` (so ``device="meta"`` gives a meta tensor). Source: FlashAttention varlen
     convention; seed article, section "What are ragged kernels?".
     """
     if isinstance(lengths, Tensor):
@@ -93,14 +101,17 @@ def cu_seqlens_from_lengths(
             raise ValueError(
                 f"lengths must be 1-D with shape [M], got shape {tuple(lengths.shape)}"
             )
-        # int64 so that the running sum cannot wrap before we check it against int32.
-        lengths64 = lengths.to(dtype=torch.int64, device=device)
+        # Checked on the host (one read, as before: the checks below read every length), in int64
+        # so that the running sum cannot wrap before it is checked against int32.
+        target = lengths.device if device is None else device
+        lengths64 = host_values("lengths", lengths)
     elif isinstance(lengths, Sequence) and not isinstance(lengths, (str, bytes)):
         for i, value in enumerate(lengths):
-            check_int(f"lengths[{i}]", value)
-        lengths64 = torch.tensor(
-            [int(value) for value in lengths], dtype=torch.int64, device=device
-        )
+            value = check_int(f"lengths[{i}]", value)
+            if not -(2**63) <= value < 2**63:  # no int64 holds it: refused here, naming the entry
+                check_int(f"lengths[{i}]", value, minimum=0, maximum=_INT32_MAX)
+        target = "cpu" if device is None else device
+        lengths64 = torch.tensor([int(value) for value in lengths], dtype=torch.int64)
     else:
         raise TypeError(
             f"lengths must be a 1-D integer tensor or a sequence of ints, "
@@ -121,7 +132,7 @@ def cu_seqlens_from_lengths(
             f"sum of lengths must fit in int32 (<= {_INT32_MAX}), the cu_seqlens dtype, "
             f"got {int(ends[-1])}"
         )
-    return torch.cat((ends.new_zeros(1), ends)).to(torch.int32)
+    return torch.cat((ends.new_zeros(1), ends)).to(device=target, dtype=torch.int32)
 
 
 def lengths_from_cu_seqlens(cu_seqlens: Tensor) -> Tensor:

@@ -494,3 +494,21 @@ def test_active_token_mask_is_rebuilt_on_every_graph_replay():
         graph.replay()
         torch.cuda.synchronize()
         assert mask.cpu().tolist() == [t < active_tokens for t in range(8)]
+
+
+def test_lengths_are_read_on_the_host_whatever_their_device():
+    # A meta tensor failed inside torch.nonzero (NotImplementedError); so did packing meta
+    # sequences, whose lengths are ints but whose cu_seqlens was built on the meta device.
+    with pytest.raises(ValueError, match=r"lengths must hold values .* got a meta tensor of shape \(2,\)"):
+        cu_seqlens_from_lengths(torch.tensor([1, 2], device="meta"))
+    meta = cu_seqlens_from_lengths([1, 2], device="meta")
+    assert meta.is_meta and meta.shape == (3,) and meta.dtype == torch.int32
+    packed, cu = pack_sequences([torch.ones(2, 4, device="meta"), torch.ones(3, 4, device="meta")])
+    assert packed.shape == (5, 4) and cu.is_meta and cu.shape == (3,)
+    # An entry past int64 raised torch's unnamed 'Overflow when unpacking long long'.
+    with pytest.raises(ValueError, match=rf"lengths\[1\] must be an int in \[0, {2**31 - 1}\], got {2**70}"):
+        cu_seqlens_from_lengths([1, 2**70])
+    # Values and devices as before: the prefix sums of the lengths, on the lengths' device.
+    lengths = torch.tensor([3, 0, 5], dtype=torch.int16)
+    assert cu_seqlens_from_lengths(lengths).tolist() == [0, 3, 3, 8]
+    assert cu_seqlens_from_lengths(lengths).dtype == torch.int32
