@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 from helpers import calling
 
-from attn_gym_lite.models import PackedLM, VarLenAttention
+from attn_gym_lite.models import PackedLM, PackedTransformer, VarLenAttention
 from attn_gym_lite.ops.attention import varlen_attention_reference
 from attn_gym_lite.ragged import cu_seqlens_from_lengths, pad_cu_seqlens
 
@@ -274,3 +274,32 @@ def test_every_forward_documents_its_shapes_and_errors():
         assert doc is not None and doc is not torch.nn.Module.forward.__doc__
         for words in ("int64 ``[T]``", "int32 ``[N + 1]``", "max_seqlen", "``[T, vocab_size]``", "Raises:"):
             assert words in doc, (type(model).__name__, words)
+
+
+def test_model_sizes_are_checked_where_the_model_is_built():
+    # PackedLM built an embedding of 0 rows for vocab_size=0 and failed inside torch for -1, 2.5
+    # or True; PackedTransformer checked vocab_size but computed its MLP width from an unchecked
+    # mlp_ratio and dim (NaN: 'cannot convert float NaN to integer'; -1: 'hidden must be ...').
+    for bad, error in ((0, ValueError), (-1, ValueError), (2.5, TypeError), (True, TypeError)):
+        with pytest.raises(error, match=f"vocab_size must be an int >= 1, got {bad!r}"):
+            PackedLM(bad, 32, 2)
+    for bad, error in ((float("nan"), ValueError), (-1, ValueError), ("2", TypeError), (None, TypeError)):
+        with pytest.raises(error, match=r"mlp_ratio must be a finite real number >= 0"):
+            PackedTransformer(10, 32, 2, 1, mlp_ratio=bad)
+    with pytest.raises(ValueError, match=r"mlp_ratio must give a hidden width int\(mlp_ratio \* dim\) >= 1, "
+                                         r"got mlp_ratio=0.01 with dim=32: 0"):
+        PackedTransformer(10, 32, 2, 1, mlp_ratio=0.01)
+    with pytest.raises(ValueError, match="VarLenAttention: dim must be a positive multiple of num_heads, got dim='32'"):
+        PackedTransformer(10, "32", 2, 1)
+    # The width is still mlp_ratio * dim rounded up to a multiple of 64.
+    model = PackedTransformer(10, 32, 2, 1, mlp_ratio=2.5)
+    assert model.blocks[0].down.in_features == math.ceil(2.5 * 32 / 64) * 64
+
+
+def test_rope_base_is_checked_at_construction():
+    # rope_base='x' was stored and failed at the first forward, inside rotary_tables.
+    with pytest.raises(TypeError, match="rope_base must be a finite real number >= 1.000000001, got 'x'"):
+        VarLenAttention(32, 2, rotary=True, rope_base="x")
+    with pytest.raises(ValueError, match="rope_base must be a finite real number >= 1.000000001, got 0.5"):
+        VarLenAttention(32, 2, rotary=True, rope_base=0.5)
+    assert VarLenAttention(32, 2, rotary=True, rope_base=500).rope_base == 500.0

@@ -14,7 +14,7 @@ from torch import nn
 from ..checks import check_bool, check_choice
 from ..ops.attention import IMPLEMENTATIONS, TRITON_HEAD_DIMS, needs_max_seqlen, varlen_attention
 from ..ops.masking import active_token_mask, mask_inactive_token_gradients, mask_inactive_tokens
-from ..ops.rotary import apply_rotary, rotary_tables
+from ..ops.rotary import apply_rotary, check_base, rotary_tables
 from ..ragged import positions_in_sequence
 from ..schedule import SCHEDULES
 
@@ -83,7 +83,10 @@ class VarLenAttention(nn.Module):
     Raises:
         ValueError: ``dim`` is not a positive multiple of ``num_heads``; ``impl="triton"`` with a
             head dim ``dim // num_heads`` not in 16, 32, 64, 128 (the message names ``dim``,
-            ``num_heads`` and the head dim); ``impl`` or ``schedule`` unknown; a flag is not a bool.
+            ``num_heads`` and the head dim); ``impl`` or ``schedule`` unknown; ``rope_base`` not
+            a finite number ``> 1`` (the check :func:`~attn_gym_lite.ops.rotary.rotary_tables`
+            makes, here at construction rather than at the first forward).
+        TypeError: a flag is not a bool; ``rope_base`` is not a real number.
 
     Source: the seed article, "Hello World" (module) and "Correctness tangent" (masking).
     """
@@ -109,7 +112,9 @@ class VarLenAttention(nn.Module):
         self.causal = check_bool("causal", causal)
         self.mask_inactive_capacity = check_bool("mask_inactive_capacity", mask_inactive_capacity)
         self.schedule = check_choice("schedule", schedule, SCHEDULES)
-        self.rotary, self.rope_base = check_bool("rotary", rotary), rope_base
+        # Checked here even when rotary is False: a bad base is a slip whether or not it is used.
+        self.rotary = check_bool("rotary", rotary)
+        self.rope_base = check_base("rope_base", rope_base)
         self.qkv = nn.Linear(dim, 3 * dim, bias=False, device=device, dtype=dtype)
         self.out_proj = nn.Linear(dim, dim, bias=False, device=device, dtype=dtype)
 

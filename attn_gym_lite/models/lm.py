@@ -12,9 +12,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..checks import check_int, check_tensor
+from ..checks import check_int, check_real, check_tensor
 from ..regions import mark_kernels
-from .attention import VarLenAttention
+from .attention import VarLenAttention, check_heads
 
 Tensor = torch.Tensor
 
@@ -213,6 +213,7 @@ class PackedLM(_PackedLanguageModel):
         device, dtype: of the parameters.
 
     Raises:
+        TypeError / ValueError: ``vocab_size`` not an int ``>= 1`` (as :class:`PackedTransformer`).
         ValueError: ``dim`` not a positive multiple of ``num_heads``, or ``impl="triton"`` with a
             head dim not in 16, 32, 64, 128; ``impl`` or ``schedule`` unknown.
     """
@@ -220,6 +221,7 @@ class PackedLM(_PackedLanguageModel):
     def __init__(self, vocab_size: int, dim: int, num_heads: int, *, impl: str = "auto", schedule: str = "auto",
                  device: torch.device | str | None = None, dtype: torch.dtype | None = None) -> None:
         super().__init__()
+        check_int("vocab_size", vocab_size, minimum=1)
         factory = {"device": device, "dtype": dtype}
         self.embedding = nn.Embedding(vocab_size, dim, **factory)
         self.norm_in = nn.RMSNorm(dim, **factory)
@@ -311,7 +313,8 @@ class PackedTransformer(_PackedLanguageModel):
     Raises:
         TypeError / ValueError: a size is not a positive int, ``dim`` not a multiple of
             ``num_heads``, or ``impl="triton"`` with a head dim not in 16, 32, 64, 128 (the message
-            names ``dim``, ``num_heads`` and the head dim).
+            names ``dim``, ``num_heads`` and the head dim); ``mlp_ratio`` not a finite real number
+            ``> 0``, or so small that the hidden width ``int(mlp_ratio * dim)`` is 0.
 
     Source: the Llama architecture (RMSNorm, RoPE, SwiGLU), packed as in the seed article.
     """
@@ -321,6 +324,15 @@ class PackedTransformer(_PackedLanguageModel):
         super().__init__()
         check_int("vocab_size", vocab_size, minimum=1)
         check_int("num_layers", num_layers, minimum=1)
+        # dim first (VarLenAttention's own check, so its message is the one every model gives):
+        # the hidden width is computed from it.
+        check_heads("VarLenAttention", dim, num_heads, impl)
+        mlp_ratio = check_real("mlp_ratio", mlp_ratio, minimum=0)
+        if int(mlp_ratio * dim) < 1:
+            raise ValueError(
+                f"mlp_ratio must give a hidden width int(mlp_ratio * dim) >= 1, got mlp_ratio={mlp_ratio!r} "
+                f"with dim={dim}: {int(mlp_ratio * dim)}"
+            )
         hidden = -(-int(mlp_ratio * dim) // 64) * 64
         factory = {"device": device, "dtype": dtype}
         self.embedding = nn.Embedding(vocab_size, dim, **factory)

@@ -20,7 +20,18 @@ from ..checks import check_int, check_real, check_tensor
 
 Tensor = torch.Tensor
 
-__all__ = ["apply_rotary", "rotary_tables"]
+__all__ = ["apply_rotary", "check_base", "rotary_tables"]
+
+
+def check_base(argument: str, base: object) -> float:
+    """``base`` as a float: the RoPE base must be a finite real number ``> 1`` (at 1 every angle is
+    the position itself, below 1 the frequencies grow with the dimension).
+
+    Raises:
+        TypeError: not a real number (``bool`` included).
+        ValueError: NaN, infinite, or ``<= 1``.
+    """
+    return check_real(argument, base, minimum=1.0 + 1e-9)
 
 
 def rotary_tables(positions: Tensor, head_dim: int, *, base: float = 10000.0,
@@ -37,7 +48,7 @@ def rotary_tables(positions: Tensor, head_dim: int, *, base: float = 10000.0,
     head_dim = check_int("head_dim", head_dim, minimum=2)
     if head_dim % 2:
         raise ValueError(f"head_dim must be an even int >= 2, got {head_dim}")
-    base = check_real("base", base, minimum=1.0 + 1e-9)
+    base = check_base("base", base)
     exponents = torch.arange(0, head_dim, 2, device=positions.device, dtype=torch.float32) / head_dim
     angles = positions.to(torch.float32)[:, None] * base ** -exponents[None, :]
     return angles.cos().to(dtype), angles.sin().to(dtype)
