@@ -41,6 +41,16 @@ def test_static_inputs_reject_new_shapes_and_copy_nothing():
         static.copy_({"a": torch.ones(4, dtype=torch.float64), "b": torch.ones(2)})
 
 
+def test_static_inputs_refuse_a_meta_field_and_copy_nothing():
+    # The meta field failed inside Tensor.copy_ (NotImplementedError) after 'a' had been overwritten.
+    static = StaticInputs({"a": torch.zeros(3), "b": torch.zeros(2)}, "cpu")
+    with pytest.raises(ValueError, match=r"field 'b' must hold values .*got a meta tensor of shape \(2,\)"):
+        static.copy_({"a": torch.ones(3), "b": torch.ones(2, device="meta")})
+    assert torch.equal(static.a, torch.zeros(3)), "a rejected batch must leave every buffer untouched"
+    with pytest.raises(ValueError, match=r"field 'a' must hold values .*got a meta tensor of shape \(3,\)"):
+        StaticInputs({"a": torch.zeros(3, device="meta")}, "cpu")
+
+
 def test_static_inputs_reject_non_batches():
     with pytest.raises(TypeError, match="template must be a mapping of tensors or a dataclass instance, got list"):
         StaticInputs([torch.zeros(2)], "cpu")

@@ -167,6 +167,7 @@ class StaticInputs:
     Raises:
         TypeError: ``template`` is neither a mapping nor a dataclass instance, or holds no
             tensors.
+        ValueError: a tensor field of ``template`` is a meta tensor (see :meth:`copy_`).
 
     Source: the seed article, "A More Realistic Training Loop" (static buffers filled from
     pinned batches).
@@ -187,8 +188,8 @@ class StaticInputs:
 
         Raises:
             ValueError: a field is missing, or its shape or dtype differs from the buffer's (a
-                captured graph cannot take a new shape: pad the batch to capacity instead).
-                Nothing is copied when any field is wrong.
+                captured graph cannot take a new shape: pad the batch to capacity instead), or
+                it is a meta tensor (no values to copy). Nothing is copied when any field is wrong.
         """
         fields = _tensor_fields(batch, "batch")
         for name, buffer in self._buffers.items():
@@ -200,6 +201,11 @@ class StaticInputs:
                     f"StaticInputs.copy_: field {name!r} must have shape {tuple(buffer.shape)} "
                     f"and dtype {buffer.dtype} (the captured capacity), "
                     f"got shape {tuple(value.shape)} and dtype {value.dtype}"
+                )
+            if value.is_meta:  # checked with the rest: the copy would fail after earlier fields were copied
+                raise ValueError(
+                    f"StaticInputs.copy_: field {name!r} must hold values (it is copied into the buffer), "
+                    f"got a meta tensor of shape {tuple(value.shape)}"
                 )
         for name, buffer in self._buffers.items():
             buffer.copy_(fields[name], non_blocking=True)
