@@ -37,7 +37,7 @@ def rotary_tables(positions: Tensor, head_dim: int, *, base: float = 10000.0,
     head_dim = check_int("head_dim", head_dim, minimum=2)
     if head_dim % 2:
         raise ValueError(f"head_dim must be an even int >= 2, got {head_dim}")
-    base = check_real("base", base, minimum=1.0 + 1e-9)
+    base = check_real("base", base, above=1.0)
     exponents = torch.arange(0, head_dim, 2, device=positions.device, dtype=torch.float32) / head_dim
     angles = positions.to(torch.float32)[:, None] * base ** -exponents[None, :]
     return angles.cos().to(dtype), angles.sin().to(dtype)
