@@ -30,6 +30,7 @@ __all__ = [
     "tensor_metadata",
     "check_capacities",
     "check_choice",
+    "check_choices",
     "check_cu_seqlens",
     "check_cu_seqlens_values",
     "check_host_cu_seqlens_values",
@@ -37,6 +38,7 @@ __all__ = [
     "check_folder",
     "check_int",
     "check_int_sequence",
+    "check_keys",
     "check_path",
     "check_qkv",
     "check_real",
@@ -45,6 +47,9 @@ __all__ = [
 
 #: cu_seqlens is int32, so no batch may hold more tokens than this.
 INT32_MAX = torch.iinfo(torch.int32).max
+#: The floating dtypes a tensor argument may have where any of them will do (``dtypes=`` of
+#: :func:`check_tensor`).
+FLOATING_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
 
 def _int_expectation(minimum: int | None, maximum: int | None) -> str:
@@ -186,15 +191,17 @@ def check_int_sequence(argument: str, values: object, *, minimum: int | None = N
 
 
 def check_real(argument: str, value: object, *, minimum: float | None = None,
-               maximum: float | None = None) -> float:
-    """``value`` as a finite ``float`` in ``[minimum, maximum]`` (either bound optional).
+               maximum: float | None = None, above: float | None = None) -> float:
+    """``value`` as a finite ``float`` in ``[minimum, maximum]`` and ``> above`` (each bound optional;
+    ``above`` is the exclusive lower bound, for an epsilon or a base that must exceed a value).
 
     Raises:
         TypeError: ``value`` is not a real number (``bool`` included).
         ValueError: it is NaN, infinite or outside the bounds.
     """
     bounds = "".join(
-        [f" >= {minimum}" if minimum is not None else "", f" <= {maximum}" if maximum is not None else ""]
+        [f" >= {minimum}" if minimum is not None else "", f" > {above}" if above is not None else "",
+         f" <= {maximum}" if maximum is not None else ""]
     )
     expected = f"a finite real number{bounds}"
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
@@ -202,7 +209,7 @@ def check_real(argument: str, value: object, *, minimum: float | None = None,
     value = float(value)
     if not math.isfinite(value) or (minimum is not None and value < minimum) or (
         maximum is not None and value > maximum
-    ):
+    ) or (above is not None and value <= above):
         raise ValueError(f"{argument} must be {expected}, got {value!r}")
     return value
 
@@ -226,6 +233,38 @@ def check_choice(argument: str, value: object, choices: Collection[object]) -> o
     """
     if isinstance(value, (list, dict, set)) or value not in choices:
         raise ValueError(f"{argument} must be one of {tuple(choices)}, got {value!r}")
+    return value
+
+
+def check_choices(argument: str, values: object, choices: Collection[object]) -> tuple:
+    """``values`` as a tuple: a non-empty sequence (not a string) whose every entry is one of
+    ``choices`` (the message names the entry, e.g. ``stacks[1]``).
+
+    Raises:
+        TypeError: ``values`` is a string or not a sequence.
+        ValueError: it is empty, or an entry is not one of ``choices``.
+    """
+    if isinstance(values, (str, bytes)):
+        raise TypeError(f"{argument} must be a sequence of names from {tuple(choices)}, got the string {values!r}")
+    if not isinstance(values, (list, tuple)):
+        raise TypeError(f"{argument} must be a sequence of names from {tuple(choices)}, got {type(values).__name__}")
+    if not values:
+        raise ValueError(f"{argument} must name at least one of {tuple(choices)}, got none")
+    return tuple(check_choice(f"{argument}[{i}]", value, choices) for i, value in enumerate(values))
+
+
+def check_keys(argument: str, value: object, required: Collection[str]) -> dict:
+    """``value`` if it is a dict holding every key of ``required`` (more keys are allowed).
+
+    Raises:
+        TypeError: ``value`` is not a dict.
+        ValueError: keys of ``required`` are missing (the message lists them).
+    """
+    if not isinstance(value, dict):
+        raise TypeError(f"{argument} must be a dict with the keys {sorted(required)}, got {type(value).__name__}")
+    missing = sorted(set(required) - set(value))
+    if missing:
+        raise ValueError(f"{argument} must be a dict with the keys {sorted(required)}, missing {missing}")
     return value
 
 

@@ -682,7 +682,7 @@ def test_fixed_count_loader_holds_M_documents_of_real_text():
 def test_fixed_count_loader_checks_its_arguments():
     with pytest.raises(ValueError, match=r"documents_per_batch must be an int in \[1, 26\], got 30"):
         fixed_count_loader(torch.arange(500), 2, 256, 30)
-    with pytest.raises(ValueError, match=r"min_fill must be a finite real number >= 1e-09 <= 1.0, got 1.5"):
+    with pytest.raises(ValueError, match=r"min_fill must be a finite real number > 0.0 <= 1.0, got 1.5"):
         fixed_count_loader(torch.arange(500), 2, 256, 4, min_fill=1.5)
     with pytest.raises(ValueError, match="tokens must hold at least token_capacity = 256 ids, got 100"):
         fixed_count_loader(torch.arange(100), 2, 256, 4)

@@ -35,6 +35,7 @@ from attn_gym_lite.data.study import (
     packing_stats,
     packing_study,
     piece_stream,
+    study_policies,
 )
 
 matplotlib.use("Agg")
@@ -281,3 +282,20 @@ def test_packing_study_suite_is_registered_and_recordable(monkeypatch):
     assert record["corpus"]["tokenizer"] == "bytes" and record["corpus"]["documents"] == 18
     assert len(record["table"]) == 33 and record["throughput"]["documents"] == 6
     assert record["cpu"]["cores"] >= 1 and record["cpu"]["model"]
+
+
+def test_study_policies_are_in_order_then_each_rule_per_buffer_size():
+    policies = study_policies([1, 8])
+    assert [(type(p), getattr(p, "buffer_size", None)) for p in policies] == [
+        (InOrder, None), (FirstFit, 1), (BestFit, 1), (FirstFit, 8), (BestFit, 8)]
+
+
+@pytest.mark.parametrize(("buffer_sizes", "error", "match"), [
+    (5, TypeError, r"buffer_sizes must be a sequence of ints, got int"),
+    ([], ValueError, r"buffer_sizes must hold at least one int, got none"),
+    ([8, 0], ValueError, r"buffer_sizes\[1\] must be an int >= 1, got 0"),
+    (["8"], TypeError, r"buffer_sizes\[0\] must be an int >= 1, got '8'"),
+])
+def test_study_policies_refuse_bad_buffer_sizes_by_name(buffer_sizes, error, match):
+    with pytest.raises(error, match=match):
+        study_policies(buffer_sizes)

@@ -2,11 +2,13 @@
 never leak (NaN in them, undefined memory as NaN), the masks that make it so, gradients equal across
 the three cores, and argument errors."""
 
+import math
+
 import pytest
 import torch
 from helpers import CPU_KERNELS
 
-from attn_gym_lite.models.kda import KDA_MASK_SITES, KDA_REGIONS, KDAAttention
+from attn_gym_lite.models.kda import KDA_MASK_SITES, KDA_REGIONS, KDAAttention, gated_rms_norm, kda_gate, l2_normalize
 from attn_gym_lite.ops.kda import kda_recurrent
 from attn_gym_lite.ops.kernels import INTERPRETED
 from attn_gym_lite.ops.masking import uninitialized_memory_as_nan
@@ -227,6 +229,9 @@ def test_layer_argument_errors():
     (dict(masks=5), TypeError, "masks must be a collection of names .* got int"),
     (dict(dtype=torch.int64), TypeError, "dtype must be a floating torch.dtype or None, got torch.int64"),
     (dict(dtype="float32"), TypeError, "dtype must be a floating torch.dtype or None, got 'float32'"),
+    # 0 would turn the zero rows past L into NaN (0 / sqrt(0)) in the output norm.
+    (dict(norm_eps=0.0), ValueError, r"norm_eps must be a finite real number > 0.0, got 0.0"),
+    (dict(norm_eps=-1e-5), ValueError, r"norm_eps must be a finite real number > 0.0, got -1e-05"),
 ])
 def test_layer_configuration_errors_name_the_argument(options, error, match):
     arguments = {"hidden_size": 16, "num_heads": 2, "head_dim": 16, "chunk_size": 16, "impl": "triton", **options}
@@ -318,3 +323,68 @@ def test_captured_layer_replays_changing_layouts_like_eager():
         torch.testing.assert_close(y[:L].float(), eager.float(), rtol=2e-2, atol=2e-2)
         assert torch.equal(y[L:], torch.zeros_like(y[L:]))
         x.normal_()
+
+
+def test_the_layers_functions_match_their_formulas_in_float64():
+    """l2_normalize, kda_gate and gated_rms_norm against the formulas written out element by element."""
+    torch.manual_seed(3)
+    T, H, Kd = 5, 2, 3
+    x = torch.randn(T, H, Kd, dtype=torch.float64)
+    x[1, 0] = 0.0  # a zero row stays zero
+    norms = [[sum(float(x[t, h, d]) ** 2 for d in range(Kd)) for h in range(H)] for t in range(T)]
+    expected = torch.tensor([[[float(x[t, h, d]) / (norms[t][h] + 1e-6) ** 0.5 for d in range(Kd)] for h in range(H)]
+                             for t in range(T)], dtype=torch.float64)
+    torch.testing.assert_close(l2_normalize(x), expected, rtol=1e-12, atol=0)
+
+    f64 = {"dtype": torch.float64}
+    f, A_log, dt_bias = torch.randn(T, H, Kd, **f64), torch.randn(H, **f64), torch.randn(H * Kd, **f64)
+    expected = torch.tensor([[[-math.exp(float(A_log[h])) * math.log1p(math.exp(float(f[t, h, d] + dt_bias[h * Kd + d])))
+                               for d in range(Kd)] for h in range(H)] for t in range(T)], dtype=torch.float64)
+    torch.testing.assert_close(kda_gate(f, A_log, dt_bias), expected, rtol=1e-12, atol=1e-15)
+
+    o, gate, weight = torch.randn(T, H, Kd, **f64), torch.randn(T, H, Kd, **f64), torch.rand(Kd, **f64)
+    o[2] = 0.0
+    eps = 1e-5
+    expected = torch.empty(T, H, Kd, dtype=torch.float64)
+    for t in range(T):
+        for h in range(H):
+            rms = math.sqrt(sum(float(o[t, h, d]) ** 2 for d in range(Kd)) / Kd + eps)
+            for d in range(Kd):
+                expected[t, h, d] = float(o[t, h, d]) / rms * float(weight[d]) / (1 + math.exp(-float(gate[t, h, d])))
+    result = gated_rms_norm(o, gate, weight, eps)
+    torch.testing.assert_close(result, expected, rtol=1e-12, atol=1e-15)
+    assert (result[2] == 0).all()
+
+
+_T, _H, _K = 4, 2, 3
+
+
+@pytest.mark.parametrize(("call", "error", "match"), [
+    # eps = 0 (or below) turns a zero row into NaN instead of keeping it zero.
+    (lambda: l2_normalize(torch.zeros(_T, _H, _K), eps=0.0), ValueError, r"eps must be a finite real number > 0.0, got 0.0"),
+    (lambda: l2_normalize(torch.zeros(_T, _H, _K), eps=float("nan")), ValueError, r"eps must be a finite real number > 0.0"),
+    (lambda: l2_normalize(torch.ones(_T, _H, _K, dtype=torch.int64)), TypeError, r"x must have dtype .*got torch.int64"),
+    (lambda: l2_normalize([1.0, 2.0]), TypeError, r"x must be a torch.Tensor of shape \[\.\.\., K\], got list"),
+    (lambda: l2_normalize(torch.tensor(1.0)), ValueError, r"x must have shape \[\.\.\., K\] \(at least 1-D\), got a 0-D tensor"),
+    (lambda: kda_gate(torch.randn(_T, _H * _K), torch.randn(_H), torch.randn(_H * _K)), ValueError,
+     r"f must have shape \[T, H, K\], got shape \(4, 6\)"),
+    (lambda: kda_gate(torch.randn(_T, _H, _K), torch.randn(3), torch.randn(_H * _K)), ValueError,
+     r"A_log must have shape \[H\] = \[2\] \(f's H\), got \(3,\)"),
+    (lambda: kda_gate(torch.randn(_T, _H, _K), torch.randn(_H, 1), torch.randn(_H * _K)), ValueError,
+     r"A_log must have shape \[H\] = \[2\], got shape \(2, 1\)"),
+    (lambda: kda_gate(torch.randn(_T, _H, _K), torch.randn(_H), torch.randn(5)), ValueError,
+     r"dt_bias must have shape \[H \* K\] = \[6\] \(f's H and K\), got \(5,\)"),
+    (lambda: kda_gate(torch.randn(_T, _H, _K), torch.randn(_H), torch.randn(_H * _K, device="meta")), ValueError,
+     r"dt_bias must be on device cpu, got meta"),
+    (lambda: gated_rms_norm(torch.randn(_T, _H, _K), torch.randn(_T, _H, 1), torch.rand(_K), 1e-5), ValueError,
+     r"gate must have o's shape \(4, 2, 3\), got \(4, 2, 1\)"),
+    (lambda: gated_rms_norm(torch.randn(_T, _H, _K), torch.randn(_T, _H, _K), torch.rand(_K + 1), 1e-5), ValueError,
+     r"weight must have shape \[V\] = \[3\] \(o's last dim\), got \(4,\)"),
+    (lambda: gated_rms_norm(torch.zeros(_T, _H, _K), torch.randn(_T, _H, _K), torch.rand(_K), 0.0), ValueError,
+     r"eps must be a finite real number > 0.0, got 0.0"),
+    (lambda: gated_rms_norm(torch.randn(_T, _H, _K), torch.randn(_T, _H, _K), torch.rand(_K), "1e-5"), TypeError,
+     r"eps must be a finite real number > 0.0, got '1e-5'"),
+])
+def test_the_layers_functions_refuse_bad_arguments_by_name(call, error, match):
+    with pytest.raises(error, match=match):
+        call()

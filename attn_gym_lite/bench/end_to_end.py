@@ -35,6 +35,7 @@ import time
 
 import torch
 
+from ..checks import check_choice, check_choices, check_file, check_keys, check_real
 from ..data import BestFit, fixed_count_loader, load_tokenizer, plan_buckets, python_stdlib_corpus
 from ..data.batch import padded_batch
 from ..data.sharding import ShardedPackedLoader, shard_corpus
@@ -171,8 +172,24 @@ def _build(stack: str, model_args: dict, batches: list, config: dict):
 
 
 def run_stack(workload: str, stack: str, batches_path: str, config: dict = CONFIG) -> dict:
-    """Train one stack on one workload in this process; see the module docstring for what is reported."""
-    batches = torch.load(batches_path, weights_only=False)
+    """Train one stack on one workload in this process; see the module docstring for what is reported.
+
+    Args:
+        workload: one of :data:`WORKLOADS` (a label: the batches say what is trained).
+        stack: one of :data:`STACKS`.
+        batches_path: a file of the workload's batches as :func:`end_to_end_suite` saves them
+            (``torch.save`` of a list of :class:`~attn_gym_lite.data.PackedBatch`).
+        config: :data:`CONFIG`, or a dict with its keys.
+
+    Raises:
+        TypeError / ValueError: ``workload`` or ``stack`` not one of its names, ``config`` not a
+            dict with :data:`CONFIG`'s keys.
+        FileNotFoundError: no file at ``batches_path``.
+    """
+    check_choice("workload", workload, WORKLOADS)
+    check_choice("stack", stack, STACKS)
+    check_keys("config", config, CONFIG)
+    batches = torch.load(check_file("batches_path", batches_path), weights_only=False)
     if torch.device(config["device"]).type == "cuda":
         batches = [b.pin_memory() for b in batches]
     tokenizer = load_tokenizer()
@@ -232,7 +249,26 @@ def _profiled_regions(model_args: dict, batches: list, config: dict, steps: int 
 def end_to_end_suite(stacks: tuple[str, ...] = STACKS, workloads: tuple[str, ...] = WORKLOADS,
                      config: dict = CONFIG, timeout_s: float = 600) -> dict:
     """Every stack on every workload, each in a fresh process (a fault or a hang in one is recorded
-    under ``"errors"`` and the others still run)."""
+    under ``"errors"`` and the others still run).
+
+    Args:
+        stacks: names from :data:`STACKS`, run in this order.
+        workloads: names from :data:`WORKLOADS`.
+        config: :data:`CONFIG`, or a dict with its keys (``"device": "cpu"`` for a smoke run).
+        timeout_s: per stack and workload, seconds (> 0).
+
+    Returns:
+        ``{"config", "workloads", "runs", "errors"}``: see the module docstring.
+
+    Raises:
+        TypeError / ValueError: ``stacks`` or ``workloads`` not a non-empty sequence of those
+            names (the message names the entry), ``config`` not a dict with :data:`CONFIG`'s keys,
+            ``timeout_s`` not a finite number > 0; all checked before anything runs.
+    """
+    stacks = check_choices("stacks", stacks, STACKS)
+    workloads = check_choices("workloads", workloads, WORKLOADS)
+    check_keys("config", config, CONFIG)
+    timeout_s = check_real("timeout_s", timeout_s, above=0.0)
     runs, errors, workload_info = [], {}, {}
     with tempfile.TemporaryDirectory() as folder:
         for workload in workloads:

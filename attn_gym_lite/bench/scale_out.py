@@ -70,6 +70,7 @@ import torch.distributed as dist
 
 import attn_gym_lite
 
+from ..checks import check_bool, check_choices, check_file, check_int_sequence, check_keys, check_real
 from ..data import load_tokenizer
 from ..data.sharding import global_batch
 from ..graph.capture import StaticInputs
@@ -283,7 +284,15 @@ def scaling(runs: list[dict]) -> list[dict]:
         Rows ``{"workload", "mode", "world_size", "speedup_over_one_gpu", "efficiency"}`` and
         ``{"workload", "world_size", "mode": "graph over eager", "speedup"}``: the suite stores
         them as ``"scaling"``; :func:`goals`, the chapter and its figure read them from there.
+
+    Raises:
+        TypeError / ValueError: ``runs`` is not a list of dicts with those four keys (the message
+            names the entry and the missing keys).
     """
+    if not isinstance(runs, (list, tuple)):
+        raise TypeError(f"runs must be a list of run dicts (the suite's 'runs'), got {type(runs).__name__}")
+    for i, run in enumerate(runs):
+        check_keys(f"runs[{i}]", run, ("workload", "world_size", "mode", "tokens_per_s"))
     rate = {(r["workload"], r["world_size"], r["mode"]): r["tokens_per_s"] for r in runs}
     rows = []
     for workload, world_size, mode in sorted(rate):
@@ -308,8 +317,19 @@ def goals(record: dict) -> list[dict]:
         One ``{"workload", "goal" (words), "value" (the ratio; NaN where a run it needs is
         missing), "target", "met" (bool, or None when the value is NaN)}`` per goal and workload
         of :data:`WORKLOADS`.
+
+    Raises:
+        TypeError / ValueError: ``record`` is not a dict, or its ``"scaling"`` is not a list of
+            dicts with ``workload``, ``mode`` and ``world_size`` (as :func:`scaling` makes them).
     """
-    rows = {(r["workload"], r["mode"], r["world_size"]): r for r in record.get("scaling") or []}
+    if not isinstance(record, dict):
+        raise TypeError(f"record must be a scale-out suite result (a dict), got {type(record).__name__}")
+    scaling_rows = record.get("scaling") or []
+    if not isinstance(scaling_rows, (list, tuple)):
+        raise TypeError(f"record['scaling'] must be a list of rows (see scaling()), got {type(scaling_rows).__name__}")
+    for i, row in enumerate(scaling_rows):
+        check_keys(f"record['scaling'][{i}]", row, ("workload", "mode", "world_size"))
+    rows = {(r["workload"], r["mode"], r["world_size"]): r for r in scaling_rows}
     wanted = (
         (f"captured DDP on 2 GPUs >= {TWO_GPU_SPEEDUP_GOAL}x captured on 1", "graph", "speedup_over_one_gpu",
          TWO_GPU_SPEEDUP_GOAL),
@@ -537,10 +557,23 @@ def worker_main(argv: list[str] | None = None) -> None:
     write), joins the process group torchrun describes (``nccl`` on ``cuda:<LOCAL_RANK>``, or
     ``gloo`` on the CPU), runs the parts and has rank 0 write the result file. An error in one
     part is recorded and the next part still runs.
+
+    Raises:
+        SystemExit: ``argv`` without ``--spec`` (argparse's usage message).
+        FileNotFoundError: no spec file there.
+        ValueError: the spec is not JSON with the keys :func:`scale_out_suite` writes.
+        RuntimeError: not started by torchrun (no ``RANK`` in the environment).
     """
     parser = argparse.ArgumentParser(description=worker_main.__doc__.splitlines()[0])
     parser.add_argument("--spec", required=True, help="the launch's spec (JSON), written by scale_out_suite")
-    spec = json.loads(Path(parser.parse_args(argv).spec).read_text())
+    path = check_file("--spec", parser.parse_args(argv).spec)
+    try:
+        spec = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as error:
+        raise ValueError(f"--spec {str(path)!r} must be the JSON spec scale_out_suite writes: {error}") from None
+    check_keys(f"--spec {str(path)!r}", spec, ("config", "parts", "result", "collective_timeout_s"))
+    if "RANK" not in os.environ:
+        raise RuntimeError("worker_main is one rank of a torchrun launch (scale_out_suite starts it): RANK is not set")
     rank, local_rank = int(os.environ["RANK"]), int(os.environ.get("LOCAL_RANK", "0"))
     results = _Results(spec["result"], rank)
     cuda = spec["config"]["device"] == "cuda"
@@ -672,7 +705,23 @@ def scale_out_suite(world_sizes: tuple[int, ...] = (1, 2), workloads: tuple[str,
         A JSON-ready dict: ``config``, ``gpu_count``, ``environment``, ``workloads`` (per ``W``: the
         global active tokens of every step), ``runs``, ``scaling``, ``gradient_check``,
         ``traces``, ``fsdp2``, ``launches`` and ``errors`` (strings).
+
+    Raises:
+        TypeError / ValueError: ``world_sizes`` not a non-empty sequence of ints >= 1,
+            ``workloads`` or ``modes`` not a non-empty sequence of names from theirs (the message
+            names the entry), ``config`` not a dict with :data:`CONFIG`'s keys, ``fsdp2`` not a
+            bool, a timeout not a finite number > 0, ``budget_s`` neither ``None`` nor > 0; all
+            checked before anything is built or launched. What fails in a launch is recorded
+            under ``errors``, not raised.
     """
+    world_sizes = tuple(check_int_sequence("world_sizes", world_sizes, minimum=1))
+    workloads = check_choices("workloads", workloads, WORKLOADS)
+    modes = check_choices("modes", modes, MODES)
+    check_keys("config", config, CONFIG)
+    timeout_s = check_real("timeout_s", timeout_s, above=0.0)
+    fsdp2 = check_bool("fsdp2", fsdp2)
+    fsdp2_timeout_s = check_real("fsdp2_timeout_s", fsdp2_timeout_s, above=0.0)
+    budget_s = None if budget_s is None else check_real("budget_s", budget_s, above=0.0)
     cuda = config["device"] == "cuda"
     gpu_count = torch.cuda.device_count() if torch.cuda.is_available() else 0
     result: dict = {"gpu_count": gpu_count, "environment": dict(CAPTURE_ENVIRONMENT), "workloads": {}, "runs": [],

@@ -22,7 +22,7 @@ from dataclasses import asdict, dataclass
 
 from tqdm.auto import tqdm
 
-from ..checks import check_int
+from ..checks import check_int, check_int_sequence
 from .corpora import resolve_corpus
 from .packing import BestFit, FirstFit, InOrder, PackingPolicy
 from .quantiles import sample_quantile
@@ -237,8 +237,18 @@ STUDY_BUFFER_SIZES = (1, 8, 32, 64, 128)
 
 
 def study_policies(buffer_sizes: Iterable[int] = STUDY_BUFFER_SIZES) -> list[PackingPolicy]:
-    """In order, then first-fit and best-fit for each buffer size."""
-    return [InOrder()] + [rule(size) for size in buffer_sizes for rule in (FirstFit, BestFit)]
+    """In order, then first-fit and best-fit for each buffer size: ``1 + 2 * len(buffer_sizes)``
+    policies, the study's (:func:`packing_study`) default set.
+
+    Args:
+        buffer_sizes: the look-ahead buffer sizes (documents), a non-empty sequence of ints >= 1.
+
+    Raises:
+        TypeError: ``buffer_sizes`` is not a sequence of ints (the message names the entry).
+        ValueError: it is empty, or an entry is < 1.
+    """
+    sizes = check_int_sequence("buffer_sizes", buffer_sizes, minimum=1)
+    return [InOrder()] + [rule(size) for size in sizes for rule in (FirstFit, BestFit)]
 
 
 def packing_study(

@@ -125,7 +125,7 @@ def fixed_count_loader(
     stream = torch.as_tensor(tokens, dtype=torch.int64).flatten()
     num_batches = check_int("num_batches", num_batches, minimum=1)
     token_capacity = check_int("token_capacity", token_capacity, minimum=1)
-    min_fill = check_real("min_fill", min_fill, minimum=1e-9, maximum=1.0)
+    min_fill = check_real("min_fill", min_fill, above=0.0, maximum=1.0)
     smallest = math.ceil(min_fill * token_capacity)
     documents = check_int("documents_per_batch", documents_per_batch, minimum=1, maximum=smallest)
     seed = check_int("seed", seed, minimum=0)

@@ -58,7 +58,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from ..checks import check_bool, check_int, check_real, check_tensor
+from ..checks import FLOATING_DTYPES, check_bool, check_int, check_real, check_tensor
 from ..data import PackedBatch
 from ..models.lm import token_loss_sum  # re-exported: one source of truth in the models layer
 from ..regions import mark_kernels
@@ -95,7 +95,6 @@ CAPTURE_ENVIRONMENT = {
 
 _TOKEN_FIELDS = ("input_ids", "labels", "loss_mask")
 _INTEGER_DTYPES = (torch.int32, torch.int64)
-_FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
 
 def global_token_mean_loss(token_loss_sum: Tensor, active_tokens: Tensor,
@@ -138,7 +137,7 @@ def global_token_mean_loss(token_loss_sum: Tensor, active_tokens: Tensor,
         ValueError: a tensor is not 0-dim, or the two are on different devices.
         RuntimeError: ``torch.distributed`` is not initialized.
     """
-    check_tensor("token_loss_sum", token_loss_sum, ndim=0, shape="[] (a scalar)", dtypes=_FLOAT_DTYPES)
+    check_tensor("token_loss_sum", token_loss_sum, ndim=0, shape="[] (a scalar)", dtypes=FLOATING_DTYPES)
     check_tensor("active_tokens", active_tokens, ndim=0, shape="[] (a scalar)", dtypes=_INTEGER_DTYPES,
                   device=token_loss_sum.device)
     world_size = _world_size(group)

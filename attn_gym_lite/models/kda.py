@@ -97,15 +97,29 @@ def l2_normalize(x: Tensor, eps: float = 1e-6) -> Tensor:
     """``x / sqrt(sum(x²) + eps)`` over the last dim, computed in at least float32.
 
     Args:
-        x: ``[..., K]`` floating tensor (``[T, H, K]`` per head here).
-        eps: added under the square root (fla's ``l2norm`` uses 1e-6), so a zero row stays zero.
+        x: ``[..., K]`` floating tensor (``[T, H, K]`` per head here), at least 1-D.
+        eps: added under the square root, a finite real ``> 0`` (fla's ``l2norm`` uses 1e-6), so
+            a zero row stays zero.
 
     Returns:
         A tensor like ``x`` (same dtype), each last-dim vector of norm ~1.
 
+    Raises:
+        TypeError: ``x`` is not a floating tensor; ``eps`` is not a real number.
+        ValueError: ``x`` is 0-D; ``eps`` is not finite and ``> 0`` (0 would turn a zero row into
+            NaN).
+
     Token-parallel: row ``t`` of the result depends on row ``t`` of ``x`` only.
     Source: Kimi Linear report (q and k L2-normalised per head); fla ``fla/modules/l2norm.py``.
     """
+    checks.check_tensor("x", x, shape="[..., K]", dtypes=checks.FLOATING_DTYPES)
+    if x.dim() == 0:
+        raise ValueError("x must have shape [..., K] (at least 1-D), got a 0-D tensor")
+    return _l2_normalize(x, checks.check_real("eps", eps, above=0.0))
+
+
+def _l2_normalize(x: Tensor, eps: float = 1e-6) -> Tensor:
+    """:func:`l2_normalize` without its checks (the layer's inputs are its own, checked once)."""
     compute = x.float() if x.dtype in (torch.float16, torch.bfloat16) else x
     return (compute * torch.rsqrt(compute.pow(2).sum(-1, keepdim=True) + eps)).to(x.dtype)
 
@@ -114,18 +128,38 @@ def kda_gate(f: Tensor, A_log: Tensor, dt_bias: Tensor) -> Tensor:
     """KDA's per-channel log-decay ``g = -exp(A_log[h]) · softplus(f + dt_bias)``, ``g <= 0``.
 
     Args:
-        f: ``[T, H, K]`` the low-rank gate projection of the input.
-        A_log: ``[H]`` per-head log rate (``exp(A_log) > 0`` scales the decay).
-        dt_bias: ``[H * K]`` per-channel bias inside the softplus.
+        f: ``[T, H, K]`` floating, the low-rank gate projection of the input.
+        A_log: ``[H]`` floating, per-head log rate (``exp(A_log) > 0`` scales the decay), on
+            ``f``'s device.
+        dt_bias: ``[H * K]`` floating, per-channel bias inside the softplus, on ``f``'s device.
 
     Returns:
         ``[T, H, K]`` in the promoted dtype of ``A_log`` and float32 (float32, or float64 for a
         float64 layer): the natural-log decay, so channel ``d`` keeps ``exp(g[t, h, d])`` of its
         state at token ``t``.
 
+    Raises:
+        TypeError: an argument that is not a floating tensor.
+        ValueError: ``f`` not 3-D, ``A_log`` not ``[H]`` or ``dt_bias`` not ``[H * K]`` for ``f``'s
+            ``H`` and ``K``, or ``A_log`` or ``dt_bias`` on another device than ``f``.
+
     Source: Kimi Linear report, KDA gate; fla ``fla/ops/kda/gate.py`` (``-exp(A_log) *
     softplus(g + dt_bias)``, the formula ``chunk_kda(use_gate_in_kernel=True)`` fuses).
     """
+    checks.check_tensor("f", f, ndim=3, shape="[T, H, K]", dtypes=checks.FLOATING_DTYPES)
+    _, heads, width = f.shape
+    checks.check_tensor("A_log", A_log, ndim=1, shape=f"[H] = [{heads}]", dtypes=checks.FLOATING_DTYPES, device=f.device)
+    checks.check_tensor("dt_bias", dt_bias, ndim=1, shape=f"[H * K] = [{heads * width}]", dtypes=checks.FLOATING_DTYPES,
+                        device=f.device)
+    if A_log.shape[0] != heads:
+        raise ValueError(f"A_log must have shape [H] = [{heads}] (f's H), got {tuple(A_log.shape)}")
+    if dt_bias.shape[0] != heads * width:
+        raise ValueError(f"dt_bias must have shape [H * K] = [{heads * width}] (f's H and K), got {tuple(dt_bias.shape)}")
+    return _kda_gate(f, A_log, dt_bias)
+
+
+def _kda_gate(f: Tensor, A_log: Tensor, dt_bias: Tensor) -> Tensor:
+    """:func:`kda_gate` without its checks (the layer's parameters have their shapes by construction)."""
     tokens, heads, width = f.shape
     compute = torch.promote_types(A_log.dtype, torch.float32)
     pre = f.to(compute) + dt_bias.to(compute).view(heads, width)
@@ -136,17 +170,35 @@ def gated_rms_norm(o: Tensor, gate: Tensor, weight: Tensor, eps: float) -> Tenso
     """``RMSNorm(o) · weight · sigmoid(gate)`` over the last dim, computed in at least float32.
 
     Args:
-        o: ``[T, H, V]`` the core's output.
-        gate: ``[T, H, V]`` the output gate's pre-activation.
-        weight: ``[V]`` the norm's gain, shared by the heads.
-        eps: added to the mean square.
+        o: ``[T, H, V]`` floating, the core's output.
+        gate: ``[T, H, V]`` floating, the output gate's pre-activation, on ``o``'s device.
+        weight: ``[V]`` floating, the norm's gain, shared by the heads, on ``o``'s device.
+        eps: added to the mean square, a finite real ``> 0``.
 
     Returns:
         ``[T, H, V]`` in ``o``'s dtype. A zero row of ``o`` gives a zero row (whatever the gate).
 
+    Raises:
+        TypeError: an argument that is not a floating tensor; ``eps`` not a real number.
+        ValueError: ``o`` not 3-D, ``gate`` not of ``o``'s shape, ``weight`` not ``[V]``, a tensor
+            on another device than ``o``, or ``eps`` not finite and ``> 0`` (0 would turn a zero
+            row into NaN).
+
     Source: fla ``FusedRMSNormGated(head_v_dim, activation="sigmoid")``; Kimi Linear report
     (output gate).
     """
+    checks.check_tensor("o", o, ndim=3, shape="[T, H, V]", dtypes=checks.FLOATING_DTYPES)
+    checks.check_tensor("gate", gate, ndim=3, shape=f"[T, H, V] = {list(o.shape)}", dtypes=checks.FLOATING_DTYPES, device=o.device)
+    checks.check_tensor("weight", weight, ndim=1, shape=f"[V] = [{o.shape[-1]}]", dtypes=checks.FLOATING_DTYPES, device=o.device)
+    if gate.shape != o.shape:
+        raise ValueError(f"gate must have o's shape {tuple(o.shape)}, got {tuple(gate.shape)}")
+    if weight.shape[0] != o.shape[-1]:
+        raise ValueError(f"weight must have shape [V] = [{o.shape[-1]}] (o's last dim), got {tuple(weight.shape)}")
+    return _gated_rms_norm(o, gate, weight, checks.check_real("eps", eps, above=0.0))
+
+
+def _gated_rms_norm(o: Tensor, gate: Tensor, weight: Tensor, eps: float) -> Tensor:
+    """:func:`gated_rms_norm` without its checks (the layer's tensors have their shapes by construction)."""
     compute = torch.promote_types(o.dtype, torch.float32)
     normed = F.rms_norm(o.to(compute), (o.shape[-1],), weight.to(compute), eps)
     return (normed * torch.sigmoid(gate.to(compute))).to(o.dtype)
@@ -165,7 +217,8 @@ class KDAAttention(nn.Module):
         conv_size: width of the short convolution (int >= 1, 4 in Kimi Linear and fla).
         gate_rank: inner width of the low-rank ``f_proj`` and ``g_proj``; default ``head_v_dim``
             (fla's choice).
-        norm_eps: the output RMSNorm's epsilon.
+        norm_eps: the output RMSNorm's epsilon, a finite real ``> 0`` (0 would make the zero rows
+            past ``L`` NaN).
         impl: the KDA core: ``"triton"`` (default; :func:`attn_gym_lite.ops.kda.kda_triton`, no
             host read, capturable), ``"chunked"`` or ``"recurrent"`` (the eager references; they
             read ``cu_seqlens`` on the host, so a captured graph cannot hold them).
@@ -232,7 +285,7 @@ class KDAAttention(nn.Module):
         V = K if head_v_dim is None else checks.check_int("head_v_dim", head_v_dim, minimum=1)
         rank = V if gate_rank is None else checks.check_int("gate_rank", gate_rank, minimum=1)
         conv_size = checks.check_int("conv_size", conv_size, minimum=1)
-        self.norm_eps = checks.check_real("norm_eps", norm_eps, minimum=0.0)
+        self.norm_eps = checks.check_real("norm_eps", norm_eps, above=0.0)
         self.impl = checks.check_choice("impl", impl, KDA_IMPLEMENTATIONS)
         self.chunk_size = chunk_size  # the core checks it (and the recurrent core ignores it)
         if isinstance(masks, str):
@@ -299,7 +352,7 @@ class KDAAttention(nn.Module):
             o = self._core(q, k, v, g, beta, cu_seqlens)
         with mark_kernels("kda.norm_gate"):
             gate = self.g_proj(x).view(T, self.num_heads, self.head_v_dim)
-            o = gated_rms_norm(o, gate, self.o_norm_weight, self.norm_eps)
+            o = _gated_rms_norm(o, gate, self.o_norm_weight, self.norm_eps)
         with mark_kernels("kda.out_proj"):
             return self.o_proj(o.reshape(T, self.num_heads * self.head_v_dim))
 
@@ -321,9 +374,9 @@ class KDAAttention(nn.Module):
             qkv = F.silu(self.conv(qkv, cu_seqlens))
             q, k, v = qkv.split([H * K, H * K, H * V], dim=-1)
         with mark_kernels("kda.qk_norm"):
-            q, k = l2_normalize(q.reshape(T, H, K)), l2_normalize(k.reshape(T, H, K))
+            q, k = _l2_normalize(q.reshape(T, H, K)), _l2_normalize(k.reshape(T, H, K))
         with mark_kernels("kda.gates"):
-            g = kda_gate(self.f_proj(x).view(T, H, K), self.A_log, self.dt_bias)
+            g = _kda_gate(self.f_proj(x).view(T, H, K), self.A_log, self.dt_bias)
             beta = torch.sigmoid(self.b_proj(x))
             if "gate_grad" in self.masks:
                 g, beta = mask_inactive_token_gradients(g, active), mask_inactive_token_gradients(beta, active)

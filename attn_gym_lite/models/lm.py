@@ -12,14 +12,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..checks import check_int, check_real, check_tensor
+from ..checks import FLOATING_DTYPES, check_int, check_real, check_tensor
 from ..regions import mark_kernels
 from .attention import VarLenAttention, check_heads
 
 Tensor = torch.Tensor
 
 
-_FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 _NO_IGNORED_LABEL = torch.iinfo(torch.int64).min  # cross_entropy's ignore_index, made unreachable
 
 
@@ -56,7 +55,7 @@ def token_loss_sum(logits: Tensor, labels: Tensor, loss_mask: Tensor) -> tuple[T
         ValueError: wrong numbers of dims, row counts that differ, ``V = 0``, or different devices;
             on the CPU (not while ``torch.compile`` traces), a selected label outside ``[0, V)``.
     """
-    check_tensor("logits", logits, ndim=2, shape="[T, V]", dtypes=_FLOAT_DTYPES)
+    check_tensor("logits", logits, ndim=2, shape="[T, V]", dtypes=FLOATING_DTYPES)
     if logits.shape[1] == 0:
         raise ValueError(f"logits must have shape [T, V] with V >= 1 (the vocabulary), got shape {tuple(logits.shape)}")
     check_tensor("labels", labels, ndim=1, shape="[T]", dtypes=(torch.int64,), device=logits.device)

@@ -31,7 +31,7 @@ def check_base(argument: str, base: object) -> float:
         TypeError: not a real number (``bool`` included).
         ValueError: NaN, infinite, or ``<= 1``.
     """
-    return check_real(argument, base, minimum=1.0 + 1e-9)
+    return check_real(argument, base, above=1.0)
 
 
 def rotary_tables(positions: Tensor, head_dim: int, *, base: float = 10000.0,

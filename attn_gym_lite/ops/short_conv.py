@@ -40,8 +40,6 @@ from torch import nn
 from .. import checks
 from ..ragged import positions_in_sequence
 
-_FLOATING = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
-
 Tensor = torch.Tensor
 
 __all__ = ["ShortConv", "short_conv", "short_conv_reference"]
@@ -50,7 +48,7 @@ __all__ = ["ShortConv", "short_conv", "short_conv_reference"]
 def _check_short_conv_arguments(x: object, weight: object, cu_seqlens: object) -> None:
     """Metadata checks only (types, dtypes, shapes, devices), so they are safe inside capture;
     ``cu_seqlens`` by the layout rules every consumer shares (:func:`attn_gym_lite.checks.check_cu_seqlens`)."""
-    x = checks.check_tensor("x", x, ndim=2, shape="[T, D]", dtypes=_FLOATING)
+    x = checks.check_tensor("x", x, ndim=2, shape="[T, D]", dtypes=checks.FLOATING_DTYPES)
     checks.check_tensor("weight", weight, ndim=2, shape=f"[D, W] = [{x.shape[1]}, W >= 1]", dtypes=(x.dtype,),
                         device=x.device)
     if weight.shape[0] != x.shape[1] or weight.shape[1] < 1:

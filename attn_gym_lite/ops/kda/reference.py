@@ -105,11 +105,10 @@ Tensor = torch.Tensor
 
 __all__ = ["kda_chunked", "kda_recurrent"]
 
-_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
 
 def check_kda_metadata(q: object, k: object, v: object, g: object, beta: object, cu_seqlens: object, *,
-                       dtypes: tuple[torch.dtype, ...] = _DTYPES, widths: tuple[int, ...] | None = None,
+                       dtypes: tuple[torch.dtype, ...] = checks.FLOATING_DTYPES, widths: tuple[int, ...] | None = None,
                        width_rule: str | None = None) -> tuple[int, int, int]:
     """The rules of KDA's arguments that read only metadata (types, dims, dtypes, devices, shapes,
     the layout of ``cu_seqlens``), shared by the references and the Triton kernels; returns

@@ -1,0 +1,42 @@
+"""The shared argument checks: what they accept, what they return, and the words of their refusals."""
+
+import math
+
+import pytest
+
+from attn_gym_lite.checks import check_choices, check_keys, check_real
+
+
+def test_check_real_bounds_inclusive_and_exclusive():
+    assert check_real("x", 3) == 3.0 and isinstance(check_real("x", 3), float)
+    assert check_real("x", 0.0, minimum=0.0) == 0.0  # minimum is inclusive
+    assert check_real("x", 1e-300, above=0.0) == 1e-300  # above is exclusive
+    with pytest.raises(ValueError, match=r"x must be a finite real number > 0.0, got 0.0"):
+        check_real("x", 0.0, above=0.0)
+    with pytest.raises(ValueError, match=r"x must be a finite real number > 1.0 <= 2.0, got 2.5"):
+        check_real("x", 2.5, above=1.0, maximum=2.0)
+    with pytest.raises(ValueError, match=r"x must be a finite real number >= 0, got nan"):
+        check_real("x", math.nan, minimum=0)
+    with pytest.raises(TypeError, match=r"x must be a finite real number > 0.0, got True"):
+        check_real("x", True, above=0.0)
+
+
+def test_check_choices_returns_a_tuple_and_names_the_entry():
+    assert check_choices("modes", ["eager", "graph"], ("eager", "graph")) == ("eager", "graph")
+    with pytest.raises(ValueError, match=r"modes\[1\] must be one of \('eager', 'graph'\), got 'graf'"):
+        check_choices("modes", ("eager", "graf"), ("eager", "graph"))
+    with pytest.raises(TypeError, match=r"got the string 'eager'"):
+        check_choices("modes", "eager", ("eager", "graph"))
+    with pytest.raises(TypeError, match=r"got set"):
+        check_choices("modes", {"eager"}, ("eager", "graph"))
+    with pytest.raises(ValueError, match=r"must name at least one of"):
+        check_choices("modes", [], ("eager", "graph"))
+
+
+def test_check_keys_lists_what_is_missing():
+    config = {"T": 1, "dim": 2, "extra": 3}
+    assert check_keys("config", config, ("T", "dim")) is config
+    with pytest.raises(ValueError, match=r"config must be a dict with the keys \['T', 'dim', 'lr'\], missing \['lr'\]"):
+        check_keys("config", config, ("T", "dim", "lr"))
+    with pytest.raises(TypeError, match=r"config must be a dict with the keys \['T'\], got list"):
+        check_keys("config", [("T", 1)], ("T",))
