@@ -33,6 +33,8 @@ __all__ = [
     "check_choices",
     "check_cu_seqlens",
     "check_cu_seqlens_values",
+    "check_device",
+    "check_factory",
     "check_host_cu_seqlens_values",
     "check_file",
     "check_folder",
@@ -321,6 +323,77 @@ def check_folder(argument: str, path: object) -> Path:
     if not path.is_dir():
         raise FileNotFoundError(f"{argument}={str(path)!r}: no such folder")
     return path
+
+
+_DEVICE_EXPECTATION = "a torch.device, a device string ('cpu', 'cuda', 'cuda:<index>', 'meta') or a device index (int >= 0)"
+
+
+def check_device(argument: str, value: object, *, allow_meta: bool = True) -> torch.device:
+    """``value`` as a :class:`torch.device` that this host has: a ``torch.device``, a string torch
+    parses (``"cpu"``, ``"cuda:1"``, ``"meta"``) or an accelerator index (``int >= 0``, as
+    ``torch.device(0)`` reads it: the current accelerator type).
+
+    A backend is accepted only where it is available (``torch.cuda.is_available()`` for CUDA, and
+    an index below ``torch.cuda.device_count()``), so ``device="cuda"`` on a machine without a GPU
+    is refused here, naming the argument, instead of by torch's allocator deep inside a
+    constructor. Capture-safe: reads no tensor.
+
+    Args:
+        allow_meta: whether ``"meta"`` (shapes only, no values) is meaningful for the caller
+            (building a model on meta is; buffers whose values are copied or read are not).
+
+    Raises:
+        TypeError: ``value`` is not a ``str``, ``int`` or ``torch.device`` (``bool``, ``float``,
+            ``None`` included).
+        ValueError: a string torch does not parse (``"foo"``), a negative index, a backend this
+            host does not have (CUDA without a GPU), a CUDA index past the last GPU, or
+            ``"meta"`` where ``allow_meta`` is False.
+    """
+    if isinstance(value, bool) or not isinstance(value, (str, numbers.Integral, torch.device)):
+        raise TypeError(f"{argument} must be {_DEVICE_EXPECTATION}, got {type(value).__name__} {value!r}")
+    if isinstance(value, numbers.Integral):
+        value = check_int(argument, value, minimum=0)
+    try:
+        device = value if isinstance(value, torch.device) else torch.device(value)
+    except RuntimeError:
+        if isinstance(value, int):
+            raise ValueError(f"{argument} must be {_DEVICE_EXPECTATION} of an available accelerator, "
+                             f"got {value} and this host has none") from None
+        raise ValueError(f"{argument} must be {_DEVICE_EXPECTATION}, got {value!r}") from None
+    if device.type == "meta":
+        if not allow_meta:
+            raise ValueError(f"{argument} must be a device that holds values (not 'meta'), got {device}")
+        return device
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ValueError(f"{argument} must be an available device; CUDA is not available here, got {device}")
+        count = torch.cuda.device_count()
+        if device.index is not None and device.index >= count:
+            raise ValueError(f"{argument} must be a CUDA device index in [0, {count - 1}] (this host has {count} "
+                             f"GPU{'s' if count != 1 else ''}), got {device}")
+        return device
+    backend = getattr(torch, device.type, None)
+    is_available = getattr(backend, "is_available", None)
+    if callable(is_available) and not is_available():
+        raise ValueError(f"{argument} must be an available device; {device.type} is not available here, got {device}")
+    return device
+
+
+def check_factory(device: object = None, dtype: object = None, *, allow_meta: bool = True) -> dict:
+    """``{"device": device, "dtype": dtype}`` for a module's parameters (torch's factory keywords),
+    checked: ``device`` ``None`` or as :func:`check_device`, ``dtype`` ``None`` or a floating
+    ``torch.dtype`` (parameters are trained, so an integer or bool dtype is a slip).
+
+    Raises:
+        TypeError: ``device`` of the wrong type (see :func:`check_device`); ``dtype`` not a
+            floating ``torch.dtype`` (``torch.int64``, ``"float32"``, ``float``).
+        ValueError: a ``device`` refused by :func:`check_device`.
+    """
+    if device is not None:
+        device = check_device("device", device, allow_meta=allow_meta)
+    if dtype is not None and not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
+        raise TypeError(f"dtype must be a floating torch.dtype or None, got {dtype!r}")
+    return {"device": device, "dtype": dtype}
 
 
 def _same_device(expected: torch.device | str, actual: torch.device) -> bool:

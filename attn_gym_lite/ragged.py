@@ -31,6 +31,7 @@ from .checks import INT32_MAX as _INT32_MAX
 from .checks import (
     check_cu_seqlens,
     check_cu_seqlens_values,
+    check_device,
     check_host_cu_seqlens_values,
     check_int,
     check_real,
@@ -85,14 +86,19 @@ def cu_seqlens_from_lengths(
         int32 tensor of shape ``[M + 1]``: ``[0, s_0, s_0 + s_1, ..., L]``.
 
     Raises:
-        TypeError: ``lengths`` is neither a 1-D integer tensor nor a sequence of ints.
+        TypeError: ``lengths`` is neither a 1-D integer tensor nor a sequence of ints;
+            ``device`` is not a str, int or ``torch.device``.
         ValueError: ``lengths`` is empty or not 1-D, a meta tensor (no values to read), an
-            entry is negative or past the int32 range, or the total exceeds the int32 range.
+            entry is negative or past the int32 range, or the total exceeds the int32 range;
+            ``device`` is one torch does not parse or this host does not have (``"cuda"``
+            without a GPU; :func:`~attn_gym_lite.checks.check_device`).
 
     Eager: reads ``lengths`` on the host to check them, and builds the result there before
     moving it to ``device`` (so ``device="meta"`` gives a meta tensor). Source: FlashAttention varlen
     convention; seed article, section "What are ragged kernels?".
     """
+    if device is not None:
+        device = check_device("device", device)
     if isinstance(lengths, Tensor):
         dtype = lengths.dtype
         if dtype == torch.bool or dtype.is_floating_point or dtype.is_complex:
@@ -210,16 +216,28 @@ def validate_cu_seqlens(
 
     Raises:
         TypeError: ``cu_seqlens`` is not a tensor or not int32; ``token_capacity`` or
-            ``max_seqlen`` is not an int.
+            ``max_seqlen`` is not an int; ``device`` is not a str, int or ``torch.device``.
         ValueError: ``cu_seqlens`` is on the wrong device, not 1-D, has fewer than 2
             entries, does not start at 0, decreases, ends past ``token_capacity``, or
-            has a sequence longer than ``max_seqlen``.
+            has a sequence longer than ``max_seqlen``; ``device`` is one torch does not
+            parse, one this host does not have (``"cuda"`` without a GPU) or ``"meta"``
+            (no values to check; :func:`~attn_gym_lite.checks.check_device`).
         RuntimeError: called while the current CUDA stream is capturing.
 
     Source: FlashAttention varlen convention; seed article, section "Terminology time".
     """
+    if device is not None:
+        device = check_device("device", device, allow_meta=False)
     check_cu_seqlens(cu_seqlens, device=device)
     check_cu_seqlens_values(cu_seqlens, token_capacity=token_capacity, max_seqlen=max_seqlen)
+
+
+def _validate_against(cu_seqlens: Tensor, packed: Tensor, *, max_seqlen: int | None = None) -> None:
+    """:func:`validate_cu_seqlens` for a ``cu_seqlens`` that must sit on ``packed``'s device (a
+    tensor's device, so not itself an argument to check: a meta ``packed`` is named through
+    ``cu_seqlens``'s device message, not refused as a ``device=`` argument the caller never gave)."""
+    check_cu_seqlens(cu_seqlens, device=packed.device)
+    check_cu_seqlens_values(cu_seqlens, token_capacity=packed.shape[0], max_seqlen=max_seqlen)
 
 
 def max_seqlen(cu_seqlens: Tensor) -> int:
@@ -390,7 +408,7 @@ def unpack_sequences(packed: Tensor, cu_seqlens: Tensor) -> list[Tensor]:
     "What are ragged kernels?".
     """
     _require_token_tensor("packed", packed)
-    validate_cu_seqlens(cu_seqlens, packed.shape[0], device=packed.device)
+    _validate_against(cu_seqlens, packed)
     lengths = lengths_from_cu_seqlens(cu_seqlens).tolist()
     return list(packed[: sum(lengths)].split(lengths))
 
@@ -430,7 +448,7 @@ def packed_to_padded(
     _require_token_tensor("packed", packed)
     if not isinstance(padding_value, numbers.Number):
         raise TypeError(f"padding_value must be a number, got {padding_value!r}")
-    validate_cu_seqlens(cu_seqlens, packed.shape[0], max_seqlen=max_seqlen, device=packed.device)
+    _validate_against(cu_seqlens, packed, max_seqlen=max_seqlen)
 
     lengths = lengths_from_cu_seqlens(cu_seqlens)
     width = int(lengths.max()) if max_seqlen is None else max_seqlen

@@ -28,7 +28,7 @@ from collections.abc import Sequence
 
 import torch
 
-from .checks import INT32_MAX, check_choice, check_cu_seqlens, check_int, check_int_sequence
+from .checks import INT32_MAX, check_choice, check_cu_seqlens, check_device, check_int, check_int_sequence
 
 Tensor = torch.Tensor
 
@@ -147,37 +147,27 @@ def persistent_workers(capacity_tasks: int, num_sms: int, ctas_per_sm: int) -> i
     return max(1, min(capacity_tasks, resident))
 
 
-def num_sms(device: torch.device | str) -> int:
+def num_sms(device: torch.device | str | int) -> int:
     """SM count of a CUDA device; on any other device (CPU: the Triton interpreter) a nominal 4.
 
     Args:
-        device: a ``torch.device`` or a device string (``"cuda"``, ``"cuda:1"``, ``"cpu"``).
+        device: a ``torch.device``, a device string (``"cuda"``, ``"cuda:1"``, ``"cpu"``) or a
+            device index, as :func:`~attn_gym_lite.checks.check_device` takes them.
 
     Returns:
         The number of streaming multiprocessors (``multi_processor_count``).
 
     Raises:
-        TypeError: ``device`` is not a ``torch.device`` or ``str`` (an int index is refused too).
-        ValueError: a string torch does not parse as a device (``"x"``), or a CUDA index at or
-            past the number of CUDA devices.
-        RuntimeError: ``device`` is a CUDA device and CUDA is not available.
+        TypeError: ``device`` is not a ``torch.device``, ``str`` or ``int`` (``None``, a ``bool``).
+        ValueError: a string torch does not parse as a device (``"x"``), a CUDA device when CUDA
+            is not available, or a CUDA index at or past the number of CUDA devices
+            (:func:`~attn_gym_lite.checks.check_device`).
 
     Source: ``torch.cuda.get_device_properties``.
     """
-    if not isinstance(device, (torch.device, str)):
-        raise TypeError(f"device must be a torch.device or a device string, got {device!r}")
-    if isinstance(device, str):
-        try:
-            device = torch.device(device)
-        except RuntimeError:
-            raise ValueError(f"device must be a device string such as 'cuda:0' or 'cpu', got {device!r}") from None
+    device = check_device("device", device)
     if device.type != "cuda":
         return _INTERPRETER_SMS
-    if not torch.cuda.is_available():
-        raise RuntimeError(f"device must be an available CUDA device, got {str(device)!r} but CUDA is not available")
-    count = torch.cuda.device_count()
-    if device.index is not None and device.index >= count:
-        raise ValueError(f"device must be a CUDA device index below {count} (the devices present), got {str(device)!r}")
     return torch.cuda.get_device_properties(device).multi_processor_count
 
 

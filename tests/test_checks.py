@@ -40,3 +40,38 @@ def test_check_keys_lists_what_is_missing():
         check_keys("config", config, ("T", "dim", "lr"))
     with pytest.raises(TypeError, match=r"config must be a dict with the keys \['T'\], got list"):
         check_keys("config", [("T", 1)], ("T",))
+
+
+def test_check_device_parses_and_refuses_by_name():
+    import numpy as np
+    import torch
+
+    from attn_gym_lite.checks import check_device, check_factory
+
+    assert check_device("device", "cpu") == torch.device("cpu")
+    assert check_device("device", torch.device("cpu")) == torch.device("cpu")
+    assert check_device("device", "meta") == torch.device("meta")
+    with pytest.raises(ValueError, match=r"where must be a device that holds values \(not 'meta'\), got meta"):
+        check_device("where", "meta", allow_meta=False)
+    with pytest.raises(ValueError, match=r"where must be a torch.device, a device string .*, got 'foo'"):
+        check_device("where", "foo")
+    for bad in (True, 1.5, None, [0]):
+        with pytest.raises(TypeError, match=r"where must be a torch.device, a device string"):
+            check_device("where", bad)
+    with pytest.raises(ValueError, match=r"where must be an int >= 0, got -1"):
+        check_device("where", -1)
+    if not torch.cuda.is_available():
+        for bad in ("cuda", "cuda:3", torch.device("cuda"), 0, np.int64(0)):
+            with pytest.raises(ValueError, match=r"where must be .*available"):
+                check_device("where", bad)
+    else:
+        assert check_device("where", 0).type == "cuda"
+        past = f"cuda:{torch.cuda.device_count()}"
+        with pytest.raises(ValueError, match=rf"where must be a CUDA device index in .*, got {past}"):
+            check_device("where", past)
+    assert check_factory() == {"device": None, "dtype": None}
+    assert check_factory("cpu", torch.float64) == {"device": torch.device("cpu"), "dtype": torch.float64}
+    with pytest.raises(TypeError, match=r"dtype must be a floating torch.dtype or None, got torch.int64"):
+        check_factory(None, torch.int64)
+    with pytest.raises(ValueError, match=r"device must be a torch.device, a device string"):
+        check_factory("foo")

@@ -51,6 +51,23 @@ def test_static_inputs_refuse_a_meta_field_and_copy_nothing():
         StaticInputs({"a": torch.zeros(3, device="meta")}, "cpu")
 
 
+def test_static_inputs_name_a_bad_device():
+    # torch.device(device) raised torch's bare RuntimeError ("Expected one of cpu, cuda, ...") for
+    # "foo"; "cuda" without a GPU failed in empty_like with "Torch not compiled with CUDA enabled";
+    # "meta" built buffers that hold no values, which copy_ then silently "filled".
+    template = {"a": torch.zeros(3)}
+    with pytest.raises(ValueError, match=r"device must be a torch.device, a device string .*, got 'foo'"):
+        StaticInputs(template, "foo")
+    with pytest.raises(TypeError, match=r"device must be a torch.device, a device string .*, got NoneType None"):
+        StaticInputs(template, None)
+    with pytest.raises(ValueError, match=r"device must be a device that holds values \(not 'meta'\), got meta"):
+        StaticInputs(template, torch.device("meta"))
+    if not torch.cuda.is_available():
+        with pytest.raises(ValueError, match=r"device must be an available device; CUDA is not available here"):
+            StaticInputs(template, "cuda")
+    assert StaticInputs(template, torch.device("cpu")).device == torch.device("cpu")
+
+
 def test_static_inputs_reject_non_batches():
     with pytest.raises(TypeError, match="template must be a mapping of tensors or a dataclass instance, got list"):
         StaticInputs([torch.zeros(2)], "cpu")

@@ -229,6 +229,9 @@ def test_layer_argument_errors():
     (dict(masks=5), TypeError, "masks must be a collection of names .* got int"),
     (dict(dtype=torch.int64), TypeError, "dtype must be a floating torch.dtype or None, got torch.int64"),
     (dict(dtype="float32"), TypeError, "dtype must be a floating torch.dtype or None, got 'float32'"),
+    # torch's bare RuntimeError ("Expected one of cpu, cuda, ... device type") from inside nn.Linear.
+    (dict(device="foo"), ValueError, r"device must be a torch.device, a device string .*, got 'foo'"),
+    (dict(device=1.5), TypeError, r"device must be a torch.device, a device string .*, got float 1.5"),
     # 0 would turn the zero rows past L into NaN (0 / sqrt(0)) in the output norm.
     (dict(norm_eps=0.0), ValueError, r"norm_eps must be a finite real number > 0.0, got 0.0"),
     (dict(norm_eps=-1e-5), ValueError, r"norm_eps must be a finite real number > 0.0, got -1e-05"),

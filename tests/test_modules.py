@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 from helpers import calling
 
-from attn_gym_lite.models import PackedLM, PackedTransformer, VarLenAttention
+from attn_gym_lite.models import PackedLM, PackedTransformer, ShortConvAttentionBlock, VarLenAttention
 from attn_gym_lite.ops.attention import varlen_attention_reference
 from attn_gym_lite.ragged import cu_seqlens_from_lengths, pad_cu_seqlens
 
@@ -303,3 +303,29 @@ def test_rope_base_is_checked_at_construction():
     with pytest.raises(ValueError, match="rope_base must be a finite real number > 1.0, got 0.5"):
         VarLenAttention(32, 2, rotary=True, rope_base=0.5)
     assert VarLenAttention(32, 2, rotary=True, rope_base=500).rope_base == 500.0
+
+
+@pytest.mark.parametrize("build", [
+    lambda **f: VarLenAttention(32, 2, **f),
+    lambda **f: PackedLM(10, 32, 2, **f),
+    lambda **f: PackedTransformer(10, 32, 2, 1, **f),
+    lambda **f: ShortConvAttentionBlock(32, 2, **f),
+], ids=["VarLenAttention", "PackedLM", "PackedTransformer", "ShortConvAttentionBlock"])
+def test_models_refuse_a_device_or_dtype_by_name(build):
+    # A bad device reached nn.Linear / nn.Embedding: torch's RuntimeError "Expected one of cpu,
+    # cuda, ... device type at start of device string: foo", an AssertionError "Torch not compiled
+    # with CUDA enabled" for "cuda" without a GPU, "Cannot access accelerator device" for 0; an
+    # integer dtype a RuntimeError from the initialiser.
+    with pytest.raises(ValueError, match=r"device must be a torch.device, a device string .*, got 'foo'"):
+        build(device="foo")
+    with pytest.raises(TypeError, match=r"device must be a torch.device, a device string .*, got bool True"):
+        build(device=True)
+    with pytest.raises(TypeError, match=r"dtype must be a floating torch.dtype or None, got torch.int64"):
+        build(dtype=torch.int64)
+    if not torch.cuda.is_available():
+        for bad in ("cuda", 0, torch.device("cuda:1")):
+            with pytest.raises(ValueError, match=r"device must be .*available"):
+                build(device=bad)
+    model = build(device="meta")  # meta is meaningful for a model: shapes without memory
+    assert all(p.is_meta for p in model.parameters())
+    assert all(p.dtype == torch.float64 for p in build(device=torch.device("cpu"), dtype=torch.float64).parameters())

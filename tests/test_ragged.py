@@ -93,6 +93,22 @@ def test_cu_seqlens_from_lengths_errors(lengths, error, match):
         cu_seqlens_from_lengths(lengths)
 
 
+def test_cu_seqlens_from_lengths_names_a_bad_device():
+    # The device reached Tensor.to: torch's RuntimeError ("Expected one of cpu, cuda, ...") for
+    # "foo", "Torch not compiled with CUDA enabled" for "cuda" without a GPU, TypeError "to()
+    # received an invalid combination of arguments" for a bool.
+    for lengths in ([1, 2], torch.tensor([1, 2])):
+        with pytest.raises(ValueError, match=r"device must be a torch.device, a device string .*, got 'foo'"):
+            cu_seqlens_from_lengths(lengths, device="foo")
+        with pytest.raises(TypeError, match=r"device must be a torch.device, a device string .*, got bool True"):
+            cu_seqlens_from_lengths(lengths, device=True)
+        if not torch.cuda.is_available():
+            with pytest.raises(ValueError, match=r"device must be an available device; CUDA is not available here"):
+                cu_seqlens_from_lengths(lengths, device="cuda")
+        assert cu_seqlens_from_lengths(lengths, device=torch.device("meta")).is_meta  # documented: shape only
+    assert cu_seqlens_from_lengths([1, 2], device="cpu").tolist() == [0, 1, 3]
+
+
 def test_lengths_from_cu_seqlens_tail_slots_are_empty():
     assert lengths_from_cu_seqlens(cu([0, 65, 128, 128, 128])).tolist() == [65, 63, 0, 0]
 
@@ -162,7 +178,10 @@ def test_validate_accepts_well_formed_metadata():
             TypeError,
             "cu_seqlens must have dtype torch.int32 (FlashAttention varlen convention), got torch.int64",
         ),
-        (cu([0, 65, 128]), {"device": "meta"}, ValueError, "cu_seqlens must be on device meta, got cpu"),
+        # A meta cu_seqlens has no values to validate: the device argument itself is refused.
+        (cu([0, 65, 128]), {"device": "meta"}, ValueError, "device must be a device that holds values (not 'meta'), got meta"),
+        (cu([0, 65, 128]), {"device": "foo"}, ValueError, "device must be a torch.device, a device string"),
+        (cu([0, 65, 128]), {"device": 1.5}, TypeError, "device must be a torch.device, a device string"),
         (cu([[0, 1], [1, 2]]), {}, ValueError, "cu_seqlens must be 1-D with shape [N + 1], got shape (2, 2)"),
         (cu([0]), {}, ValueError, "cu_seqlens must have at least 2 entries (shape [N + 1] with N >= 1), got shape (1,)"),
         (cu([3, 65, 128]), {}, ValueError, "cu_seqlens[0] must be 0, got 3"),

@@ -141,3 +141,12 @@ def test_cuda_graph_replay_with_new_layouts_matches_the_reference(dtype):
         torch.testing.assert_close(grad_x[:active].double().cpu(), e_grad_x, **tolerance)
         torch.testing.assert_close(grad_weight.double().cpu(), e_grad_w, rtol=tolerance["rtol"],
                                    atol=tolerance["atol"] * max(1.0, active ** 0.5))
+
+
+def test_short_conv_module_names_a_bad_device_or_dtype():
+    # torch's RuntimeError from torch.empty for "foo"; an int dtype failed in nn.init.uniform_.
+    with pytest.raises(ValueError, match=r"device must be a torch.device, a device string .*, got 'foo'"):
+        ShortConv(4, 3, device="foo")
+    with pytest.raises(TypeError, match=r"dtype must be a floating torch.dtype or None, got torch.int32"):
+        ShortConv(4, 3, dtype=torch.int32)
+    assert ShortConv(4, 3, device="meta").weight.is_meta

@@ -25,7 +25,7 @@ from typing import Any, TypeVar
 
 import torch
 
-from ..checks import check_bool, check_choice, check_int
+from ..checks import check_bool, check_choice, check_device, check_int
 
 Tensor = torch.Tensor
 Output = TypeVar("Output")
@@ -167,7 +167,11 @@ class StaticInputs:
     Raises:
         TypeError: ``template`` is neither a mapping nor a dataclass instance, or holds no
             tensors.
-        ValueError: a tensor field of ``template`` is a meta tensor (see :meth:`copy_`).
+        ValueError: a tensor field of ``template`` is a meta tensor (see :meth:`copy_`);
+            ``device`` is one torch does not parse, one this host does not have (``"cuda"``
+            without a GPU) or ``"meta"`` (buffers that hold no values;
+            :func:`~attn_gym_lite.checks.check_device`).
+        TypeError: ``device`` is not a str, int or ``torch.device``.
 
     Source: the seed article, "A More Realistic Training Loop" (static buffers filled from
     pinned batches).
@@ -177,7 +181,7 @@ class StaticInputs:
         fields = _tensor_fields(template, "template")
         if not fields:
             raise TypeError("StaticInputs: template must hold at least one Tensor field, got none")
-        self.device = torch.device(device)
+        self.device = check_device("device", device, allow_meta=False)
         self._buffers: dict[str, Tensor] = {
             name: torch.empty_like(value, device=self.device) for name, value in fields.items()
         }

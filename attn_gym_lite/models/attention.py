@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ..checks import check_bool, check_choice
+from ..checks import check_bool, check_choice, check_factory
 from ..ops.attention import IMPLEMENTATIONS, TRITON_HEAD_DIMS, needs_max_seqlen, varlen_attention
 from ..ops.masking import active_token_mask, mask_inactive_token_gradients, mask_inactive_tokens
 from ..ops.rotary import apply_rotary, check_base, rotary_tables
@@ -85,8 +85,11 @@ class VarLenAttention(nn.Module):
             head dim ``dim // num_heads`` not in 16, 32, 64, 128 (the message names ``dim``,
             ``num_heads`` and the head dim); ``impl`` or ``schedule`` unknown; ``rope_base`` not
             a finite number ``> 1`` (the check :func:`~attn_gym_lite.ops.rotary.rotary_tables`
-            makes, here at construction rather than at the first forward).
-        TypeError: a flag is not a bool; ``rope_base`` is not a real number.
+            makes, here at construction rather than at the first forward); a ``device`` that
+            torch does not parse or this host does not have (``"cuda"`` without a GPU; see
+            :func:`~attn_gym_lite.checks.check_device`).
+        TypeError: a flag is not a bool; ``rope_base`` is not a real number; ``device`` not a
+            str, int or ``torch.device``; ``dtype`` not a floating ``torch.dtype``.
 
     Source: the seed article, "Hello World" (module) and "Correctness tangent" (masking).
     """
@@ -115,8 +118,9 @@ class VarLenAttention(nn.Module):
         # Checked here even when rotary is False: a bad base is a slip whether or not it is used.
         self.rotary = check_bool("rotary", rotary)
         self.rope_base = check_base("rope_base", rope_base)
-        self.qkv = nn.Linear(dim, 3 * dim, bias=False, device=device, dtype=dtype)
-        self.out_proj = nn.Linear(dim, dim, bias=False, device=device, dtype=dtype)
+        factory = check_factory(device, dtype)
+        self.qkv = nn.Linear(dim, 3 * dim, bias=False, **factory)
+        self.out_proj = nn.Linear(dim, dim, bias=False, **factory)
 
     @property
     def needs_max_seqlen(self) -> bool:

@@ -46,7 +46,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..checks import check_choice
+from ..checks import check_choice, check_factory
 from ..ops.attention import IMPLEMENTATIONS, needs_max_seqlen, varlen_attention
 from ..ops.masking import active_token_mask, mask_inactive_token_gradients, mask_inactive_tokens
 from ..ops.short_conv import ShortConv
@@ -83,8 +83,10 @@ class ShortConvAttentionBlock(nn.Module):
     Raises:
         ValueError: ``dim`` is not a positive multiple of ``num_heads`` (or, for ``impl="triton"``,
             gives a head dim not in 16, 32, 64, 128), or ``masks`` names a site not in
-            :data:`MASK_SITES`.
-        TypeError: ``masks`` is a string rather than a collection of site names.
+            :data:`MASK_SITES`; a ``device`` torch does not parse or this host does not have
+            (:func:`~attn_gym_lite.checks.check_device`).
+        TypeError: ``masks`` is a string rather than a collection of site names; ``device`` not a
+            str, int or ``torch.device``; ``dtype`` not a floating ``torch.dtype``.
 
     Capturable on CUDA: nothing in ``forward`` reads the device.
     Source: seed article, section "Correctness tangent"; flash-linear-attention's layers.
@@ -119,7 +121,7 @@ class ShortConvAttentionBlock(nn.Module):
         self.masks = masks
         self.impl = check_choice("impl", impl, ("auto", *IMPLEMENTATIONS))
         self.schedule = check_choice("schedule", schedule, SCHEDULES)
-        factory = {"device": device, "dtype": dtype}
+        factory = check_factory(device, dtype)
         self.norm_in = nn.RMSNorm(dim, **factory)
         self.qkv = nn.Linear(dim, 3 * dim, bias=False, **factory)
         self.conv = ShortConv(3 * dim, kernel_size, **factory)

@@ -238,7 +238,8 @@ class KDAAttention(nn.Module):
     Raises:
         TypeError / ValueError: a size that is not an int >= 1, an ``impl`` outside
             :data:`KDA_IMPLEMENTATIONS`, ``masks`` given as a string or naming a site not in
-            :data:`KDA_MASK_SITES`, a ``dtype`` that is not floating; in ``forward``, ``x`` not
+            :data:`KDA_MASK_SITES`, a ``dtype`` that is not floating, a ``device`` refused by
+            :func:`~attn_gym_lite.checks.check_device` (``"cuda"`` without a GPU); in ``forward``, ``x`` not
             ``[T, hidden_size]`` in the parameters' dtype and device, or a ``cu_seqlens`` of the
             wrong layout (1-D int32 ``[N + 1 >= 2]`` on ``x``'s device). The values of
             ``cu_seqlens`` (starts at 0, never decreases, ``L <= T``) are checked by the core,
@@ -296,11 +297,10 @@ class KDAAttention(nn.Module):
         unknown = sorted(self.masks - set(KDA_MASK_SITES))
         if unknown:
             raise ValueError(f"masks must be names from {KDA_MASK_SITES}, got unknown {unknown}")
-        if dtype is not None and not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
-            raise TypeError(f"dtype must be a floating torch.dtype or None, got {dtype!r}")
+        factory = checks.check_factory(device, dtype)
+        device = factory["device"]
         self.hidden_size, self.num_heads, self.head_dim, self.head_v_dim = hidden_size, H, K, V
 
-        factory = {"device": device, "dtype": dtype}
         self.qkv_proj = nn.Linear(hidden_size, 2 * H * K + H * V, bias=False, **factory)
         self.conv = ShortConv(2 * H * K + H * V, conv_size, **factory)
         self.f_proj = nn.Sequential(nn.Linear(hidden_size, rank, bias=False, **factory),

@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..checks import FLOATING_DTYPES, check_int, check_real, check_tensor
+from ..checks import FLOATING_DTYPES, check_factory, check_int, check_real, check_tensor
 from ..regions import mark_kernels
 from .attention import VarLenAttention, check_heads
 
@@ -215,13 +215,16 @@ class PackedLM(_PackedLanguageModel):
         TypeError / ValueError: ``vocab_size`` not an int ``>= 1`` (as :class:`PackedTransformer`).
         ValueError: ``dim`` not a positive multiple of ``num_heads``, or ``impl="triton"`` with a
             head dim not in 16, 32, 64, 128; ``impl`` or ``schedule`` unknown.
+        TypeError / ValueError: ``device`` or ``dtype`` refused by
+            :func:`~attn_gym_lite.checks.check_factory` (a string torch does not parse, ``"cuda"``
+            without a GPU, a non-floating ``dtype``).
     """
 
     def __init__(self, vocab_size: int, dim: int, num_heads: int, *, impl: str = "auto", schedule: str = "auto",
                  device: torch.device | str | None = None, dtype: torch.dtype | None = None) -> None:
         super().__init__()
         check_int("vocab_size", vocab_size, minimum=1)
-        factory = {"device": device, "dtype": dtype}
+        factory = check_factory(device, dtype)
         self.embedding = nn.Embedding(vocab_size, dim, **factory)
         self.norm_in = nn.RMSNorm(dim, **factory)
         self.attention = VarLenAttention(dim, num_heads, causal=True, mask_inactive_capacity=True, impl=impl,
@@ -264,14 +267,15 @@ class TransformerBlock(nn.Module):
             64, 128 (the message names ``VarLenAttention``, ``dim`` and ``num_heads``); ``hidden``
             < 1; ``impl`` or ``schedule`` not one of their choices.
         TypeError: ``hidden`` is not an int.
-        RuntimeError: torch's own, for a ``device`` string it does not parse or a non-floating
-            ``dtype``.
+        TypeError / ValueError: ``device`` or ``dtype`` refused by
+            :func:`~attn_gym_lite.checks.check_factory` (a string torch does not parse, ``"cuda"``
+            without a GPU, a non-floating ``dtype``).
     """
 
     def __init__(self, dim: int, num_heads: int, hidden: int, *, impl: str, schedule: str,
                  device=None, dtype=None) -> None:
         super().__init__()
-        factory = {"device": device, "dtype": dtype}
+        factory = check_factory(device, dtype)
         # The attention first: it checks dim, num_heads and the head dim (naming VarLenAttention, as
         # every model's message does); registered after the norm, so the parameter order stays.
         attention = VarLenAttention(dim, num_heads, causal=True, mask_inactive_capacity=True, impl=impl,
@@ -313,7 +317,9 @@ class PackedTransformer(_PackedLanguageModel):
         TypeError / ValueError: a size is not a positive int, ``dim`` not a multiple of
             ``num_heads``, or ``impl="triton"`` with a head dim not in 16, 32, 64, 128 (the message
             names ``dim``, ``num_heads`` and the head dim); ``mlp_ratio`` not a finite real number
-            ``> 0``, or so small that the hidden width ``int(mlp_ratio * dim)`` is 0.
+            ``> 0``, or so small that the hidden width ``int(mlp_ratio * dim)`` is 0; ``device``
+            or ``dtype`` refused by :func:`~attn_gym_lite.checks.check_factory` (a string torch
+            does not parse, ``"cuda"`` without a GPU, a non-floating ``dtype``).
 
     Source: the Llama architecture (RMSNorm, RoPE, SwiGLU), packed as in the seed article.
     """
@@ -333,7 +339,7 @@ class PackedTransformer(_PackedLanguageModel):
                 f"with dim={dim}: {int(mlp_ratio * dim)}"
             )
         hidden = -(-int(mlp_ratio * dim) // 64) * 64
-        factory = {"device": device, "dtype": dtype}
+        factory = check_factory(device, dtype)
         self.embedding = nn.Embedding(vocab_size, dim, **factory)
         self.blocks = nn.ModuleList(
             TransformerBlock(dim, num_heads, hidden, impl=impl, schedule=schedule, **factory) for _ in range(num_layers)

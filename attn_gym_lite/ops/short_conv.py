@@ -188,7 +188,10 @@ class ShortConv(nn.Module):
     undefined, as :func:`short_conv`.
 
     Raises:
-        ValueError: ``dim`` or ``kernel_size`` is not a positive int.
+        ValueError: ``dim`` or ``kernel_size`` is not a positive int; a ``device`` refused by
+            :func:`~attn_gym_lite.checks.check_device` (``"cuda"`` without a GPU).
+        TypeError: ``device`` not a str, int or ``torch.device``; ``dtype`` not a floating
+            ``torch.dtype``.
     """
 
     def __init__(
@@ -203,7 +206,7 @@ class ShortConv(nn.Module):
         for name, value in (("dim", dim), ("kernel_size", kernel_size)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"ShortConv: {name} must be an int >= 1, got {value!r}")
-        self.weight = nn.Parameter(torch.empty(dim, kernel_size, device=device, dtype=dtype))
+        self.weight = nn.Parameter(torch.empty(dim, kernel_size, **checks.check_factory(device, dtype)))
         bound = 1 / math.sqrt(kernel_size)
         nn.init.uniform_(self.weight, -bound, bound)
 
