@@ -36,6 +36,7 @@ __all__ = [
     "check_device",
     "check_factory",
     "check_host_cu_seqlens_values",
+    "check_features",
     "check_file",
     "check_folder",
     "check_int",
@@ -424,6 +425,27 @@ def check_tensor(argument: str, value: object, *, ndim: int | None = None, shape
         raise TypeError(f"{argument} must have dtype {names}, got {value.dtype}")
     if device is not None and not _same_device(device, value.device):
         raise ValueError(f"{argument} must be on device {torch.device(device)}, got {value.device}")
+    return value
+
+
+def check_features(argument: str, value: object, width: int, *, like: Tensor, name: str = "width") -> Tensor:
+    """``value`` as a module's input rows: a ``[T, width]`` tensor in the dtype and on the device of
+    ``like`` (the module's weight). Metadata only, capture-safe. Under ``torch.autocast`` on
+    ``like``'s device any floating dtype is accepted (autocast casts it at the projection).
+
+    Args:
+        name: what ``width`` is called in the module (``"dim"``, ``"hidden_size"``), for the message.
+
+    Raises:
+        TypeError: not a tensor, or a dtype other than ``like``'s.
+        ValueError: not 2-D, a width other than ``width``, or another device than ``like``'s.
+    """
+    shape = f"[T, {width}]"
+    dtypes = FLOATING_DTYPES if like.device.type in ("cpu", "cuda") and torch.is_autocast_enabled(
+        like.device.type) else (like.dtype,)
+    check_tensor(argument, value, ndim=2, shape=shape, dtypes=dtypes, device=like.device)
+    if value.shape[1] != width:
+        raise ValueError(f"{argument} must have shape {shape} ({name}), got {tuple(value.shape)}")
     return value
 
 

@@ -329,3 +329,28 @@ def test_models_refuse_a_device_or_dtype_by_name(build):
     model = build(device="meta")  # meta is meaningful for a model: shapes without memory
     assert all(p.is_meta for p in model.parameters())
     assert all(p.dtype == torch.float64 for p in build(device=torch.device("cpu"), dtype=torch.float64).parameters())
+
+
+@pytest.mark.parametrize("build", [
+    lambda: VarLenAttention(32, 2, impl="reference"),
+    lambda: ShortConvAttentionBlock(32, 2, impl="reference"),
+], ids=["VarLenAttention", "ShortConvAttentionBlock"])
+def test_forward_names_a_bad_x(build):
+    # x was used unchecked: a list gave AttributeError ('list' object has no attribute 'shape'),
+    # a wrong width or dtype torch's "mat1 and mat2 shapes cannot be multiplied" / "expected m1
+    # and m2 to have the same dtype", a 1-D x "shape '[32, 3, 2, 16]' is invalid".
+    module = build()
+    cu = torch.tensor([0, 3], dtype=torch.int32)
+    cases = [
+        ([[0.0] * 32] * 3, TypeError, r"x must be a torch.Tensor of shape \[T, 32\], got list"),
+        (torch.randn(3, 16), ValueError, r"x must have shape \[T, 32\] \(dim\), got \(3, 16\)"),
+        (torch.randn(32), ValueError, r"x must have shape \[T, 32\], got shape \(32,\)"),
+        (torch.randn(3, 32, dtype=torch.float64), TypeError, r"x must have dtype float32, got torch.float64"),
+        (torch.randn(3, 32, device="meta"), ValueError, r"x must be on device cpu, got meta"),
+    ]
+    for x, error, match in cases:
+        with pytest.raises(error, match=match):
+            module(x, cu)
+    if isinstance(module, VarLenAttention):  # autocast casts at the projection: accepted
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            assert module(torch.randn(3, 32, dtype=torch.bfloat16), cu).shape == (3, 32)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ..checks import check_bool, check_choice, check_factory
+from ..checks import check_bool, check_choice, check_factory, check_features
 from ..ops.attention import IMPLEMENTATIONS, TRITON_HEAD_DIMS, needs_max_seqlen, varlen_attention
 from ..ops.masking import active_token_mask, mask_inactive_token_gradients, mask_inactive_tokens
 from ..ops.rotary import apply_rotary, check_base, rotary_tables
@@ -90,6 +90,9 @@ class VarLenAttention(nn.Module):
             :func:`~attn_gym_lite.checks.check_device`).
         TypeError: a flag is not a bool; ``rope_base`` is not a real number; ``device`` not a
             str, int or ``torch.device``; ``dtype`` not a floating ``torch.dtype``.
+        TypeError / ValueError: in ``forward``, ``x`` not a ``[T, dim]`` tensor in the parameters'
+            dtype and on their device (:func:`~attn_gym_lite.checks.check_features`; metadata
+            only, so ``forward`` stays capturable), or a ``cu_seqlens`` of the wrong layout.
 
     Source: the seed article, "Hello World" (module) and "Correctness tangent" (masking).
     """
@@ -134,6 +137,7 @@ class VarLenAttention(nn.Module):
 
     def forward(self, x: Tensor, cu_seqlens: Tensor, max_seqlen: int | None = None,
                 rotary: tuple[Tensor, Tensor] | None = None) -> Tensor:
+        check_features("x", x, self.dim, like=self.qkv.weight, name="dim")  # metadata only: capturable
         tokens = x.shape[0]
         active = None
         if self.mask_inactive_capacity:

@@ -46,7 +46,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..checks import check_choice, check_factory
+from ..checks import check_choice, check_factory, check_features
 from ..ops.attention import IMPLEMENTATIONS, needs_max_seqlen, varlen_attention
 from ..ops.masking import active_token_mask, mask_inactive_token_gradients, mask_inactive_tokens
 from ..ops.short_conv import ShortConv
@@ -87,6 +87,9 @@ class ShortConvAttentionBlock(nn.Module):
             (:func:`~attn_gym_lite.checks.check_device`).
         TypeError: ``masks`` is a string rather than a collection of site names; ``device`` not a
             str, int or ``torch.device``; ``dtype`` not a floating ``torch.dtype``.
+        TypeError / ValueError: in ``forward``, ``x`` not a ``[T, dim]`` tensor in the parameters'
+            dtype and on their device (:func:`~attn_gym_lite.checks.check_features`; metadata
+            only, so ``forward`` stays capturable), or a ``cu_seqlens`` of the wrong layout.
 
     Capturable on CUDA: nothing in ``forward`` reads the device.
     Source: seed article, section "Correctness tangent"; flash-linear-attention's layers.
@@ -134,6 +137,7 @@ class ShortConvAttentionBlock(nn.Module):
         return needs_max_seqlen(self.impl, self.schedule)
 
     def forward(self, x: Tensor, cu_seqlens: Tensor, max_seqlen: int | None = None) -> Tensor:
+        check_features("x", x, self.dim, like=self.qkv.weight, name="dim")  # metadata only: capturable
         tokens = x.shape[0]
         # One mask per forward, from the device value cu_seqlens[-1]; every site below reuses it.
         active = active_token_mask(x, cu_seqlens)

@@ -383,11 +383,7 @@ class KDAAttention(nn.Module):
         return q, k, v.reshape(T, H, V), g, beta
 
     def _check_input(self, x: object, cu_seqlens: object) -> None:
-        weight = self.qkv_proj.weight
-        checks.check_tensor("x", x, ndim=2, shape=f"[T, {self.hidden_size}]", dtypes=(weight.dtype,),
-                            device=weight.device)
-        if x.shape[1] != self.hidden_size:
-            raise ValueError(f"x must have shape [T, {self.hidden_size}] (hidden_size), got {tuple(x.shape)}")
+        checks.check_features("x", x, self.hidden_size, like=self.qkv_proj.weight, name="hidden_size")
         checks.check_cu_seqlens(cu_seqlens, device=x.device)
         # Not the values: the core checks them (see the class docstring), and a second check here
         # would read cu_seqlens on the host a second time. Nothing before the core indexes memory
