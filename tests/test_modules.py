@@ -1,6 +1,7 @@
 """VarLenAttention and PackedLM against independent computations; the models' input checks."""
 
 import math
+import re
 
 import pytest
 import torch
@@ -245,10 +246,11 @@ def test_forward_names_an_input_id_outside_the_vocabulary(monkeypatch, stray):
     calls = []
     checked = lm._check_input_ids
     monkeypatch.setattr(lm, "_check_input_ids", lambda *a: calls.append(a) or checked(*a))
+    active = torch.arange(16) < 8  # the loss counts the L = 8 active rows only
     for model in _both_models():
         with pytest.raises(ValueError, match=message):
-            model.loss(bad, ids, torch.ones(16, dtype=torch.bool), cu)
-        model.loss(ids, ids, torch.ones(16, dtype=torch.bool), cu)
+            model.loss(bad, ids, active, cu)
+        model.loss(ids, ids, active, cu)
     assert len(calls) == 4
 
 
@@ -354,3 +356,25 @@ def test_forward_names_a_bad_x(build):
     if isinstance(module, VarLenAttention):  # autocast casts at the projection: accepted
         with torch.autocast("cpu", dtype=torch.bfloat16):
             assert module(torch.randn(3, 32, dtype=torch.bfloat16), cu).shape == (3, 32)
+
+
+@pytest.mark.parametrize("build", [lambda: PackedLM(10, 32, 2, impl="reference"),
+                                   lambda: PackedTransformer(10, 32, 2, 1, impl="reference")],
+                         ids=["PackedLM", "PackedTransformer"])
+def test_loss_refuses_a_cpu_mask_past_the_active_rows(build):
+    # A CPU loss_mask True past L = cu_seqlens[-1] was silently counted: the mean included the
+    # logits of rows past the batch (PackedBatch refuses such a mask; a direct call did not).
+    torch.manual_seed(0)
+    model = build().double()
+    ids, labels = torch.randint(0, 10, (8,)), torch.randint(0, 10, (8,))
+    cu = torch.tensor([0, 3, 5, 5], dtype=torch.int32)
+    mask = torch.ones(8, dtype=torch.bool)
+    with pytest.raises(ValueError, match=re.escape(
+            "loss_mask must be False on the inactive rows L..T-1 = 5..7 (L = cu_seqlens[-1]; the loss would "
+            "count rows past the batch), got loss_mask[5] = True (3 such rows)")):
+        model.loss(ids, labels, mask, cu)
+    mask[5:] = False
+    mask[1] = False  # rows before L may be left out
+    logits = model(ids, cu)
+    expected = sum(F.cross_entropy(logits[r:r + 1], labels[r:r + 1]) for r in (0, 2, 3, 4)) / 4
+    torch.testing.assert_close(model.loss(ids, labels, mask, cu), expected)

@@ -90,6 +90,24 @@ def _check_selected_labels(labels: Tensor, loss_mask: Tensor, vocab_size: int) -
         )
 
 
+def _check_mask_within_active_rows(loss_mask: object, cu_seqlens: Tensor) -> None:
+    """A CPU bool ``loss_mask`` False on rows ``L..T-1``, ``L = cu_seqlens[-1]`` (CPU values only,
+    read for free; ``forward`` has checked ``cu_seqlens``). Anything else is left to
+    :func:`token_loss_sum`'s metadata checks, or trusted on CUDA (capture-safe)."""
+    if not (isinstance(loss_mask, Tensor) and loss_mask.device.type == "cpu" and loss_mask.dtype == torch.bool
+            and loss_mask.ndim == 1 and cu_seqlens.device.type == "cpu") or torch.compiler.is_compiling():
+        return
+    active_tokens = int(cu_seqlens[-1])
+    rows = torch.nonzero(loss_mask[active_tokens:]).flatten()
+    if rows.numel() > 0:
+        row = active_tokens + int(rows[0])
+        raise ValueError(
+            f"loss_mask must be False on the inactive rows L..T-1 = {active_tokens}..{loss_mask.shape[0] - 1} "
+            f"(L = cu_seqlens[-1]; the loss would count rows past the batch), got loss_mask[{row}] = True "
+            f"({rows.numel()} such rows)"
+        )
+
+
 def _check_input_ids(input_ids: Tensor, vocab_size: int) -> None:
     """``input_ids`` an int64 (or int32, which ``nn.Embedding`` takes too) ``[T]`` tensor and, where
     it is on the CPU (and ``torch.compile`` is not tracing), every id in ``[0, vocab_size)``. The one check every model's ``forward`` makes.
@@ -183,14 +201,21 @@ class _PackedLanguageModel(nn.Module):
         """Mean cross-entropy over ``loss_mask`` (:func:`packed_lm_loss`) of ``forward``'s logits.
 
         ``input_ids`` is checked by ``forward`` (its shape and dtype; on the CPU its ids too), the
-        labels by :func:`token_loss_sum` (on the CPU, those ``loss_mask`` selects).
+        labels by :func:`token_loss_sum` (on the CPU, those ``loss_mask`` selects). A CPU
+        ``loss_mask`` must be False on the inactive rows ``L..T-1`` (``L = cu_seqlens[-1]``), as
+        :class:`~attn_gym_lite.data.PackedBatch` requires: else the mean would count rows past
+        the batch. A CUDA ``loss_mask`` is trusted (reading it would synchronise and is impossible
+        during a capture): build it with :class:`~attn_gym_lite.data.PackedBatch`, which checks it.
 
         Raises:
             TypeError / ValueError: what ``forward`` raises (``input_ids`` not int64 ``[T]``, a CPU
                 id outside ``[0, V)``, a bad ``cu_seqlens``); a label outside ``[0, V)`` on a CPU
                 row ``loss_mask`` selects, or a bad ``labels`` or ``loss_mask`` (:func:`token_loss_sum`).
+            ValueError: a CPU ``loss_mask`` True on a row at or past ``L`` (not while
+                ``torch.compile`` traces).
         """
         logits = self(input_ids, cu_seqlens, max_seqlen)
+        _check_mask_within_active_rows(loss_mask, cu_seqlens)
         with mark_kernels("loss"):
             return packed_lm_loss(logits, labels, loss_mask)
 
