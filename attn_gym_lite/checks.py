@@ -38,6 +38,7 @@ __all__ = [
     "check_host_cu_seqlens_values",
     "check_features",
     "check_file",
+    "check_fill",
     "check_folder",
     "check_int",
     "check_int_sequence",
@@ -268,6 +269,43 @@ def check_keys(argument: str, value: object, required: Collection[str]) -> dict:
     missing = sorted(set(required) - set(value))
     if missing:
         raise ValueError(f"{argument} must be a dict with the keys {sorted(required)}, missing {missing}")
+    return value
+
+
+def check_fill(argument: str, value: object, dtype: torch.dtype) -> object:
+    """``value`` if a tensor of ``dtype`` can hold it: the fill of a new tensor, never silently
+    changed (a ``-1`` stored as 255 in uint8, a ``0.5`` truncated to 0 in int32).
+
+    Integer dtypes take an integral value (an ``int``, or a ``float`` such as ``2.0``) in the
+    dtype's range; bool takes ``True``/``False`` (or 0/1); floating dtypes a real number whose
+    magnitude is at most the dtype's largest finite value, or a non-finite one (NaN and ±inf are
+    fills like any other; other values are rounded to the dtype, as any cast does); complex
+    dtypes any number, each part so bounded.
+
+    Raises:
+        TypeError: ``value`` is not a number, or is complex for a real ``dtype``.
+        ValueError: it is out of ``dtype``'s range, or not integral (or NaN/inf) for an integer
+            or bool ``dtype``.
+    """
+    if not isinstance(value, numbers.Number):
+        raise TypeError(f"{argument} must be a number (a fill for {dtype}), got {type(value).__name__} {value!r}")
+    if isinstance(value, numbers.Complex) and not isinstance(value, numbers.Real) and not dtype.is_complex:
+        raise TypeError(f"{argument} must be a real number (a fill for {dtype}), got {value!r}")
+    if dtype.is_complex or dtype.is_floating_point:
+        largest = torch.finfo(dtype).max
+        parts = (complex(value).real, complex(value).imag)
+        if any(math.isfinite(part) and abs(part) > largest for part in parts):
+            raise ValueError(f"{argument} must be within {dtype}'s range (magnitude <= {largest:g}), got {value!r}")
+        return value
+    lowest, highest = (0, 1) if dtype == torch.bool else (torch.iinfo(dtype).min, torch.iinfo(dtype).max)
+    if not isinstance(value, numbers.Integral):
+        real = float(value)
+        if not (math.isfinite(real) and real.is_integer()):
+            raise ValueError(f"{argument} must be an integral value in [{lowest}, {highest}] (a fill for {dtype}), "
+                             f"got {value!r}")
+    if not lowest <= int(value) <= highest:
+        raise ValueError(f"{argument} must be an integral value in [{lowest}, {highest}] (a fill for {dtype}), "
+                         f"got {value!r}")
     return value
 
 

@@ -32,6 +32,7 @@ from .checks import (
     check_cu_seqlens,
     check_cu_seqlens_values,
     check_device,
+    check_fill,
     check_host_cu_seqlens_values,
     check_int,
     check_real,
@@ -430,7 +431,9 @@ def packed_to_padded(
         packed: tensor of shape ``[T, ...]``, any dtype and device.
         cu_seqlens: int32 tensor of shape ``[B + 1]`` on ``packed``'s device, ``L <= T``.
         max_seqlen: width of the padded batch in tokens, ``>= S_max``; defaults to ``S_max``.
-        padding_value: fill for positions past each sequence's end, cast to ``packed.dtype``.
+        padding_value: fill for positions past each sequence's end, which ``packed.dtype`` must
+            hold (:func:`~attn_gym_lite.checks.check_fill`: an integral value in range for an
+            integer dtype, a real number within range for a floating one; a float is rounded).
 
     Returns:
         A new tensor of shape ``[B, max_seqlen, ...]`` with ``packed``'s dtype and device,
@@ -439,15 +442,15 @@ def packed_to_padded(
 
     Raises:
         TypeError / ValueError: ``packed`` is not a tensor with a token dimension,
-            ``padding_value`` is not a number, or the errors of
+            ``padding_value`` is not a number, is complex for a real ``packed``, is outside
+            ``packed.dtype``'s range or (for an integer or bool dtype) not integral, or the errors of
             ``validate_cu_seqlens(cu_seqlens, T, max_seqlen=max_seqlen, device=packed.device)``.
 
     Eager only (reads ``cu_seqlens`` on the host). Source: the padded layout that the
     seed article, section "What are ragged kernels?", contrasts with packing.
     """
     _require_token_tensor("packed", packed)
-    if not isinstance(padding_value, numbers.Number):
-        raise TypeError(f"padding_value must be a number, got {padding_value!r}")
+    check_fill("padding_value", padding_value, packed.dtype)
     _validate_against(cu_seqlens, packed, max_seqlen=max_seqlen)
 
     lengths = lengths_from_cu_seqlens(cu_seqlens)

@@ -75,3 +75,18 @@ def test_check_device_parses_and_refuses_by_name():
         check_factory(None, torch.int64)
     with pytest.raises(ValueError, match=r"device must be a torch.device, a device string"):
         check_factory("foo")
+
+
+def test_check_fill_keeps_what_the_dtype_holds():
+    import torch
+
+    from attn_gym_lite.checks import check_fill
+
+    assert check_fill("v", 255, torch.uint8) == 255 and check_fill("v", 2.0, torch.int8) == 2.0
+    assert check_fill("v", True, torch.bool) is True and math.isnan(check_fill("v", math.nan, torch.bfloat16))
+    with pytest.raises(ValueError, match=r"v must be an integral value in \[-128, 127\] \(a fill for torch.int8\), got 128"):
+        check_fill("v", 128, torch.int8)
+    with pytest.raises(TypeError, match=r"v must be a number \(a fill for torch.int8\), got NoneType None"):
+        check_fill("v", None, torch.int8)
+    with pytest.raises(ValueError, match=r"v must be within torch.complex64's range"):
+        check_fill("v", complex(0, 1e300), torch.complex64)

@@ -4,8 +4,10 @@ Each result is checked against an independent reference: a hand-computed example
 (lengths [65, 63] -> cu_seqlens [0, 65, 128]) or a naive Python loop over sequences.
 """
 
+import math
 import re
 
+import numpy as np
 import pytest
 import torch
 from hypothesis import given, settings
@@ -434,8 +436,34 @@ def test_packed_to_padded_integer_dtype_and_gradient():
 def test_packed_padded_errors():
     with pytest.raises(ValueError, match=re.escape("got max_seqlen = 2 but sequence 0 has length 3")):
         packed_to_padded(torch.zeros(4), cu([0, 3, 4]), max_seqlen=2)
-    with pytest.raises(TypeError, match=re.escape("padding_value must be a number, got 'x'")):
+    with pytest.raises(TypeError, match=re.escape("padding_value must be a number (a fill for torch.float32), got str 'x'")):
         packed_to_padded(torch.zeros(4), cu([0, 3, 4]), padding_value="x")
+
+
+@pytest.mark.parametrize(("dtype", "value", "error", "match"), [
+    # Before: torch's "value cannot be converted to type uint8_t without overflow" (RuntimeError) ...
+    (torch.uint8, 300, ValueError, "padding_value must be an integral value in [0, 255] (a fill for torch.uint8), got 300"),
+    (torch.float32, 1 + 2j, TypeError, "padding_value must be a real number (a fill for torch.float32), got (1+2j)"),
+    (torch.float16, 70000.0, ValueError, "padding_value must be within torch.float16's range (magnitude <= 65504), got 70000.0"),
+    (torch.int64, 2**63, ValueError, "padding_value must be an integral value in [-9223372036854775808"),
+    (torch.int32, math.nan, ValueError, "padding_value must be an integral value in [-2147483648, 2147483647]"),
+    # ... or a silently different fill: -1 stored as 255, 0.5 truncated to 0, 2 stored as True.
+    (torch.uint8, -1, ValueError, "padding_value must be an integral value in [0, 255] (a fill for torch.uint8), got -1"),
+    (torch.int32, 0.5, ValueError, "(a fill for torch.int32), got 0.5"),
+    (torch.bool, 2, ValueError, "padding_value must be an integral value in [0, 1] (a fill for torch.bool), got 2"),
+])
+def test_packed_to_padded_refuses_a_fill_its_dtype_cannot_hold(dtype, value, error, match):
+    with pytest.raises(error, match=re.escape(match)):
+        packed_to_padded(torch.ones(4, dtype=dtype), cu([0, 3, 4]), padding_value=value)
+
+
+def test_packed_to_padded_keeps_every_fill_its_dtype_holds():
+    for dtype, value in ((torch.uint8, 255), (torch.int32, -7.0), (torch.bool, False), (torch.float32, -math.inf),
+                         (torch.float16, math.nan), (torch.complex64, 1 + 2j), (torch.int64, np.int64(-100))):
+        padded = packed_to_padded(torch.ones(4, dtype=dtype), cu([0, 3, 4]), padding_value=value)
+        expected = torch.full((2, 3), value, dtype=dtype)  # row 0 is sequence 0, row 1 one token then fill
+        expected[0], expected[1, 0] = 1, 1
+        torch.testing.assert_close(padded, expected, rtol=0, atol=0, equal_nan=True)
     with pytest.raises(ValueError, match=re.escape("padded must have shape [B, S, ...], got shape (3,)")):
         padded_to_packed(torch.zeros(3), [1, 1, 1])
     with pytest.raises(TypeError, match=re.escape("padded must be a torch.Tensor of shape [B, S, ...], got list")):
