@@ -260,3 +260,47 @@ def test_an_eager_step_on_a_batch_without_tokens_has_loss_0_and_zero_gradients(e
     assert trainer.step(_empty_batch()).item() == 0.0
     for p, r in zip(model.parameters(), reference):
         torch.testing.assert_close(p, r.detach())
+
+
+class _NoParameters(torch.nn.Module):
+    def loss(self, *args):
+        return torch.zeros(())
+
+
+def test_a_model_the_trainer_cannot_step_is_refused_by_name():
+    # Before: no parameters gave a bare StopIteration (next(model.parameters())); all frozen, the
+    # first step's "element 0 of tensors does not require grad"; meta parameters a cu_seqlens error.
+    batch = _batches(1)[0]
+    cases = [
+        (_NoParameters(), "got 0 parameters, none trainable"),
+        (PackedLM(97, 16, 2).requires_grad_(False), "got 6 parameters, none trainable"),
+        (PackedLM(97, 16, 2, device="meta"), r"got parameters on \['meta'\]"),
+    ]
+    for model, message in cases:
+        with pytest.raises(ValueError, match=f"model must .*{message}"):
+            FixedCapacityTrainer(model, batch, use_graph=False)
+
+
+def test_frozen_parameters_stay_and_the_others_train_exactly():
+    # Before: a partly frozen model (a frozen embedding) failed at the first step with autograd's
+    # "One of the differentiated Tensors does not require grad".
+    torch.manual_seed(0)
+    batches = _batches()
+    model = PackedLM(97, 16, 2).double()
+    reference = PackedLM(97, 16, 2).double()
+    reference.load_state_dict(model.state_dict())
+    for m in (model, reference):
+        m.embedding.requires_grad_(False)
+    frozen = model.embedding.weight.detach().clone()
+    trainer = FixedCapacityTrainer(model, batches[0], use_graph=False, lr=1e-2)
+    optimizer = torch.optim.Adam([p for p in reference.parameters() if p.requires_grad], lr=1e-2)
+    for batch in batches:
+        loss = trainer.step(batch)
+        expected = reference.loss(batch.input_ids, batch.labels, batch.loss_mask, batch.cu_seqlens, batch.max_seqlen)
+        torch.testing.assert_close(loss, expected.detach())
+        optimizer.zero_grad()
+        expected.backward()
+        optimizer.step()
+    assert torch.equal(model.embedding.weight, frozen)
+    for p, r in zip(model.parameters(), reference.parameters()):
+        torch.testing.assert_close(p, r)

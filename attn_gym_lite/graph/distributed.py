@@ -63,6 +63,7 @@ from ..data import PackedBatch
 from ..models.lm import token_loss_sum  # re-exported: one source of truth in the models layer
 from ..regions import mark_kernels
 from .capture import StaticInputs, capture_graph
+from .training import check_model_parameters
 
 Tensor = torch.Tensor
 
@@ -254,7 +255,7 @@ class DataParallelTrainer:
             raise TypeError(f"model must be an nn.Module, got {type(model).__name__}")
         if not isinstance(first_batch, PackedBatch):
             raise TypeError(f"first_batch must be a PackedBatch, got {type(first_batch).__name__}")
-        _check_model_parameters(model)
+        check_model_parameters(model)  # DDP: a bare StopIteration, a RuntimeError for frozen or meta ones
         check_bool("use_graph", use_graph)
         check_bool("static_graph", static_graph)
         check_real("lr", lr, minimum=0)
@@ -376,20 +377,6 @@ class DataParallelTrainer:
         self.static.copy_(batch)
         self.graph.replay()
         return self._loss.clone()
-
-
-def _check_model_parameters(model: nn.Module) -> None:
-    """What DDP needs of the model, refused by name before DDP is built (DDP itself fails with a
-    bare ``StopIteration`` for no parameters, a ``RuntimeError`` for frozen ones, and reads a meta
-    parameter's value while broadcasting)."""
-    parameters = list(model.parameters())
-    if not any(p.requires_grad for p in parameters):
-        raise ValueError(f"model must have at least one parameter that requires a gradient (DDP averages gradients), "
-                         f"got {len(parameters)} parameters, none trainable")
-    devices = sorted({str(p.device) for p in parameters})
-    if len(devices) != 1 or parameters[0].is_meta:
-        raise ValueError(f"model must have its parameters on this rank's one device (with values: not meta), "
-                         f"got parameters on {devices}")
 
 
 def _check_capture_setup(device: torch.device, group: dist.ProcessGroup | None) -> None:

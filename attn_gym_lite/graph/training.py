@@ -34,6 +34,25 @@ Tensor = torch.Tensor
 _TOKEN_FIELDS = ("input_ids", "labels", "loss_mask")
 
 
+def check_model_parameters(model: nn.Module) -> torch.device:
+    """The one device of ``model``'s parameters, refusing a model a trainer cannot step: no
+    parameter that requires a gradient (``next(model.parameters())`` raised a bare
+    ``StopIteration`` for none), parameters on several devices, or on the meta device (no values).
+
+    Raises:
+        ValueError: any of those, naming ``model``.
+    """
+    parameters = list(model.parameters())
+    if not any(p.requires_grad for p in parameters):
+        raise ValueError(f"model must have at least one parameter that requires a gradient (the trainer steps them), "
+                         f"got {len(parameters)} parameters, none trainable")
+    devices = sorted({str(p.device) for p in parameters})
+    if len(devices) != 1 or parameters[0].is_meta:
+        raise ValueError(f"model must have its parameters on one device (with values: not meta), "
+                         f"got parameters on {devices}")
+    return parameters[0].device
+
+
 class FixedCapacityTrainer:
     """Trains a packed language model on :class:`PackedBatch` es of one capacity ``(T, N)``.
 
@@ -71,8 +90,13 @@ class FixedCapacityTrainer:
     Raises:
         TypeError: ``model`` is not an ``nn.Module`` with a ``loss`` method; ``first_batch`` is not
             a :class:`PackedBatch`; a flag not a bool.
-        ValueError: ``use_graph`` on a non-CUDA device; ``max_seqlen`` outside ``[1, T]``;
-            ``capacities`` without ``use_graph``, or whose largest is not ``T``.
+        ValueError: ``model`` has no parameter that requires a gradient, or its parameters are
+            on a meta device or on several devices; ``use_graph`` on a non-CUDA device;
+            ``max_seqlen`` outside ``[1, T]``; ``capacities`` without ``use_graph``, or whose
+            largest is not ``T``.
+
+    Parameters with ``requires_grad=False`` (a frozen embedding, say) are left as they are: only
+    the trainable ones get gradients and Adam steps.
     """
 
     def __init__(
@@ -90,7 +114,7 @@ class FixedCapacityTrainer:
             raise TypeError(f"model must be an nn.Module with a loss(...) method, got {type(model).__name__}")
         if not isinstance(first_batch, PackedBatch):
             raise TypeError(f"first_batch must be a PackedBatch, got {type(first_batch).__name__}")
-        device = next(model.parameters()).device
+        device = check_model_parameters(model)
         check_bool("use_graph", use_graph)
         if use_graph and device.type != "cuda":
             raise ValueError(f"FixedCapacityTrainer: use_graph=True needs CUDA parameters, got {device}")
@@ -109,7 +133,8 @@ class FixedCapacityTrainer:
         self.model, self.use_graph, self.capacities = model, use_graph, capacities
         self.token_capacity, self.sequence_capacity = capacity, first_batch.sequence_capacity
         self.device = device
-        self.parameters = tuple(model.parameters())
+        # The trainable ones: a frozen parameter (fine-tuning) has no gradient to take or step.
+        self.parameters = tuple(p for p in model.parameters() if p.requires_grad)
         self.optimizer = torch.optim.Adam(self.parameters, lr=lr, fused=True)
         self.graph = self.buckets = self.static = None
         if use_graph and capacities is None:
