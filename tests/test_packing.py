@@ -198,6 +198,18 @@ def test_pieces_longer_than_T_and_empty_pieces_are_rejected():
         assert sum(pieces[p] for batch in batches for p in batch) == 40
 
 
+def test_a_length_that_is_not_an_int_is_named():
+    # Before: True counted as a 1-token piece; "2", 2.0 or a float tensor entry gave operator.index's
+    # "'str' object cannot be interpreted as an integer", naming neither lengths nor the entry.
+    import torch
+
+    for policy in POLICIES:
+        for bad, shown in ((True, "bool True"), ("2", "str '2'"), (2.0, "float 2.0"), (torch.tensor(True), "Tensor")):
+            with pytest.raises(TypeError, match=rf"lengths\[1\] must be an int, got {shown}"):
+                list(policy.batches([3, bad], 8))
+        assert sorted(p for b in policy.batches(torch.tensor([3, 5]), 8) for p in b) == [0, 1]  # int entries pass
+
+
 def test_numpy_lengths_are_accepted():
     lengths = np.array([3, 4, 5], dtype=np.int64)
     assert list(BestFit(2).batches(lengths, 8)) == [[0, 1], [2]]
@@ -211,6 +223,10 @@ def test_numpy_lengths_are_accepted():
         (lambda: InOrder().batches([1], 0), ValueError, r"token_capacity must be an int >= 1"),
         (lambda: BestFit(4).batches([1], 8, 0), ValueError, r"sequence_capacity must be an int >= 1"),
         (lambda: FirstFit(4).sequence_bound(True), TypeError, r"token_capacity must be an int"),
+        # Before: "'NoneType' object is not iterable" at the first next(), not naming lengths.
+        (lambda: InOrder().batches(None, 8), TypeError, r"lengths must be an iterable of ints, got NoneType"),
+        (lambda: BestFit(2).batches(5, 8), TypeError, r"lengths must be an iterable of ints, got int"),
+        (lambda: FirstFit(2).batches("12", 8), TypeError, r"lengths must be an iterable of ints, got the string '12'"),
     ],
 )
 def test_bad_arguments_fail_when_called(call, error, match):

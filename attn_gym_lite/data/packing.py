@@ -34,6 +34,8 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from itertools import islice
 
+import torch
+
 from ..checks import check_int
 
 __all__ = ["PackingPolicy", "InOrder", "FirstFit", "BestFit"]
@@ -42,7 +44,14 @@ __all__ = ["PackingPolicy", "InOrder", "FirstFit", "BestFit"]
 def _checked(lengths: Iterable[int], token_capacity: int) -> Iterator[tuple[int, int]]:
     """``(position, length)`` for each length, checking ``1 <= length <= T`` as it arrives."""
     for position, length in enumerate(lengths):
-        length = operator.index(length)  # ints and numpy ints pass; floats raise TypeError
+        # ints, numpy ints and 0-d integer tensors (a tensor's entries) pass; a bool (True would
+        # count as 1 token), a float or a string is named.
+        try:
+            if isinstance(length, bool) or (isinstance(length, torch.Tensor) and length.dtype == torch.bool):
+                raise TypeError
+            length = operator.index(length)
+        except TypeError:
+            raise TypeError(f"lengths[{position}] must be an int, got {type(length).__name__} {length!r}") from None
         if not 0 < length <= token_capacity:
             raise ValueError(
                 f"lengths[{position}] must be in 1..token_capacity={token_capacity}, "
@@ -111,11 +120,18 @@ class PackingPolicy(ABC):
             batch has ``1 <= M <= sequence_bound(T, N)`` pieces and ``L <= T`` tokens.
 
         Raises:
-            TypeError, ValueError: ``T`` or ``N`` is not an int >= 1 (when called); a length is
-                not an int, or outside ``1..T`` (when it is reached).
+            TypeError, ValueError: ``T`` or ``N`` is not an int >= 1, or ``lengths`` is not an
+                iterable (a string is not one) (when called); a length is not an int (a ``bool``
+                or a float included), or outside ``1..T`` (when it is reached).
         """
         token_capacity = check_int("token_capacity", token_capacity, minimum=1)
         slots = self.sequence_bound(token_capacity, sequence_capacity)
+        if isinstance(lengths, (str, bytes)):
+            raise TypeError(f"lengths must be an iterable of ints, got the string {lengths!r}")
+        try:
+            lengths = iter(lengths)  # now, not at the first batch: a non-iterable is named at the call
+        except TypeError:
+            raise TypeError(f"lengths must be an iterable of ints, got {type(lengths).__name__}") from None
         return self._batches(_checked(lengths, token_capacity), token_capacity, slots)
 
 
