@@ -348,18 +348,20 @@ def check_file(argument: str, path: object) -> Path:
     return path
 
 
-def check_folder(argument: str, path: object) -> Path:
-    """``path`` as a :class:`~pathlib.Path` to an existing directory (folder).
+def check_folder(argument: str, path: object, *, must_exist: bool = True) -> Path:
+    """``path`` as a :class:`~pathlib.Path` to an existing directory (folder), or with
+    ``must_exist=False`` to a folder that may not exist yet (an output folder the caller creates):
+    then only something other than a folder there is refused.
 
     Raises:
         TypeError: see :func:`check_path`.
-        FileNotFoundError: nothing is there (``"folder='x': no such folder"``), or a file is
-            (``"folder='x' is a file, expected a folder"``).
+        FileNotFoundError: nothing is there (``"folder='x': no such folder"``; not with
+            ``must_exist=False``), or a file is (``"folder='x' is a file, expected a folder"``).
     """
     path = check_path(argument, path)
     if path.exists() and not path.is_dir():
         raise FileNotFoundError(f"{argument}={str(path)!r} is a file, expected a folder")
-    if not path.is_dir():
+    if must_exist and not path.is_dir():
         raise FileNotFoundError(f"{argument}={str(path)!r}: no such folder")
     return path
 

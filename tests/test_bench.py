@@ -193,6 +193,29 @@ def test_cli_record_interrupted_leaves_the_old_recording(tmp_path, monkeypatch, 
     assert (tmp_path / "fake.json").read_text() == '{"old": 1}\n'
 
 
+def test_cli_record_refuses_an_out_that_is_not_a_folder_before_running(tmp_path, monkeypatch):
+    """Before: --out naming a file (or a path under one) ended in a traceback, FileExistsError /
+    NotADirectoryError from out.mkdir, not naming --out."""
+    from typer.testing import CliRunner
+
+    from attn_gym_lite.bench.__main__ import app, record
+
+    ran = []
+    suite = _fake_suite(monkeypatch, lambda out: ran.append(out) or {"value": 1})
+    afile = tmp_path / "afile"
+    afile.write_text("keep")
+    with pytest.raises(FileNotFoundError, match=r"out='.*afile' is a file, expected a folder"):
+        record(suite, afile)
+    with pytest.raises(FileNotFoundError, match=r"out='.*afile/sub': cannot create the folder"):
+        record(suite, afile / "sub")
+    with pytest.raises(TypeError, match="out must be a str or os.PathLike, got int"):
+        record(suite, 3)
+    assert ran == [] and afile.read_text() == "keep"
+    result = CliRunner().invoke(app, ["packing-study", "--out", str(afile)])
+    assert result.exit_code == 2 and "--out=" in result.output and "is a file, expected a folder" in result.output
+    assert "Traceback" not in result.output
+
+
 def test_every_recording_is_package_data():
     """A wheel carries the recordings (the notebooks read them wherever they are installed): every file
     under RESULTS_ROOT matches a package-data pattern of pyproject.toml (CI also installs the wheel)."""

@@ -22,6 +22,7 @@ import torch
 import typer
 from tqdm.auto import tqdm
 
+from ..checks import check_folder
 from .provenance import provenance
 from .suites import SUITES, Suite
 
@@ -75,11 +76,18 @@ def record(suite: Suite, out: Path, progress: bool = False) -> Path:
 
     Raises:
         RuntimeError: the suite needs CUDA and none is available.
+        TypeError: ``out`` is not a ``str`` or ``os.PathLike``.
+        FileNotFoundError: ``out`` is a file, or the folder cannot be created (a parent is a file,
+            no permission): refused before the suite runs.
         KeyboardInterrupt, or whatever the suite raised: passed on, after removing the staging folder.
     """
     if suite.needs_cuda and not torch.cuda.is_available():
         raise RuntimeError(f"{suite.name} records GPU measurements; no CUDA device is available")
-    out.mkdir(parents=True, exist_ok=True)
+    out = check_folder("out", out, must_exist=False)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as error:  # a parent is a file, no permission, ...: named before any work
+        raise FileNotFoundError(f"out={str(out)!r}: cannot create the folder ({error.strerror})") from None
     path = out / f"{suite.name.replace('-', '_')}.json"
     staging = Path(tempfile.mkdtemp(prefix=f".{path.stem}.", suffix=".partial", dir=out))
     try:
@@ -105,6 +113,9 @@ def _command(suite: Suite):
         except RuntimeError as error:
             typer.echo(f"error: {error}", err=True)
             raise typer.Exit(code=1) from None
+        except FileNotFoundError as error:  # a bad --out, refused before the suite ran
+            typer.echo(f"error: --{error}", err=True)
+            raise typer.Exit(code=2) from None
         except KeyboardInterrupt:
             typer.echo(f"interrupted: {suite.name} did not finish; nothing was written to {out}", err=True)
             raise typer.Exit(code=130) from None
