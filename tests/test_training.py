@@ -12,14 +12,18 @@ def _batches(n=3):
     return list(packed_batch_loader(n, 128, 97, 4, seed=1))
 
 
-def test_step_is_loss_then_adam_on_the_exact_gradients():
+def _train_beside_a_reference(freeze_embedding: bool = False):
+    """An eager trainer and an independent copy stepped by torch's unfused Adam on the same
+    batches; asserts equal losses at every step and returns ``(trainer, model, reference)``."""
     torch.manual_seed(0)
     batches = _batches()
     model = PackedLM(97, 16, 2).double()
     reference = PackedLM(97, 16, 2).double()
     reference.load_state_dict(model.state_dict())
+    for m in (model, reference):
+        m.embedding.requires_grad_(not freeze_embedding)
     trainer = FixedCapacityTrainer(model, batches[0], use_graph=False, lr=1e-2)
-    optimizer = torch.optim.Adam(reference.parameters(), lr=1e-2)  # unfused, independent
+    optimizer = torch.optim.Adam([p for p in reference.parameters() if p.requires_grad], lr=1e-2)
     for batch in batches:
         loss = trainer.step(batch)
         expected = reference.loss(batch.input_ids, batch.labels, batch.loss_mask, batch.cu_seqlens, batch.max_seqlen)
@@ -27,6 +31,11 @@ def test_step_is_loss_then_adam_on_the_exact_gradients():
         optimizer.zero_grad()
         expected.backward()
         optimizer.step()
+    return trainer, model, reference
+
+
+def test_step_is_loss_then_adam_on_the_exact_gradients():
+    trainer, model, reference = _train_beside_a_reference()
     with pytest.raises(RuntimeError, match="graph_gradients exist only with use_graph=True"):
         _ = trainer.graph_gradients
     for p, r in zip(model.parameters(), reference.parameters()):
@@ -285,22 +294,8 @@ def test_frozen_parameters_stay_and_the_others_train_exactly():
     # Before: a partly frozen model (a frozen embedding) failed at the first step with autograd's
     # "One of the differentiated Tensors does not require grad".
     torch.manual_seed(0)
-    batches = _batches()
-    model = PackedLM(97, 16, 2).double()
-    reference = PackedLM(97, 16, 2).double()
-    reference.load_state_dict(model.state_dict())
-    for m in (model, reference):
-        m.embedding.requires_grad_(False)
-    frozen = model.embedding.weight.detach().clone()
-    trainer = FixedCapacityTrainer(model, batches[0], use_graph=False, lr=1e-2)
-    optimizer = torch.optim.Adam([p for p in reference.parameters() if p.requires_grad], lr=1e-2)
-    for batch in batches:
-        loss = trainer.step(batch)
-        expected = reference.loss(batch.input_ids, batch.labels, batch.loss_mask, batch.cu_seqlens, batch.max_seqlen)
-        torch.testing.assert_close(loss, expected.detach())
-        optimizer.zero_grad()
-        expected.backward()
-        optimizer.step()
+    frozen = PackedLM(97, 16, 2).double().embedding.weight.detach().clone()  # the seed-0 model's embedding
+    trainer, model, reference = _train_beside_a_reference(freeze_embedding=True)
     assert torch.equal(model.embedding.weight, frozen)
     for p, r in zip(model.parameters(), reference.parameters()):
         torch.testing.assert_close(p, r)
