@@ -39,7 +39,7 @@ def _public_callables():
         module = importlib.import_module(module_name)
         for name in getattr(module, "__all__", [n for n in dir(module) if not n.startswith("_")]):
             obj = getattr(module, name, None)
-            if not (inspect.isfunction(obj) or inspect.isclass(obj)):
+            if not (inspect.isfunction(inspect.unwrap(obj)) or inspect.isclass(obj)):  # lru_cache etc. too
                 continue
             if not getattr(obj, "__module__", "").startswith("attn_gym_lite"):
                 continue
