@@ -187,9 +187,40 @@ def test_load_state_dict_rejects_mismatches():
     with pytest.raises(ValueError, match=r"state\['source_position'\] must be at most the corpus's 3 documents, got 20"):
         make(corpus[:3]).load_state_dict(state)
     other = make(corpus[:3])
-    other.load_state_dict(state | {"pending": [[15, 0, 4]], "source_position": 0, "shuffle": []})
+    other.load_state_dict(state | {"pending": [[15, 0, 4]], "source_position": 0, "shuffle": [],
+                                   "corpus_digest": other.state_dict()["corpus_digest"]})
     with pytest.raises(ValueError, match=r"refers to documents \[15\] but the corpus has only 3"):
         next(iter(other))
+
+
+def test_a_state_restored_on_another_corpus_or_tokenizer_is_refused_by_name():
+    """Before: a state restored on a corpus with the same number of documents and lengths but
+    other (edited, reordered) documents, or with another tokenizer under the same name, loaded
+    and resumed silently at the wrong place (other documents, other token ids)."""
+    corpus = random_corpus(4, count=30)
+    loader = make(corpus, shuffle_buffer=7)
+    seen = list(islice(loader, 2))
+    state = json.loads(json.dumps(loader.state_dict()))
+    assert seen and state["source_position"] > 0
+    # Same lengths, other text: every pending token range still fits, only the digest tells.
+    edited = [text.translate(str.maketrans("abcdefgh", "ijklmnop")) for text in corpus]
+    swapped = [corpus[1], corpus[0], *corpus[2:]]
+    for other in (edited, swapped):
+        with pytest.raises(ValueError, match=r"state\['corpus_digest'\] must match the corpus's first 30 documents"):
+            make(other, shuffle_buffer=7).load_state_dict(state)
+    with pytest.raises(TypeError, match=r"state\['corpus_digest'\] must be a 32-character hex digest"):
+        make(corpus, shuffle_buffer=7).load_state_dict(state | {"corpus_digest": 5})
+
+    class ShiftedBytes(ByteTokenizer):  # the same name and vocabulary, other ids
+        def encode(self, text):
+            return [(token + 1) % 256 for token in super().encode(text)]
+
+    with pytest.raises(ValueError, match=r"saved with tokenizer_fingerprint='vocab256-[0-9a-f]+', but this loader has"):
+        make(corpus, shuffle_buffer=7, tokenizer=ShiftedBytes()).load_state_dict(state)
+    # The corpus it was saved on still resumes on the identical next batch.
+    resumed = make(corpus, shuffle_buffer=7)
+    resumed.load_state_dict(state)
+    assert same_batches(seen + list(resumed), list(make(corpus, shuffle_buffer=7)))
 
 
 def test_load_state_dict_checks_every_field():

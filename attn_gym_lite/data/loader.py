@@ -10,6 +10,7 @@ the batch it would have seen next.
 from __future__ import annotations
 
 import copy
+import hashlib
 import itertools
 import os
 import queue
@@ -93,7 +94,32 @@ def _check_list(argument: str, value: object) -> list:
     if not isinstance(value, (list, tuple)):
         raise TypeError(f"{argument} must be a list, got {type(value).__name__}: {value!r:.60}")
     return list(value)
-_STATE_KEYS = {"config", "epoch", "source_position", "shuffle", "rng", "pending", "batches"}
+_STATE_KEYS = {"config", "epoch", "source_position", "corpus_digest", "shuffle", "rng", "pending", "batches"}
+
+#: The corpus digest of no document: the value at the start of every epoch.
+_EMPTY_DIGEST = hashlib.blake2b(digest_size=16).hexdigest()
+#: Text every tokenizer encodes once, for its fingerprint (letters, digits, code, whitespace, non-ASCII).
+_TOKENIZER_PROBE = "def probe(x):\n    return x ** 2  # The quick brown fox, 0123456789; naïve café 東京 🙂\t<|endoftext|>"
+
+
+def _next_digest(digest: str, document: object) -> str:
+    """The corpus digest after one more document: a chained BLAKE2b over the documents read this
+    epoch, so a saved position can be checked against the corpus it is restored on."""
+    if isinstance(document, str):
+        data = b"s" + document.encode("utf-8", "surrogatepass")
+    elif isinstance(document, (list, tuple)):
+        data = b"i" + ",".join(map(str, document)).encode()
+    else:  # refused by check_document when it is tokenized; digested as it is until then
+        data = b"?" + repr(document).encode("utf-8", "backslashreplace")
+    return hashlib.blake2b(bytes.fromhex(digest) + data, digest_size=16).hexdigest()
+
+
+def _tokenizer_fingerprint(tokenizer: Tokenizer) -> str:
+    """``vocab_size`` and a digest of the ids of a fixed probe text: two tokenizers with one name
+    (one path, a retrained file) but different vocabularies or merges differ here."""
+    ids = tokenizer.encode_batch([_TOKENIZER_PROBE])[0]
+    digest = hashlib.blake2b(",".join(map(str, ids)).encode(), digest_size=8).hexdigest()
+    return f"vocab{tokenizer.vocab_size}-{digest}"
 
 
 class _PieceStream:
@@ -110,6 +136,7 @@ class _PieceStream:
         self.loader = loader
         self.epoch = state["epoch"]
         self.source_position = state["source_position"]
+        self.corpus_digest = state["corpus_digest"]
         self.batches = state["batches"]
         self.rng = random.Random()
         self.rng.setstate(_rng_state_from_json(state["rng"]))
@@ -171,6 +198,7 @@ class _PieceStream:
             else:
                 self.shuffle.append((self.source_position, document))
                 self.source_position += 1
+                self.corpus_digest = _next_digest(self.corpus_digest, document)
         if not self.shuffle:
             return None
         # Swap the chosen document to the end and pop it: O(1), and deterministic because the
@@ -190,6 +218,7 @@ class _PieceStream:
             return False
         self.epoch += 1
         self.source_position, self.pieces_this_epoch, self.epoch_resumed = 0, 0, False
+        self.corpus_digest = _EMPTY_DIGEST
         self.source = self._open()
         return True
 
@@ -229,6 +258,7 @@ class _PieceStream:
             "config": self.loader._config(),
             "epoch": self.epoch,
             "source_position": self.source_position,
+            "corpus_digest": self.corpus_digest,
             "shuffle": [doc for doc, _ in self.shuffle],
             "rng": _rng_state_to_json(self.rng.getstate()),
             "pending": [[doc, start, start + len(ids)] for doc, start, ids in self.store.values()],
@@ -341,6 +371,7 @@ class PackedLoader:
         self.pin_memory = pin_memory
         self.corpus = self._corpus_function(corpus)
         self.tokenizer = resolve_tokenizer(tokenizer)
+        self._tokenizer_fingerprint = _tokenizer_fingerprint(self.tokenizer)
         self._state = self._initial_state()
 
     @staticmethod
@@ -370,6 +401,7 @@ class PackedLoader:
             "seed": self.seed,
             "epochs": self.epochs,
             "tokenizer": self.tokenizer.name,
+            "tokenizer_fingerprint": self._tokenizer_fingerprint,
         }
 
     def _initial_state(self) -> dict:
@@ -377,6 +409,7 @@ class PackedLoader:
             "config": self._config(),
             "epoch": 0,
             "source_position": 0,
+            "corpus_digest": _EMPTY_DIGEST,
             "shuffle": [],
             "rng": _rng_state_to_json(random.Random(self.seed).getstate()),
             "pending": [],
@@ -420,8 +453,10 @@ class PackedLoader:
     def state_dict(self) -> dict:
         """The position after the last batch handed out (JSON-ready; a fresh copy).
 
-        Keys: ``config`` (the arguments it is valid for), ``epoch``, ``source_position``
-        (documents read from the corpus this epoch), ``shuffle`` (corpus indices in the shuffle
+        Keys: ``config`` (the arguments it is valid for, and ``tokenizer_fingerprint``: the
+        tokenizer's ``vocab_size`` and a digest of its ids for a fixed probe text), ``epoch``,
+        ``source_position`` (documents read from the corpus this epoch), ``corpus_digest`` (a
+        chained BLAKE2b digest of those documents), ``shuffle`` (corpus indices in the shuffle
         buffer), ``rng`` (the shuffle's generator state), ``pending`` (unpacked pieces as
         ``[document index, start, stop]`` token ranges, in stream order) and ``batches``
         (batches handed out so far).
@@ -435,19 +470,25 @@ class PackedLoader:
         state fails now rather than part-way through the next iteration: ``epoch`` an int in
         ``[0, epochs)`` (any ``>= 0`` with ``epochs=None``), ``source_position`` an int between 0
         and the number of documents in the corpus (read up to that position, not tokenized),
-        ``shuffle`` at most ``shuffle_buffer`` distinct indices below ``source_position``,
-        ``rng`` a generator state as :meth:`state_dict` writes it, ``pending`` ``[document,
-        start, stop]`` ranges of 1 to ``max_piece_tokens`` tokens, ``batches`` an int ``>= 0``.
+        ``corpus_digest`` the digest of the corpus's documents up to that position (so a state
+        restored on another corpus, or one edited, reordered or with documents inserted before
+        that position, is refused instead of resuming at the wrong place), ``shuffle`` at most
+        ``shuffle_buffer`` distinct indices below ``source_position``, ``rng`` a generator state
+        as :meth:`state_dict` writes it, ``pending`` ``[document, start, stop]`` ranges of 1 to
+        ``max_piece_tokens`` tokens, ``batches`` an int ``>= 0``.
         Whether the pending documents exist and have those tokens is checked when iteration
         starts (it needs them tokenized).
 
         Raises:
             TypeError: ``state`` is not a dict; ``state["config"]`` is not a dict; a field of the
-                wrong type (the message names it, e.g. ``state['batches']``).
+                wrong type (the message names it, e.g. ``state['batches']``;
+                ``state['corpus_digest']`` not a hex digest string).
             ValueError: keys are missing; ``state["config"]`` differs from this loader's
-                arguments (the message names the first difference); a field out of range,
+                arguments (the message names the first difference; ``tokenizer_fingerprint``
+                for another tokenizer under the same name); a field out of range,
                 e.g. ``state['epoch']`` not below ``epochs`` or ``state['source_position']``
-                past the corpus's end; a malformed ``state['rng']``.
+                past the corpus's end; a malformed ``state['rng']``; a ``state['corpus_digest']``
+                that this corpus's documents up to ``state['source_position']`` do not give.
         """
         if not isinstance(state, dict):
             raise TypeError(f"state must be a dict from state_dict(), got {type(state).__name__}")
@@ -505,13 +546,30 @@ class PackedLoader:
                 "state['rng'] must be a random.Random state as state_dict() writes it "
                 f"([version, [625 ints], gauss_next]), got {state['rng']!r:.60}: {error}"
             ) from None
-        if source_position:
-            read = sum(1 for _ in itertools.islice(self.corpus(), source_position))
-            if read < source_position:
-                raise ValueError(
-                    f"state['source_position'] must be at most the corpus's {read} documents, got {source_position}: "
-                    "was the state saved with another corpus?"
-                )
+        saved_digest = state["corpus_digest"]
+        if not (isinstance(saved_digest, str) and len(saved_digest) == len(_EMPTY_DIGEST)
+                and all(c in "0123456789abcdef" for c in saved_digest)):
+            raise TypeError(
+                f"state['corpus_digest'] must be a {len(_EMPTY_DIGEST)}-character hex digest as state_dict() writes "
+                f"it, got {saved_digest!r:.60}"
+            )
+        # Re-read the documents this epoch had read (not tokenized): a corpus that has fewer, or
+        # other documents up to that position, would resume at the wrong place.
+        read, digest = 0, _EMPTY_DIGEST
+        for document in itertools.islice(self.corpus(), source_position):
+            read += 1
+            digest = _next_digest(digest, document)
+        if read < source_position:
+            raise ValueError(
+                f"state['source_position'] must be at most the corpus's {read} documents, got {source_position}: "
+                "was the state saved with another corpus?"
+            )
+        if digest != saved_digest:
+            raise ValueError(
+                f"state['corpus_digest'] must match the corpus's first {source_position} documents (those this "
+                f"epoch had read), got {saved_digest} but this corpus gives {digest}: was the state saved with "
+                "another corpus, or one edited or reordered since?"
+            )
 
     def __repr__(self) -> str:
         return (
