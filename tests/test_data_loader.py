@@ -345,6 +345,28 @@ def test_batch_from_pieces_by_hand_and_errors():
         batch_from_pieces([[1], []], 4, 2)
 
 
+def test_batch_from_pieces_names_an_id_that_is_not_a_token():
+    """Before: np.fromiter truncated 1.5 to 1, kept -1 and True as ids, and a string piece or a
+    huge id failed with numpy's bare "invalid literal" / OverflowError."""
+    cases = [
+        ([[5, 1.5, 7]], TypeError, r"pieces\[0\]\[1\] must be an int in \[0, 9223372036854775807\], got 1.5"),
+        ([[5], [-1, 2]], ValueError, r"pieces\[1\]\[0\] must be an int in \[0, 9223372036854775807\], got -1"),
+        ([[True, 2]], TypeError, r"pieces\[0\]\[0\] must be an int .*got True"),
+        ([[2**70]], ValueError, r"pieces\[0\]\[0\] must be an int .*got 1180591620717411303424"),
+        ([torch.tensor([1.5, 2.0])], TypeError, r"pieces\[0\] must be a sequence of ints, got a torch.float32 tensor"),
+        (["abc"], TypeError, r"pieces\[0\] must be a sequence of token ids \(ints\), got str: 'abc'"),
+        (5, TypeError, r"pieces must be a sequence of token-id sequences, got int"),
+    ]
+    for pieces, error, match in cases:
+        with pytest.raises(error, match=match):
+            batch_from_pieces(pieces, 8, 2)
+    # Integer tensors and numpy ids are ids.
+    import numpy as np
+
+    batch = batch_from_pieces([torch.tensor([5, 6]), [np.int64(7), 8]], 8, 2)
+    assert batch.input_ids.tolist() == [5, 6, 7, 8, 0, 0, 0, 0]
+
+
 
 def test_a_batch_repr_is_its_sizes_dtypes_and_shapes():
     """Before: repr(PackedBatch) printed every tensor in full, 11,152 characters at T = 512."""

@@ -19,7 +19,7 @@ import torch
 
 from ..checks import check_int, check_real
 from ..data import BestFit, PackingPolicy, Tokenizer, load_tokenizer, python_stdlib_corpus, segment
-from ..data.batch import batch_from_pieces
+from ..data.batch import pack_pieces
 from ..data.study import document_lengths, length_summary, packing_study
 from ..data.tokenizer import resolve_tokenizer
 
@@ -154,7 +154,9 @@ def packer_throughput(
 
         def assemble() -> None:
             for batch in batches:
-                batch_from_pieces([pieces[p] for p in batch], token_capacity, slots)
+                # The loader's path (pack_pieces): its ids are a tokenizer's, already valid.
+                chosen = [pieces[p] for p in batch]
+                pack_pieces(chosen, [len(piece) for piece in chosen], token_capacity, slots)
 
         pack_rate = _rate(pack, min_seconds)
         assemble_rate = _rate(assemble, min_seconds)

@@ -16,7 +16,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from ..checks import check_capacities, check_cu_seqlens, check_cu_seqlens_values, check_int
+from ..checks import check_capacities, check_cu_seqlens, check_cu_seqlens_values, check_int, check_int_sequence
 from ..ragged import cu_seqlens_from_lengths, packed_to_padded, pad_cu_seqlens
 
 __all__ = ["PackedBatch", "batch_from_pieces"]
@@ -217,6 +217,9 @@ class PackedBatch:
         )
 
 
+INT64_MAX = torch.iinfo(torch.int64).max
+
+
 def _describe(tensor: Tensor) -> str:
     """``int64[512]``, with ``@cuda:0`` where the tensor is not on the CPU (metadata only)."""
     dtype = str(tensor.dtype).removeprefix("torch.")
@@ -282,8 +285,8 @@ def batch_from_pieces(
     last token and on the padding rows ``L..T-1``.
 
     Args:
-        pieces: ``M`` non-empty sequences of token ids (ints >= 0), ``1 <= M <= N``, whose
-            lengths sum to ``L <= T``.
+        pieces: ``M`` non-empty sequences of token ids (ints >= 0; a 1-D integer tensor or array
+            is one too), ``1 <= M <= N``, whose lengths sum to ``L <= T``.
         token_capacity: ``T`` (tokens), >= 1.
         sequence_capacity: ``N``, ``1 <= N <= T``.
 
@@ -291,10 +294,19 @@ def batch_from_pieces(
         A :class:`PackedBatch` on the CPU (not pinned).
 
     Raises:
-        TypeError: a capacity is not an int.
-        ValueError: no pieces, more than ``N`` pieces, an empty piece, or ``L > T``.
+        TypeError: a capacity is not an int; ``pieces`` is not a sequence of sequences; an id
+            that is not an int (``1.5``, ``True``; a float tensor), named ``pieces[i][j]``.
+        ValueError: no pieces, more than ``N`` pieces, an empty piece, ``L > T``, or a negative id
+            or one past int64 (named ``pieces[i][j]``).
     """
     token_capacity, sequence_capacity = check_capacities(token_capacity, sequence_capacity)
+    if isinstance(pieces, (str, bytes, Tensor)) or not isinstance(pieces, Sequence):
+        raise TypeError(f"pieces must be a sequence of token-id sequences, got {type(pieces).__name__}")
+    for index, piece in enumerate(pieces):
+        if isinstance(piece, (str, bytes)) or not (isinstance(piece, Sequence) or hasattr(piece, "tolist")):
+            raise TypeError(
+                f"pieces[{index}] must be a sequence of token ids (ints), got {type(piece).__name__}: {piece!r:.40}"
+            )
     lengths = [len(piece) for piece in pieces]
     if not 1 <= len(lengths) <= sequence_capacity:
         raise ValueError(
@@ -308,6 +320,21 @@ def batch_from_pieces(
             f"pieces must hold at most token_capacity={token_capacity} tokens, "
             f"got {sum(lengths)} (lengths {lengths})"
         )
+    # Every id, before any work: np.fromiter below would truncate 1.5 to 1 and keep -1.
+    ids = [check_int_sequence(f"pieces[{index}]", piece, minimum=0, maximum=INT64_MAX) for index, piece in enumerate(pieces)]
+    return pack_pieces(ids, lengths, token_capacity, sequence_capacity)
+
+
+def pack_pieces(pieces: Sequence[Sequence[int]], lengths: Sequence[int], token_capacity: int,
+                sequence_capacity: int) -> PackedBatch:
+    """:func:`batch_from_pieces` without its checks, for callers whose pieces are already valid:
+    the loader (a tokenizer's ids, or pre-tokenized documents checked by
+    :func:`~attn_gym_lite.data.tokenizer.check_token_ids`) and the packing benchmark, which
+    measures the loader's path. ``lengths`` are the pieces' lengths (``1 <= M <= N``, sum ``<= T``).
+
+    Raises:
+        Nothing of its own: what is checked is the caller's to check.
+    """
     # np.fromiter reads the ids straight into int64 storage, several times faster than
     # torch.tensor(list) on the thousands of Python ints a batch holds.
     active_ids = np.fromiter(

@@ -20,7 +20,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import TypeVar
 
 from ..checks import check_capacities, check_int
-from .batch import PackedBatch, batch_from_pieces
+from .batch import PackedBatch, pack_pieces
 from .corpora import python_stdlib_corpus
 from .packing import BestFit, PackingPolicy
 from .segment import segment
@@ -422,7 +422,9 @@ class PackedLoader:
             stream.lengths(), self.token_capacity, self.sequence_capacity
         ):
             pieces = [stream.take(position) for position in positions]
-            batch = batch_from_pieces(pieces, self.token_capacity, self.sequence_capacity)
+            # The policy kept 1..N non-empty pieces of <= T tokens; their ids are a tokenizer's or
+            # checked by check_token_ids: assemble them without batch_from_pieces's per-id checks.
+            batch = pack_pieces(pieces, [len(piece) for piece in pieces], self.token_capacity, self.sequence_capacity)
             if self.pin_memory:
                 batch = batch.pin_memory()
             stream.batches += 1
