@@ -688,6 +688,28 @@ def test_fixed_count_loader_checks_its_arguments():
         fixed_count_loader(torch.arange(100), 2, 256, 4)
 
 
+def test_fixed_count_loader_names_tokens_that_are_not_ids():
+    """Before: float ids were truncated (1.5 -> 1) and a bool tensor read as ids 0/1, silently; a
+    negative id failed at the first batch as a PackedBatch label error; a string or None failed
+    with torch's bare "new(): invalid data type"."""
+    expected = r"tokens must be a sequence, tensor or array of token ids \(ints >= 0\)"
+    cases = [
+        ([1.5] * 300, TypeError, expected + r", got torch.float32 values \(from list\)"),
+        (torch.ones(300, dtype=torch.bool), TypeError, expected + ", got a torch.bool tensor"),
+        (torch.rand(300), TypeError, expected + ", got a torch.float32 tensor"),
+        ("abc", TypeError, expected + ", got str"),
+        (None, TypeError, expected + ", got NoneType"),
+        ([3] * 299 + [-2], ValueError, r"tokens must hold ids >= 0, got tokens\[299\] = -2"),
+        (torch.arange(300, device="meta"), ValueError, r"tokens must hold values"),
+    ]
+    for tokens, error, match in cases:
+        with pytest.raises(error, match=match):
+            fixed_count_loader(tokens, 2, 256, 4)
+    ids = list(range(300))
+    assert torch.equal(next(fixed_count_loader(ids, 1, 256, 4)).input_ids,
+                       next(fixed_count_loader(torch.tensor(ids, dtype=torch.int32), 1, 256, 4)).input_ids)
+
+
 def test_padded_batch_is_the_padded_layout_of_the_same_documents():
     batch = next(iter(packed_batch_loader(1, 64, 50, 4, seed=1)))
     padded = padded_batch(batch)

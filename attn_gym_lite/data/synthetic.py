@@ -14,7 +14,7 @@ from collections.abc import Iterator, Sequence
 
 import torch
 
-from ..checks import check_capacities, check_int, check_real
+from ..checks import check_capacities, check_int, check_real, host_values
 from ..ragged import zipf_lengths
 from .batch import PackedBatch, assemble
 
@@ -84,6 +84,29 @@ def packed_batch_loader(
     return batches()
 
 
+def _token_stream(tokens: object) -> torch.Tensor:
+    """``tokens`` as a flat int64 CPU tensor of ids ``>= 0`` (vectorised checks: a corpus is long)."""
+    expected = "a sequence, tensor or array of token ids (ints >= 0)"
+    if isinstance(tokens, (str, bytes)) or tokens is None:
+        raise TypeError(f"tokens must be {expected}, got {type(tokens).__name__}")
+    if isinstance(tokens, torch.Tensor):
+        if tokens.dtype == torch.bool or tokens.is_floating_point() or tokens.is_complex():
+            raise TypeError(f"tokens must be {expected}, got a {tokens.dtype} tensor")
+        stream = host_values("tokens", tokens).flatten()
+    else:
+        try:
+            stream = torch.as_tensor(tokens)
+        except (TypeError, ValueError, RuntimeError, OverflowError) as error:
+            raise TypeError(f"tokens must be {expected}, got {type(tokens).__name__}: {error}") from None
+        if stream.dtype == torch.bool or stream.is_floating_point() or stream.is_complex():
+            raise TypeError(f"tokens must be {expected}, got {stream.dtype} values (from {type(tokens).__name__})")
+        stream = stream.to(torch.int64).flatten()
+    if stream.numel() and int(stream.min()) < 0:
+        position = int(torch.nonzero(stream < 0)[0])
+        raise ValueError(f"tokens must hold ids >= 0, got tokens[{position}] = {int(stream[position])}")
+    return stream
+
+
 def fixed_count_loader(
     tokens: Sequence[int] | torch.Tensor,
     num_batches: int,
@@ -105,7 +128,8 @@ def fixed_count_loader(
     first half plays the prompt).
 
     Args:
-        tokens: a tokenized corpus as one stream of ids (at least ``T`` of them).
+        tokens: a tokenized corpus as one stream of ids (at least ``T`` of them): ints ``>= 0``
+            in a sequence, or an integer tensor or array (flattened).
         num_batches: batches to yield, >= 1.
         token_capacity: ``T`` (tokens), >= 1.
         documents_per_batch: ``M``, which is also the sequence capacity ``N``; ``1 <= M``,
@@ -119,10 +143,13 @@ def fixed_count_loader(
     Raises:
         TypeError / ValueError: an argument out of type or range (checked when called), or fewer
             than ``T`` tokens.
+        TypeError: ``tokens`` is not a sequence, tensor or array of ints (float ids, ``True``, a
+            bool or float tensor, a string).
+        ValueError: ``tokens`` holds a negative id, or is a meta tensor (no values).
 
     Source: the seed article's synthetic loader (prompt/response loss mask), on real text.
     """
-    stream = torch.as_tensor(tokens, dtype=torch.int64).flatten()
+    stream = _token_stream(tokens)
     num_batches = check_int("num_batches", num_batches, minimum=1)
     token_capacity = check_int("token_capacity", token_capacity, minimum=1)
     min_fill = check_real("min_fill", min_fill, above=0.0, maximum=1.0)
