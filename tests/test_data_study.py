@@ -193,9 +193,16 @@ def test_recommend_never_plans_a_bucket_above_T():
     ("kwargs", "error", "match"),
     [
         ({"padding_budget": 1.0}, ValueError, r"padding_budget must be a fraction of T in \[0, 1\), got 1.0"),
-        ({"padding_budget": True}, ValueError, r"padding_budget must be a fraction"),
+        # Before: a bool or a string budget was a ValueError, buffer_sizes=32 a bare "'int' object is
+        # not iterable", and np.float32(0.5) (a real number) was refused.
+        ({"padding_budget": True}, TypeError, r"padding_budget must be a finite real number >= 0.0, got True"),
+        ({"padding_budget": "0.1"}, TypeError, r"padding_budget must be a finite real number >= 0.0, got '0.1'"),
+        ({"padding_budget": float("nan")}, ValueError, r"padding_budget must be a finite real number >= 0.0, got nan"),
         ({"rule": InOrder}, TypeError, r"rule must be FirstFit or BestFit"),
-        ({"buffer_sizes": ()}, ValueError, r"buffer_sizes must name at least one buffer size"),
+        ({"buffer_sizes": ()}, ValueError, r"buffer_sizes must hold at least one int, got none"),
+        ({"buffer_sizes": 32}, TypeError, r"buffer_sizes must be a sequence of ints, got int"),
+        ({"buffer_sizes": "32"}, TypeError, r"buffer_sizes must be a sequence of ints, got the string '32'"),
+        ({"buffer_sizes": [4, 0]}, ValueError, r"buffer_sizes\[1\] must be an int >= 1, got 0"),
         ({"max_buckets": 1}, ValueError, r"max_buckets must be an int >= 2, got 1"),
         ({"min_document_tokens": 10**6}, ValueError, r"lengths has no document of at least 1000000 tokens"),
     ],
@@ -203,6 +210,13 @@ def test_recommend_never_plans_a_bucket_above_T():
 def test_recommend_rejects_bad_arguments(kwargs, error, match):
     with pytest.raises(error, match=match):
         recommend([100, 200], 1024, **kwargs)
+
+
+def test_recommend_takes_a_numpy_budget():
+    """Before: np.float32(0.25), a real number, was refused as not a fraction."""
+    import numpy as np
+
+    assert recommend([100, 200] * 20, 1024, np.float32(0.25), passes=1) == recommend([100, 200] * 20, 1024, 0.25, passes=1)
 
 
 def test_step_token_rate_from_a_record():

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from ..checks import check_int
+from ..checks import check_int, check_int_sequence, check_real
 from .capacity import BucketPlan, plan_buckets
 from .packing import BestFit, FirstFit
 from .study import pack_lengths, packing_stats, piece_stream
@@ -125,24 +125,18 @@ def recommend(
         A :class:`Recommendation`.
 
     Raises:
-        TypeError: ``rule`` is not FirstFit or BestFit, or a size is not an int.
-        ValueError: ``padding_budget`` outside ``[0, 1)``, no buffer sizes, or no document of
-            at least ``min_document_tokens`` tokens.
+        TypeError: ``rule`` is not FirstFit or BestFit, a size is not an int, ``padding_budget``
+            not a real number, or ``buffer_sizes`` not a sequence of ints (``32``, ``"32"``).
+        ValueError: ``padding_budget`` outside ``[0, 1)`` (or NaN), no buffer sizes, or no
+            document of at least ``min_document_tokens`` tokens.
     """
     token_capacity = check_int("token_capacity", token_capacity, minimum=1)
-    if (
-        isinstance(padding_budget, bool)
-        or not isinstance(padding_budget, (int, float))
-        or not 0 <= padding_budget < 1
-    ):
-        raise ValueError(
-            f"padding_budget must be a fraction of T in [0, 1), got {padding_budget!r}"
-        )
+    padding_budget = check_real("padding_budget", padding_budget, minimum=0.0)
+    if padding_budget >= 1:
+        raise ValueError(f"padding_budget must be a fraction of T in [0, 1), got {padding_budget!r}")
     if rule not in (FirstFit, BestFit):
         raise TypeError(f"rule must be FirstFit or BestFit, got {rule!r}")
-    sizes = sorted({check_int("buffer_sizes", size, minimum=1) for size in buffer_sizes})
-    if not sizes:
-        raise ValueError("buffer_sizes must name at least one buffer size")
+    sizes = sorted(set(check_int_sequence("buffer_sizes", buffer_sizes, minimum=1)))
     max_buckets = check_int("max_buckets", max_buckets, minimum=2)
     bucket_align = check_int("bucket_align", bucket_align, minimum=1)
     pieces = piece_stream(
