@@ -132,7 +132,8 @@ def percentiles(values: Sequence[float], qs: Sequence[float] = (10, 50, 90)) -> 
         fractional ``q`` keeps its decimals, ``"p99.9"``).
 
     Raises:
-        ValueError: ``values`` is empty, or a ``q`` is outside ``[0, 100]``.
+        ValueError: ``values`` is empty or holds a NaN or infinite sample (``values[i]``, from
+            :func:`~attn_gym_lite.data.quantiles.sample_quantile`), or a ``q`` is outside ``[0, 100]``.
     """
     samples = [float(v) for v in values]
     if not samples:

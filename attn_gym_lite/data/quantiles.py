@@ -21,7 +21,10 @@ Statistician 50(4), 1996; numpy.percentile's ``method`` documentation.
 from __future__ import annotations
 
 import math
+import numbers
 from collections.abc import Sequence
+
+from ..checks import check_real
 
 __all__ = ["METHODS", "sample_quantile"]
 
@@ -43,16 +46,24 @@ def sample_quantile(values: Sequence[float], quantile: float, *, method: str) ->
         ``"linear"``, a float between two of them.
 
     Raises:
-        TypeError: ``quantile`` is not a real number (a bool is refused).
-        ValueError: ``method`` is not one of :data:`METHODS`; ``values`` is empty; ``quantile`` is
-            outside the method's range (or NaN).
+        TypeError: ``quantile`` is not a real number (a bool is refused); ``values`` is not a
+            sequence, or an entry is not a real number (``values[i]`` named).
+        ValueError: ``method`` is not one of :data:`METHODS`; ``values`` is empty or holds a NaN
+            or infinite sample (``values[i]`` named); ``quantile`` is outside the method's range
+            (or NaN).
     """
-    if method not in METHODS:
+    if not isinstance(method, str) or method not in METHODS:
         raise ValueError(f"method must be one of {sorted(METHODS)}, got {method!r}")
-    if isinstance(quantile, bool) or not isinstance(quantile, (int, float)):
+    if isinstance(quantile, bool) or not isinstance(quantile, numbers.Real):
         raise TypeError(f"quantile must be a real number, got {type(quantile).__name__}: {quantile!r}")
+    if isinstance(values, (str, bytes)) or not isinstance(values, Sequence) and not hasattr(values, "tolist"):
+        raise TypeError(f"values must be a sequence of real numbers, got {type(values).__name__}")
     if len(values) == 0:
         raise ValueError("values must be non-empty (at least one sample), got an empty sequence")
+    # sorted() with a NaN among the samples leaves them unsorted (every comparison with NaN is
+    # False), and an inf makes the linear interpolation inf - inf = NaN: refuse both by name.
+    for index, value in enumerate(values):
+        check_real(f"values[{index}]", value)
     low_ok = 0 < quantile if method == "nearest-rank" else 0 <= quantile
     if not (low_ok and quantile <= 1):
         raise ValueError(f"quantile must be in {METHODS[method]}, got {quantile} (the range of method {method!r})")

@@ -90,7 +90,8 @@ def nearest_rank(values: Sequence[float], quantile: float) -> float:
 
     Raises:
         TypeError: ``quantile`` is not a real number.
-        ValueError: ``values`` is empty or ``quantile`` is outside ``(0, 1]``.
+        ValueError: ``values`` is empty or holds a NaN or infinite value, or ``quantile`` is
+            outside ``(0, 1]``.
     """
     return sample_quantile(values, quantile, method="nearest-rank")
 
