@@ -122,11 +122,17 @@ def run_process_group(command: Sequence[str], *, timeout_s: float, env: Mapping[
         A :class:`ProcessRun`. A timeout is reported there (``timed_out``), not raised.
 
     Raises:
+        TypeError: ``command`` is not a non-empty list of str (or path) arguments: a single string
+            (``"python -c ..."``) is refused, not split into letters.
         TypeError, ValueError: ``timeout_s`` or ``grace_s`` is not a finite number > 0.
         OSError: the command could not be started (e.g. ``FileNotFoundError``).
         subprocess.TimeoutExpired: the leader did not exit even ``grace_s`` after ``SIGKILL`` (a
             process stuck in the kernel).
     """
+    # A string would be split into one-letter arguments by list(): "python -c ..." ran "p".
+    if isinstance(command, (str, bytes)) or not isinstance(command, Sequence) or not command or not all(
+            isinstance(part, (str, os.PathLike)) for part in command):
+        raise TypeError(f"command must be a non-empty list of str arguments (the program first, no shell), got {command!r:.80}")
     timeout_s, grace_s = _check_seconds("timeout_s", timeout_s), _check_seconds("grace_s", grace_s)
     began = time.perf_counter()
     with open(log, "w") if log is not None else contextlib.nullcontext() as sink:

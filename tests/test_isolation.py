@@ -173,3 +173,11 @@ def test_describe_error_is_type_and_message_optionally_cut():
 def test_describe_error_checks_its_arguments(args, error, message):
     with pytest.raises(error, match=message):
         describe_error(*args)
+
+
+@pytest.mark.parametrize("command", ["echo hi", b"echo", [], None, ["echo", 3]])
+def test_run_process_group_names_a_command_that_is_not_an_argument_list(command):
+    """Before: a string was split into one-letter arguments ("echo hi" ran "e": FileNotFoundError
+    'e'), [] failed inside subprocess with an IndexError, None with "not iterable"."""
+    with pytest.raises(TypeError, match=r"command must be a non-empty list of str arguments"):
+        run_process_group(command, timeout_s=5)
