@@ -130,7 +130,7 @@ for pass in ${PASS}; do
       for f in "$LOGS"/nb_*.log; do tail -1 "$f"; done 2>/dev/null | tee -a "$log"
       # STOP_ON_FAILURE=1 (with PASS="C A", say): a failing test skips the recording passes after C.
       if [ "${STOP_ON_FAILURE:-0}" = 1 ] && { cat "$LOGS"/failures_*.log 2>/dev/null | grep -q . \
-          || grep -qE "^(ERROR|usage):|[0-9]+ (failed|errors?) " "$LOGS"/tests_*.log; }; then
+          || grep -qE "^(ERROR|usage):|[0-9]+ (failed|errors?)([ ,]|$)" "$LOGS"/tests_*.log; }; then
         echo "pass C: a test failed, so the passes after it do not run (STOP_ON_FAILURE=1)" | tee -a "$log"
         stop=1
       fi
