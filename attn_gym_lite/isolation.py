@@ -72,12 +72,67 @@ class ProcessRun:
     stderr: str | None
 
 
+# The checks below follow the message formats of attn_gym_lite.checks, inline: this module
+# imports nothing from the package (and so not torch).
+
+
 def _check_seconds(name: str, value: object) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
+    # Any real number (numpy's float32 and int64 included: a timeout read from an array), not a bool.
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise TypeError(f"{name} must be a number of seconds, got {type(value).__name__}: {value!r}")
     if not (value > 0 and math.isfinite(value)):
         raise ValueError(f"{name} must be a finite number of seconds > 0, got {value!r}")
     return float(value)
+
+
+def _check_callable(name: str, value: object) -> None:
+    if not callable(value):
+        raise TypeError(f"{name} must be callable, got {type(value).__name__}: {value!r:.60}")
+
+
+def _check_env(env: object) -> dict[str, str] | None:
+    if env is None:
+        return None
+    if not isinstance(env, Mapping):
+        raise TypeError(f"env must be a mapping of str to str or None, got {type(env).__name__}: {env!r:.60}")
+    bad = [(key, value) for key, value in env.items() if not (isinstance(key, str) and isinstance(value, str))]
+    if bad:
+        raise TypeError(f"env must be a mapping of str to str or None, got {bad[0][0]!r}: {bad[0][1]!r:.60}")
+    return dict(env)
+
+
+def _check_log(log: object) -> str | os.PathLike | None:
+    if log is None:
+        return None
+    if not isinstance(log, (str, os.PathLike)):
+        raise TypeError(f"log must be a str or os.PathLike or None, got {type(log).__name__}")
+    path = os.fspath(log)
+    if os.path.isdir(path):
+        raise FileNotFoundError(f"log={str(path)!r} is a directory, expected a file")
+    folder = os.path.dirname(path) or "."
+    if not os.path.isdir(folder):
+        raise FileNotFoundError(f"log={str(path)!r}: no such folder {folder!r}")
+    return log
+
+
+def _check_json(name: str, value: object) -> None:
+    """``value`` goes through ``json.dumps`` / ``json.loads`` unchanged but for tuples (lists)."""
+    if value is None or isinstance(value, (str, bool, int, float)):
+        return
+    if isinstance(value, (list, tuple)):
+        for index, item in enumerate(value):
+            _check_json(f"{name}[{index}]", item)
+        return
+    if isinstance(value, dict):
+        for key, item in value.items():
+            # json.dumps writes an int key as a str: the child would get {"1": ...} for {1: ...}.
+            if not isinstance(key, str):
+                raise TypeError(f"{name} must be JSON-ready (dict keys str), got the key {key!r} "
+                                f"({type(key).__name__})")
+            _check_json(f"{name}[{key!r}]", item)
+        return
+    raise TypeError(f"{name} must be JSON-ready (None, bool, int, float, str, list, tuple or dict "
+                    f"with str keys), got {type(value).__name__}: {value!r:.60}")
 
 
 def _signal_group(pgid: int, sig: int) -> None:
@@ -124,7 +179,11 @@ def run_process_group(command: Sequence[str], *, timeout_s: float, env: Mapping[
     Raises:
         TypeError: ``command`` is not a non-empty list of str (or path) arguments: a single string
             (``"python -c ..."``) is refused, not split into letters.
-        TypeError, ValueError: ``timeout_s`` or ``grace_s`` is not a finite number > 0.
+        TypeError, ValueError: ``timeout_s`` or ``grace_s`` is not a finite real number > 0 (a
+            bool is refused; numpy numbers are taken).
+        TypeError: ``env`` is not ``None`` or a mapping of str to str; ``log`` is not ``None``,
+            a str or an ``os.PathLike``.
+        FileNotFoundError: ``log`` is a directory, or its folder does not exist.
         OSError: the command could not be started (e.g. ``FileNotFoundError``).
         subprocess.TimeoutExpired: the leader did not exit even ``grace_s`` after ``SIGKILL`` (a
             process stuck in the kernel).
@@ -134,11 +193,12 @@ def run_process_group(command: Sequence[str], *, timeout_s: float, env: Mapping[
             isinstance(part, (str, os.PathLike)) for part in command):
         raise TypeError(f"command must be a non-empty list of str arguments (the program first, no shell), got {command!r:.80}")
     timeout_s, grace_s = _check_seconds("timeout_s", timeout_s), _check_seconds("grace_s", grace_s)
+    env, log = _check_env(env), _check_log(log)
     began = time.perf_counter()
     with open(log, "w") if log is not None else contextlib.nullcontext() as sink:
         stdout = sink if log is not None else subprocess.PIPE
         stderr = subprocess.STDOUT if log is not None else subprocess.PIPE
-        process = subprocess.Popen(list(command), env=None if env is None else dict(env), stdout=stdout,
+        process = subprocess.Popen(list(command), env=env, stdout=stdout,
                                    stderr=stderr, text=True, start_new_session=True)
         timed_out = False
         try:
@@ -160,7 +220,7 @@ def run_isolated(function: Callable[..., Any], *args: Any, timeout_s: float = 60
 
     Args:
         function: a module-level function (it is imported again in the child by module and name).
-        args: JSON-serialisable positional arguments.
+        args: JSON-ready positional arguments (checked before the child starts).
         timeout_s: seconds before the child and every process it started are ended (> 0; see
             :func:`run_process_group`).
         env: the child's environment (default: this process's).
@@ -169,8 +229,11 @@ def run_isolated(function: Callable[..., Any], *args: Any, timeout_s: float = 60
         What ``function`` returned, through ``json.dumps`` / ``json.loads``.
 
     Raises:
-        TypeError: ``function`` is not a module-level function, or ``args`` are not JSON-ready.
-        ValueError: ``timeout_s`` is not a finite number > 0.
+        TypeError: ``function`` is not a module-level function, or an argument is not JSON-ready
+            (the message names it, e.g. ``args[1]['x']``): only ``None``, bool, int, float, str,
+            list, tuple (it arrives as a list) and dict with str keys (``json.dumps`` would turn
+            an int key into a str) go through; ``env`` is not a mapping of str to str.
+        TypeError, ValueError: ``timeout_s`` is not a finite real number > 0.
         IsolatedRunError: the child exited non-zero, timed out (the message says ``timed out
             after <timeout_s> s``) or printed no result.
     """
@@ -179,6 +242,8 @@ def run_isolated(function: Callable[..., Any], *args: Any, timeout_s: float = 60
         raise TypeError(f"function must be a module-level function, got {function!r}")
     if module == "__main__":
         raise TypeError(f"function must live in an importable module, not __main__, got {name}")
+    for index, arg in enumerate(args):
+        _check_json(f"args[{index}]", arg)
     command = [sys.executable, "-m", __name__, module, name, json.dumps(list(args))]
     done = run_process_group(command, timeout_s=timeout_s, env=env)
     stderr_tail = (done.stderr or "")[-3000:]
@@ -251,9 +316,23 @@ def run_within_budget(parts: Mapping[str, Callable[[float], Any]], *, timeout_s:
         exactly one of the two.
 
     Raises:
-        TypeError, ValueError: a time that is not a finite number > 0; ``timeout_s`` a mapping that
-            does not name every part.
+        TypeError: ``parts`` is not a mapping of str to callables (a list of functions is refused,
+            and so is a part that cannot be called: before any part runs), or ``clock`` or
+            ``describe`` cannot be called.
+        TypeError, ValueError: a time that is not a finite real number > 0 (not a bool; numpy
+            numbers are taken); ``timeout_s`` a mapping that does not name every part.
     """
+    if not isinstance(parts, Mapping):
+        raise TypeError(f"parts must be a mapping of part name (str) to a function of its limit (s), "
+                        f"got {type(parts).__name__}: {parts!r:.60}")
+    for name, part in parts.items():
+        if not isinstance(name, str):
+            raise TypeError(f"parts must be keyed by part name (str), got {type(name).__name__}: {name!r}")
+        _check_callable(f"parts[{name!r}]", part)
+    _check_callable("clock", clock)
+    _check_callable("describe", describe)
+    if not isinstance(timeout_s, Mapping):
+        _check_seconds("timeout_s", timeout_s)
     began = clock()
     limits = {name: timeout_s for name in parts} if not isinstance(timeout_s, Mapping) else dict(timeout_s)
     missing = [name for name in parts if name not in limits]

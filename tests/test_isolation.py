@@ -181,3 +181,90 @@ def test_run_process_group_names_a_command_that_is_not_an_argument_list(command)
     'e'), [] failed inside subprocess with an IndexError, None with "not iterable"."""
     with pytest.raises(TypeError, match=r"command must be a non-empty list of str arguments"):
         run_process_group(command, timeout_s=5)
+
+
+# ---------------------------------------------------------------------------------------------
+# Arguments refused up front, by name (break-it round 8).
+
+
+def test_times_may_be_numpy_numbers():
+    """Before: a numpy float32 or int64 timeout (read from an array) was refused with a TypeError."""
+    np = pytest.importorskip("numpy")
+    run = run_process_group([sys.executable, "-c", "print('ok')"], timeout_s=np.float32(30), grace_s=np.int64(5))
+    assert (run.returncode, run.timed_out, run.stdout) == (0, False, "ok\n")
+    results, errors = run_within_budget({"a": lambda limit: limit}, timeout_s={"a": np.float32(2.5)},
+                                        budget_s=np.int64(100), min_part_s=np.float64(1.0))
+    assert results == {"a": 2.5} and errors == {}
+    assert run_isolated(math.factorial, 5, timeout_s=np.int64(60)) == 120
+
+
+@pytest.mark.parametrize(
+    ("value", "error", "message"),
+    [
+        (True, TypeError, r"timeout_s must be a number of seconds, got bool: True"),
+        (float("nan"), ValueError, r"timeout_s must be a finite number of seconds > 0, got nan"),
+        (math.inf, ValueError, r"timeout_s must be a finite number of seconds > 0, got inf"),
+        (1j, TypeError, r"timeout_s must be a number of seconds, got complex"),
+    ],
+)
+def test_times_refused(value, error, message):
+    with pytest.raises(error, match=message):
+        run_process_group(["true"], timeout_s=value)
+
+
+def test_run_within_budget_refuses_parts_that_are_not_a_mapping_of_callables():
+    """Before: a list of parts raised AttributeError ('list' object has no attribute 'items'); a
+    part that cannot be called was recorded as that part's error after the parts before it ran."""
+    ran = []
+    with pytest.raises(TypeError, match=r"parts must be a mapping of part name \(str\) to a function of its limit \(s\), got list"):
+        run_within_budget([lambda limit: 1], timeout_s=1.0, budget_s=None)
+    with pytest.raises(TypeError, match=r"parts\['b'\] must be callable, got int: 3"):
+        run_within_budget({"a": ran.append, "b": 3}, timeout_s=1.0, budget_s=None)
+    assert ran == []  # refused before any part ran
+    with pytest.raises(TypeError, match=r"parts must be keyed by part name \(str\), got int: 1"):
+        run_within_budget({1: ran.append}, timeout_s=1.0, budget_s=None)
+    with pytest.raises(TypeError, match=r"clock must be callable, got int: 3"):
+        run_within_budget({"a": ran.append}, timeout_s=1.0, budget_s=None, clock=3)
+    with pytest.raises(TypeError, match=r"describe must be callable, got str"):
+        run_within_budget({"a": ran.append}, timeout_s=1.0, budget_s=None, describe="x")
+    assert ran == []
+
+
+class _NotJson:
+    pass
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        ((_NotJson(),), r"args\[0\] must be JSON-ready \(None, bool, int, float, str, list, tuple or dict with str keys\), got _NotJson"),
+        ((1, [2, {"x": {3}}]), r"args\[1\]\[1\]\['x'\] must be JSON-ready .*got set"),
+        (({1: 2},), r"args\[0\] must be JSON-ready \(dict keys str\), got the key 1 \(int\)"),
+    ],
+)
+def test_run_isolated_names_an_argument_json_cannot_carry(args, message):
+    """Before: json's own 'Object of type _NotJson is not JSON serializable' (no argument named),
+    and {1: 2} reached the child as {'1': 2}."""
+    with pytest.raises(TypeError, match=message):
+        run_isolated(math.factorial, *args)
+
+
+def test_run_isolated_carries_tuples_as_lists_and_nested_values():
+    assert run_isolated(math.fsum, (0.1, 0.2, 0.3)) == math.fsum([0.1, 0.2, 0.3])
+    assert run_isolated(len, {"a": [1, None, True], "b": "x"}) == 2
+
+
+def test_run_process_group_checks_env_and_log(tmp_path):
+    """Before: env={'A': 1} failed inside subprocess ('expected str, bytes or os.PathLike object,
+    not int'), env='x' with 'dictionary update sequence element #0'; a log that is a directory or
+    in a missing folder gave the OS error without naming log."""
+    with pytest.raises(TypeError, match=r"env must be a mapping of str to str or None, got 'A': 1"):
+        run_process_group(["true"], timeout_s=5, env={"A": 1})
+    with pytest.raises(TypeError, match=r"env must be a mapping of str to str or None, got str"):
+        run_isolated(math.factorial, 3, env="x")
+    with pytest.raises(FileNotFoundError, match=r"log='.*' is a directory, expected a file"):
+        run_process_group(["true"], timeout_s=5, log=tmp_path)
+    with pytest.raises(FileNotFoundError, match=r"log='.*missing/x.log': no such folder"):
+        run_process_group(["true"], timeout_s=5, log=tmp_path / "missing" / "x.log")
+    with pytest.raises(TypeError, match=r"log must be a str or os.PathLike or None, got int"):
+        run_process_group(["true"], timeout_s=5, log=3)
