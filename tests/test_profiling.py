@@ -417,9 +417,11 @@ def test_bad_arguments_name_the_argument():
         trace_summary("trace.json.gz")
     with pytest.raises(TypeError, match="annotations must be a GraphAnnotations"):
         annotate_trace(replay_trace(), {"route": CAPTURE_ORDER})
-    with pytest.raises(ValueError, match="steps must be an int >= 1 or None, got 1.5"):
+    with pytest.raises(TypeError, match="trace_summary: steps must be an int >= 1, got 1.5"):
         trace_summary(replay_trace(), steps=1.5)
-    with pytest.raises(ValueError, match="min_gap_us must be a number >= 0, got -1"):
+    with pytest.raises(ValueError, match="trace_summary: steps must be an int >= 1, got 0"):
+        trace_summary(replay_trace(), steps=0)
+    with pytest.raises(ValueError, match=r"min_gap_us must be a finite real number >= 0.0, got -1.0"):
         trace_summary(replay_trace(), min_gap_us=-1)
     with pytest.raises(ValueError, match="start_us must be < end_us, got start_us=5, end_us=1"):
         plot_timeline(replay_trace(), start_us=5, end_us=1)

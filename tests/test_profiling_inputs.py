@@ -6,6 +6,7 @@ and the value, instead of an AttributeError, KeyError or comparison error from d
 import pytest
 import torch
 
+from attn_gym_lite.profiling import CAPTURE_ORDER, GraphAnnotations, annotate_trace, split_overlapping_lanes
 from attn_gym_lite.profiling.compact import compact_timeline, host_phases
 from attn_gym_lite.profiling.memory import allocation_sites, allocation_timeline, find_blocks, record_memory_history
 from attn_gym_lite.profiling.summary import device_events, replay_idle, trace_summary
@@ -42,6 +43,10 @@ READERS = {
     "trace_summary": trace_summary,
     "replay_idle": replay_idle,
     "device_events": device_events,
+    # Break-it round 8: these two read every slice; before, an event that is not a dict raised
+    # AttributeError, a string dur a TypeError from a sort key, and a NaN dur opened a lane.
+    "split_overlapping_lanes": split_overlapping_lanes,
+    "annotate_trace": lambda trace: annotate_trace(trace, GraphAnnotations(CAPTURE_ORDER)),
 }
 
 BAD_TRACES = [
@@ -256,3 +261,63 @@ def test_record_memory_history_needs_cuda_at_entry():
     with pytest.raises(RuntimeError, match="needs a CUDA device"):
         with record_memory_history(device=0):
             pass
+
+
+# ---------------------------------------------------------------------------------------------
+# Break-it round 8: trace_summary's numbers, and the trace writers/rewriters.
+
+
+def _naive_busy_and_gaps(intervals):
+    """Busy time and gaps by marking every unit of a fine integer grid (an independent reference)."""
+    if not intervals:
+        return 0.0, []
+    lo, hi = min(s for s, _ in intervals), max(e for _, e in intervals)
+    covered = [False] * (hi - lo)
+    for s, e in intervals:
+        for t in range(s, e):
+            covered[t - lo] = True
+    gaps, run = [], 0
+    for c in covered:
+        if c:
+            if run:
+                gaps.append(float(run))
+            run = 0
+        else:
+            run += 1
+    return float(sum(covered)), gaps
+
+
+def test_trace_summary_numbers_match_a_naive_sweep_and_take_numpy_arguments():
+    """Before: min_gap_us=NaN was taken and counted no gap at all, True counted as 1 µs, numpy
+    numbers for steps / min_gap_us were refused with a ValueError."""
+    np = pytest.importorskip("numpy")
+    events = [kernel(ts=0.0, dur=10.0), kernel(ts=5.0, dur=2.0), kernel(ts=20.0, dur=5.0), kernel(ts=27.0, dur=1.0),
+              kernel(ts=40.0, dur=3.0)]
+    busy, gaps = _naive_busy_and_gaps([(0, 10), (5, 7), (20, 25), (27, 28), (40, 43)])
+    summary = trace_summary({"traceEvents": events}, steps=np.int64(2), min_gap_us=np.float32(3.0))
+    assert summary["busy_us"] == busy == 19.0 and summary["window_us"] == 43.0
+    counted = [g for g in gaps if g >= 3.0]
+    assert summary["gaps"] == {"count": len(counted), "total_us": sum(counted), "largest_us": max(counted)}
+    assert summary["kernels_per_step"] == 2.5
+    for value, error, message in [
+        (float("nan"), ValueError, r"trace_summary: min_gap_us must be a finite real number >= 0.0, got nan"),
+        (True, TypeError, r"trace_summary: min_gap_us must be a finite real number >= 0.0, got True"),
+        ("1", TypeError, r"trace_summary: min_gap_us must be a finite real number >= 0.0, got '1'"),
+    ]:
+        with pytest.raises(error, match=message):
+            trace_summary({"traceEvents": events}, min_gap_us=value)
+    with pytest.raises(TypeError, match=r"trace_summary: steps must be an int >= 1, got True"):
+        trace_summary({"traceEvents": events}, steps=True)
+
+
+def test_lane_splitting_skips_incomplete_slices_and_odd_metadata():
+    """Before: a slice with a dur but no ts raised KeyError 'ts'; a thread_name event whose args
+    are not a dict raised AttributeError."""
+    trace = {"traceEvents": [{"ph": "X", "cat": "kernel", "dur": 1.0, "tid": 7},
+                             {"ph": "M", "name": "thread_name", "pid": 0, "tid": 7, "args": 3},
+                             kernel(ts=0.0, dur=10.0), kernel(ts=5.0, dur=10.0)]}
+    out = split_overlapping_lanes(trace)
+    assert [e.get("tid") for e in out["traceEvents"]] == [7, 7, 7, 1_000_007, 1_000_007]
+    assert out["traceEvents"][-1]["args"] == {"name": "thread 7 (lane 1)"}
+    annotated = annotate_trace(trace, GraphAnnotations(CAPTURE_ORDER))
+    assert annotated["attn_gym_lite"]["replays"] == 0

@@ -40,7 +40,7 @@ from .record import (
     launch_kind,
     launch_labels,
 )
-from .trace import LANE_TID_BASE, Trace, check_trace, split_overlapping_lanes
+from .trace import LANE_TID_BASE, Trace, check_slices, check_trace, split_overlapping_lanes
 
 REGION_TRACK_OFFSET = 500_000  # the region boxes of stream ``s`` live on tid ``REGION_TRACK_OFFSET + s``
 REGION_CATEGORY = "graph_region"
@@ -62,11 +62,14 @@ def annotate_trace(trace: Trace, annotations: GraphAnnotations, extra_regions: I
 
     Raises:
         TypeError / ValueError: ``trace`` is not a trace dict: not a dict, ``traceEvents`` missing
-            or not a list (:func:`~attn_gym_lite.profiling.trace.check_trace`).
+            or not a list (:func:`~attn_gym_lite.profiling.trace.check_trace`); an event that is
+            not a dict, or a malformed complete slice
+            (:func:`~attn_gym_lite.profiling.trace.check_slices`; the message names the event).
         TypeError: ``annotations`` is not a ``GraphAnnotations``.
         ValueError: ``annotations.route`` is not a known route, or ``trace`` is already annotated.
     """
     check_trace(trace, "annotate_trace")
+    check_slices(trace, None, "annotate_trace")
     if not isinstance(annotations, GraphAnnotations):
         raise TypeError(
             f"annotate_trace: annotations must be a GraphAnnotations (from record_annotations, or "
@@ -81,11 +84,11 @@ def annotate_trace(trace: Trace, annotations: GraphAnnotations, extra_regions: I
     for event in events:
         if not isinstance(event.get("args"), dict):
             event["args"] = {}
-    device = [e for e in events if e.get("cat") in DEVICE_CATEGORIES and e.get("ph") == "X" and "dur" in e]
+    device = [e for e in events if e.get("cat") in DEVICE_CATEGORIES and e.get("ph") == "X" and "dur" in e and "ts" in e]
     launches = {
         e["args"]["correlation"]: e
         for e in events
-        if e.get("name") == "cudaGraphLaunch" and e.get("ph") == "X" and "correlation" in e["args"]
+        if e.get("name") == "cudaGraphLaunch" and e.get("ph") == "X" and "ts" in e and "correlation" in e["args"]
     }
     by_launch: dict[Any, list[dict]] = defaultdict(list)
     for event in device:
@@ -118,7 +121,7 @@ def annotate_trace(trace: Trace, annotations: GraphAnnotations, extra_regions: I
                     event["args"]["region"] = label
                     report["labelled_events"] += 1
     # Eager work in the same trace: a kernel launched inside a region's range gets its label too.
-    launched = {e["args"]["correlation"]: e for e in events if launch_kind(e) and "correlation" in e["args"]}
+    launched = {e["args"]["correlation"]: e for e in events if launch_kind(e) and "ts" in e and "correlation" in e["args"]}
     eager = [e for e in device if e["args"].get("correlation") in launched and "region" not in e["args"]]
     if eager:
         regions = annotations.regions | set(extra_regions)

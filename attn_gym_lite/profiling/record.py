@@ -181,6 +181,8 @@ def launch_kind(event: dict) -> str | None:
     if event.get("cat") not in ("cuda_runtime", "cuda_driver"):
         return None
     name = event.get("name", "")
+    if not isinstance(name, str):
+        return None
     if "HostFunc" in name:  # a host node: no device event at replay
         return None
     if name.startswith(("cudaLaunch", "cuLaunch")):
@@ -296,7 +298,8 @@ def enclosing_ranges(events: list[dict], targets: list[dict]) -> dict[int, list[
     thread over ranges sorted by start (longer first on ties)."""
     ranges = defaultdict(list)
     for event in events:
-        if event.get("cat") in ("cpu_op", "user_annotation") and event.get("ph") == "X" and "dur" in event:
+        if (event.get("cat") in ("cpu_op", "user_annotation") and event.get("ph") == "X" and "dur" in event
+                and "ts" in event and isinstance(event.get("name"), str)):
             ranges[(event.get("pid"), event.get("tid"))].append(event)
     wanted = defaultdict(list)
     for target in targets:

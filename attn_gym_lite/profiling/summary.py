@@ -14,6 +14,7 @@ import bisect
 from collections import defaultdict
 from typing import Any
 
+from ..checks import check_int, check_real
 from .intervals import busy_and_gaps
 from .record import DEVICE_CATEGORIES, HOST_OP_CATEGORIES
 from .trace import Trace, check_slices, check_trace
@@ -58,15 +59,17 @@ def trace_summary(trace: Trace, steps: int | None = None, min_gap_us: float = 0.
     Raises:
         TypeError / ValueError: a malformed trace, by the rules of :func:`~attn_gym_lite.profiling.trace.check_trace` and
             :func:`~attn_gym_lite.profiling.trace.check_slices` (the message names the event).
-        ValueError: the trace has no device events, ``steps`` is not an int >= 1, or
-            ``min_gap_us`` is negative.
+        TypeError: ``steps`` is neither ``None`` nor an integer (numpy's included; not a bool), or
+            ``min_gap_us`` is not a real number (not a bool).
+        ValueError: the trace has no device events, ``steps`` < 1, or ``min_gap_us`` is
+            negative, NaN or infinite.
     """
     check_trace(trace, "trace_summary")
     check_slices(trace, (*DEVICE_CATEGORIES, *HOST_OP_CATEGORIES), "trace_summary")
-    if steps is not None and (not isinstance(steps, int) or isinstance(steps, bool) or steps < 1):
-        raise ValueError(f"trace_summary: steps must be an int >= 1 or None, got {steps!r}")
-    if not isinstance(min_gap_us, (int, float)) or min_gap_us < 0:
-        raise ValueError(f"trace_summary: min_gap_us must be a number >= 0, got {min_gap_us!r}")
+    if steps is not None:
+        steps = check_int("trace_summary: steps", steps, minimum=1)
+    # NaN compared false with every gap (no gap counted) and True counted as 1 µs.
+    min_gap_us = check_real("trace_summary: min_gap_us", min_gap_us, minimum=0.0)
     events = device_events(trace)
     if not events:
         raise ValueError(f"trace_summary: the trace has no kernel, memcpy or memset events{_NO_GPU_HINT}")

@@ -223,19 +223,24 @@ def split_overlapping_lanes(trace: Trace) -> Trace:
 
     Raises:
         TypeError / ValueError: ``trace`` is not a trace dict: not a dict, ``traceEvents`` missing
-            or not a list (:func:`~attn_gym_lite.profiling.trace.check_trace`).
+            or not a list (:func:`~attn_gym_lite.profiling.trace.check_trace`); an event that is
+            not a dict, or a complete slice with a ``ts`` that is not a finite real number, a
+            ``dur`` that is not one >= 0, or ``args`` that are not a dict
+            (:func:`~attn_gym_lite.profiling.trace.check_slices`; the message names the event).
+            A slice without ``ts`` or ``dur`` is incomplete and stays where it is.
     """
     check_trace(trace, "split_overlapping_lanes")
+    check_slices(trace, None, "split_overlapping_lanes")
     out = copy.deepcopy(trace)
     events = out.get("traceEvents", [])
     names = {
-        (e.get("pid"), e.get("tid")): e.get("args", {}).get("name")
+        (e.get("pid"), e.get("tid")): _metadata_name(e)
         for e in events
         if e.get("ph") == "M" and e.get("name") == "thread_name"
     }
     tracks: dict[tuple, list[dict]] = defaultdict(list)
     for event in events:
-        if event.get("ph") == "X" and "dur" in event and isinstance(event.get("tid"), int):
+        if event.get("ph") == "X" and "dur" in event and "ts" in event and isinstance(event.get("tid"), int):
             tracks[(event.get("pid"), event["tid"])].append(event)
     # The end of a CPU -> GPU flow arrow sits on the kernel's track at its start: it moves with it.
     flow_ends: dict[tuple, list[dict]] = defaultdict(list)
@@ -272,6 +277,12 @@ def split_overlapping_lanes(trace: Trace) -> Trace:
     return out
 
 
+def _metadata_name(event: dict) -> object:
+    """The ``args["name"]`` of a metadata event; ``None`` where its ``args`` are not a dict."""
+    args = event.get("args")
+    return args.get("name") if isinstance(args, dict) else None
+
+
 def perfetto_protobuf(trace: Trace) -> bytes:
     """Encode the complete slices of a Chrome trace as Perfetto TrackEvent protobuf bytes.
 
@@ -281,20 +292,22 @@ def perfetto_protobuf(trace: Trace) -> bytes:
 
     Raises:
         TypeError / ValueError: ``trace`` is not a trace dict: not a dict, ``traceEvents`` missing
-            or not a list (:func:`~attn_gym_lite.profiling.trace.check_trace`).
+            or not a list (:func:`~attn_gym_lite.profiling.trace.check_trace`); a malformed slice
+            (:func:`~attn_gym_lite.profiling.trace.check_slices`).
         ImportError: the ``perfetto`` package is not installed.
     """
     check_trace(trace, "perfetto_protobuf")
+    check_slices(trace, None, "perfetto_protobuf")
     builder = _perfetto_builder()
     events = trace.get("traceEvents", [])
     names = {
-        (e.get("pid"), e.get("tid")): str(e.get("args", {}).get("name"))
+        (e.get("pid"), e.get("tid")): str(_metadata_name(e))
         for e in events
         if e.get("ph") == "M" and e.get("name") == "thread_name"
     }
     sequence_id = 1
     uuids: dict[tuple, int] = {}
-    slices = sorted((e for e in events if e.get("ph") == "X" and "dur" in e), key=lambda e: e["ts"])
+    slices = sorted((e for e in events if e.get("ph") == "X" and "dur" in e and "ts" in e), key=lambda e: e["ts"])
     for event in slices:
         key = (event.get("pid"), event.get("tid"))
         if key not in uuids:
@@ -358,9 +371,9 @@ def check_trace(trace: object, where: str) -> None:
         )
 
 
-def check_slices(trace: Trace, categories: Collection[str], where: str) -> None:
+def check_slices(trace: Trace, categories: Collection[str] | None, where: str) -> None:
     """Raise unless every event of ``trace`` is a dict and every complete slice (``"ph": "X"``)
-    of one of ``categories`` that has a ``"ts"`` and a ``"dur"`` has a finite ``ts`` and a
+    of one of ``categories`` (``None``: of any category) that has a ``"ts"`` and a ``"dur"`` has a finite ``ts`` and a
     ``dur >= 0`` (µs), and ``"args"``, if present, a dict. Call :func:`check_trace` first.
 
     A slice without ``ts`` or ``dur`` is incomplete, not malformed: every reader here skips it
@@ -377,7 +390,8 @@ def check_slices(trace: Trace, categories: Collection[str], where: str) -> None:
         name = f"{where}: trace['traceEvents'][{index}]"
         if not isinstance(event, dict):
             raise TypeError(f"{name} must be a dict (a trace event), got {type(event).__name__} {event!r:.60}")
-        if event.get("ph") != "X" or event.get("cat") not in categories or "ts" not in event or "dur" not in event:
+        if event.get("ph") != "X" or (categories is not None and event.get("cat") not in categories) or (
+                "ts" not in event or "dur" not in event):
             continue
         ts, dur = event["ts"], event["dur"]
         if not (type(ts) in _PLAIN_NUMBERS and math.isfinite(ts)):  # fast path for the usual floats
