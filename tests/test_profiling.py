@@ -575,3 +575,70 @@ def test_malformed_events_are_skipped_not_fatal():
     annotated = annotate_trace({"traceEvents": events}, GraphAnnotations(CAPTURE_ORDER, [{"name": "g", "ops": [["kernel", "x"]]}]))
     assert [r[2] for r in regions_of(annotated)] == ["x", None]
     assert trace_summary({"traceEvents": events})["device_events"] == 1
+
+
+# ---------------------------------------------------------------------------------------------
+# Break-it round 8: profile's and save_trace's arguments, checked before any work.
+
+
+def test_profile_checks_its_arguments_at_construction(tmp_path):
+    """Before: profile(3) raised Path's own TypeError; a directory named x.json was taken and
+    failed only at exit, after the profiled work; numpy warmup refused, warmup=True a ValueError;
+    split_lanes='no' taken (and truthy)."""
+    np = pytest.importorskip("numpy")
+    assert profile(None, warmup=np.int64(1)).warmup == 1
+    (tmp_path / "dir.json").mkdir()
+    (tmp_path / "file").write_text("")
+    for kwargs, error, message in [
+        ({"path": 3}, TypeError, r"profile: path must be a str or os.PathLike, got int"),
+        ({"path": tmp_path / "dir.json"}, FileNotFoundError, r"profile: path='.*dir.json' is a directory, expected a file"),
+        ({"path": tmp_path / "file" / "t.json"}, FileNotFoundError, r"profile: path's folder='.*file' is a file, expected a folder"),
+        ({"path": None, "warmup": True}, TypeError, r"profile: warmup must be an int >= 0, got True"),
+        ({"path": None, "warmup": 1.0}, TypeError, r"profile: warmup must be an int >= 0, got 1.0"),
+        ({"path": None, "split_lanes": "no"}, TypeError, r"profile: split_lanes must be a bool, got 'no'"),
+        ({"path": None, "with_stack": 1}, TypeError, r"profile: with_stack must be a bool, got 1"),
+    ]:
+        with pytest.raises(error, match=message):
+            profile(**kwargs)
+
+
+def test_profile_records_one_block():
+    """Before: entering the same profile inside its own block crashed the interpreter (a
+    segmentation fault in torch's profiler); entering it again after the block went on counting
+    steps, so warmup was not discarded again; step() outside the block went to torch."""
+    prof = profile(None)
+    with pytest.raises(RuntimeError, match=r"profile: step\(\) belongs inside the with block, but the profile is new"):
+        prof.step()
+    with prof:
+        with pytest.raises(RuntimeError, match="profile: this profile is already recording; a profile records one block"):
+            prof.__enter__()
+        torch.ones(4).sum()
+    assert prof.trace is not None
+    with pytest.raises(RuntimeError, match="profile: this profile is done; a profile records one block"):
+        with prof:
+            pass
+    with pytest.raises(RuntimeError, match=r"step\(\) belongs inside the with block, but the profile is done"):
+        prof.step()
+
+
+def test_save_trace_checks_everything_before_writing(tmp_path):
+    """Before: a bad suffix was refused only after the missing folders were made; save_trace('x',
+    ...) wrote a JSON string that load_trace refuses; a tensor in args raised json's own
+    TypeError after the folders were made; path=3 raised Path's TypeError; a directory named
+    x.json an IsADirectoryError."""
+    good = {"traceEvents": [cpu("op", 0.0, 1.0)]}
+    (tmp_path / "dir.json").mkdir()
+    for trace, path, error, message in [
+        (good, tmp_path / "new" / "t.txt", ValueError, r"save_trace: path must end with one of"),
+        ("x", tmp_path / "new" / "t.json", TypeError, r"save_trace: trace must be a Chrome trace dict"),
+        ({"traceEvents": [1]}, tmp_path / "new" / "t.json", TypeError, r"save_trace: trace\['traceEvents'\]\[0\] must be a dict"),
+        ({"traceEvents": [{"args": {"x": torch.ones(1)}}]}, tmp_path / "new" / "t.json.gz", TypeError,
+         r"save_trace: trace must hold only JSON values, got Object of type Tensor is not JSON serializable"),
+        (good, 3, TypeError, r"save_trace: path must be a str or os.PathLike, got int"),
+        (good, tmp_path / "dir.json", FileNotFoundError, r"save_trace: path='.*dir.json' is a directory, expected a file"),
+    ]:
+        with pytest.raises(error, match=message):
+            save_trace(trace, path)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["dir.json"]  # no folder made by a refused call
+    written = save_trace(good, tmp_path / "new" / "deeper" / "t.json")
+    assert load_trace(written) == good

@@ -31,7 +31,7 @@ from typing import Any
 import torch
 from torch.profiler import ProfilerActivity
 
-from ..checks import check_file, check_path, check_real
+from ..checks import check_bool, check_file, check_folder, check_int, check_path, check_real
 
 Trace = dict[str, Any]
 SUFFIXES = (".json", ".json.gz", ".pftrace")
@@ -67,9 +67,15 @@ class profile:  # noqa: N801 -- a context manager named like the torch.profiler.
         trace: the trace ``dict`` after exit (``{"traceEvents": [...], ...}``).
 
     Raises:
-        ValueError: ``path`` has another suffix, or ``warmup`` is not an int >= 0 (at
-            construction); ``warmup`` > 0 and no step after the warm-up ones (at exit).
+        TypeError: ``path`` is not ``None``, a str or an ``os.PathLike``; ``warmup`` is not an
+            integer (numpy's included; not a bool); ``split_lanes``, ``record_shapes`` or
+            ``with_stack`` is not a bool (at construction).
+        FileNotFoundError: ``path`` is a directory, or its folder is a file (at construction).
+        ValueError: ``path`` has another suffix, or ``warmup`` < 0 (at construction);
+            ``warmup`` > 0 and no step after the warm-up ones (at exit).
         ImportError: a ``.pftrace`` path without the ``perfetto`` package (at construction).
+        RuntimeError: the block is entered a second time (nested, or after it ended: a profile
+            records one block; make a new one), or ``step()`` is called outside the block.
     """
 
     def __init__(
@@ -81,11 +87,11 @@ class profile:  # noqa: N801 -- a context manager named like the torch.profiler.
         record_shapes: bool = False,
         with_stack: bool = False,
     ) -> None:
-        self.path = None if path is None else Path(path)
-        if self.path is not None and not str(self.path).endswith(SUFFIXES):
-            raise ValueError(f"profile: path must end with one of {SUFFIXES}, got {str(self.path)!r}")
-        if not isinstance(warmup, int) or isinstance(warmup, bool) or warmup < 0:
-            raise ValueError(f"profile: warmup must be an int >= 0, got {warmup!r}")
+        self.path = None if path is None else _check_output_path("profile: path", path)
+        warmup = check_int("profile: warmup", warmup, minimum=0)
+        for argument, value in (("split_lanes", split_lanes), ("record_shapes", record_shapes),
+                                ("with_stack", with_stack)):
+            check_bool(f"profile: {argument}", value)
         if self.path is not None and self.path.suffix == ".pftrace":
             _perfetto_builder()  # fail now, not after the profiled work has run
         activities = [ProfilerActivity.CPU]
@@ -102,17 +108,33 @@ class profile:  # noqa: N801 -- a context manager named like the torch.profiler.
         self.warmup, self.steps = warmup, 0
         self.split_lanes = split_lanes
         self.trace: Trace | None = None
+        self._state = "new"  # -> "recording" -> "done": torch's profiler records one block
 
     def __enter__(self) -> profile:
+        if self._state != "new":
+            # Nested, torch's profiler crashed the interpreter (a segmentation fault); after the
+            # block, it went on counting steps, so a warm-up was not discarded again.
+            raise RuntimeError(
+                f"profile: this profile is {'already recording' if self._state == 'recording' else 'done'}; "
+                f"a profile records one block: make a new profile(...) for another"
+            )
         self._profiler.__enter__()
+        self._state = "recording"
         return self
 
     def step(self) -> None:
-        """Mark the end of one step (a ``ProfilerStep#N`` range in the trace)."""
+        """Mark the end of one step (a ``ProfilerStep#N`` range in the trace).
+
+        Raises:
+            RuntimeError: called outside the ``with`` block.
+        """
+        if self._state != "recording":
+            raise RuntimeError(f"profile: step() belongs inside the with block, but the profile is {self._state}")
         self.steps += 1
         self._profiler.step()
 
     def __exit__(self, *exc: object) -> None:
+        self._state = "done"
         self._profiler.__exit__(*exc)
         if exc[0] is not None:
             return
@@ -188,27 +210,54 @@ def load_trace(path: str | os.PathLike) -> Trace:
     return trace
 
 
+def _check_output_path(argument: str, path: object) -> Path:
+    """``path`` as a :class:`Path` a trace can be written to: a known suffix, not a directory,
+    its folder a folder (or not there yet: the writer makes it)."""
+    path = check_path(argument, path)
+    if not path.name.endswith(SUFFIXES):
+        raise ValueError(f"{argument} must end with one of {SUFFIXES}, got {str(path)!r}")
+    if path.is_dir():
+        raise FileNotFoundError(f"{argument}={str(path)!r} is a directory, expected a file")
+    for folder in (path.parent, *path.parent.parents):  # the first one that exists must be a folder
+        if folder.exists():
+            check_folder(f"{argument}'s folder", folder)
+            break
+    return path
+
+
 def save_trace(trace: Trace, path: str | os.PathLike) -> Path:
     """Write ``trace`` as Chrome JSON (``.json``, ``.json.gz``) or Perfetto protobuf (``.pftrace``).
 
-    Gzip output is written with ``mtime=0``, so the same trace gives the same bytes.
+    Gzip output is written with ``mtime=0``, so the same trace gives the same bytes. Missing
+    folders on the way are made, after every check has passed (a refused call leaves no folder
+    behind).
 
     Raises:
+        TypeError / ValueError: ``trace`` is not a trace dict, or has a malformed slice
+            (:func:`~attn_gym_lite.profiling.trace.check_trace`,
+            :func:`~attn_gym_lite.profiling.trace.check_slices`); ``trace`` holds a value JSON
+            cannot write (TypeError, the message names ``trace``).
+        TypeError: ``path`` is not a str or ``os.PathLike``.
         ValueError: another suffix.
+        FileNotFoundError: ``path`` is a directory, or a file stands where a folder of it should be.
         ImportError: ``.pftrace`` without the ``perfetto`` package (``pip install perfetto``).
     """
-    path = Path(path)
+    check_trace(trace, "save_trace")
+    check_slices(trace, None, "save_trace")
+    path = _check_output_path("save_trace: path", path)
+    if path.suffix == ".pftrace":
+        data = perfetto_protobuf(trace)
+    else:
+        try:
+            data = json.dumps(trace).encode()
+        except (TypeError, ValueError) as error:  # e.g. a tensor in an event's args
+            raise TypeError(f"save_trace: trace must hold only JSON values, got {error}") from None
     path.parent.mkdir(parents=True, exist_ok=True)
     if path.name.endswith(".json.gz"):
-        data = json.dumps(trace).encode()
         with open(path, "wb") as raw, gzip.GzipFile(filename="", fileobj=raw, mode="wb", mtime=0) as file:
             file.write(data)
-    elif path.suffix == ".json":
-        path.write_text(json.dumps(trace))
-    elif path.suffix == ".pftrace":
-        path.write_bytes(perfetto_protobuf(trace))
     else:
-        raise ValueError(f"save_trace: path must end with one of {SUFFIXES}, got {str(path)!r}")
+        path.write_bytes(data)
     return path
 
 
