@@ -642,3 +642,72 @@ def test_save_trace_checks_everything_before_writing(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["dir.json"]  # no folder made by a refused call
     written = save_trace(good, tmp_path / "new" / "deeper" / "t.json")
     assert load_trace(written) == good
+
+
+def test_graph_annotations_files_and_fields_are_checked(tmp_path):
+    """Before: from_dict({}) raised KeyError 'route', from_dict([]) a list-index TypeError, a bad
+    route or graphs=3 were taken (and failed later in annotate_trace with "'int' object is not
+    iterable" / KeyError 'ops'); load of a missing file, a directory or bad JSON raised the OS /
+    json error without naming path; save(3) raised Path's TypeError."""
+    (tmp_path / "bad.json").write_text("{")
+    cases = [
+        (lambda: GraphAnnotations.from_dict({}), ValueError,
+         r"GraphAnnotations.from_dict: record must be a dict with the keys \['graphs', 'nodes', 'route'\], missing"),
+        (lambda: GraphAnnotations.from_dict([]), TypeError, r"GraphAnnotations.from_dict: record must be a dict .* got list"),
+        (lambda: GraphAnnotations.from_dict({"route": "x", "graphs": [], "nodes": {}}), ValueError,
+         r"unknown annotations.route 'x' \(expected 'capture order' or 'graph node id'\)"),
+        (lambda: GraphAnnotations.from_dict({"route": CAPTURE_ORDER, "graphs": 3, "nodes": {}}), TypeError,
+         r"annotations.graphs must be a list of graphs, got int"),
+        (lambda: GraphAnnotations.from_dict({"route": GRAPH_NODE_ID, "graphs": [], "nodes": {"a": "x"}}), ValueError,
+         r"record\['nodes'\] keys must be integer tools ids, got 'a'"),
+        (lambda: GraphAnnotations.load(tmp_path / "missing.json"), FileNotFoundError,
+         r"GraphAnnotations.load: path='.*missing.json': no such file"),
+        (lambda: GraphAnnotations.load(tmp_path), FileNotFoundError, r"GraphAnnotations.load: path='.*' is a directory"),
+        (lambda: GraphAnnotations.load(tmp_path / "bad.json"), ValueError,
+         r"GraphAnnotations.load: path='.*bad.json' must hold the JSON GraphAnnotations.save writes"),
+        (lambda: GraphAnnotations(CAPTURE_ORDER).save(3), TypeError, r"GraphAnnotations.save: path must be a str or os.PathLike"),
+        (lambda: GraphAnnotations(CAPTURE_ORDER).save(tmp_path / "no" / "a.json"), FileNotFoundError,
+         r"GraphAnnotations.save: path's folder='.*no': no such folder"),
+        (lambda: annotate_trace(replay_trace(), GraphAnnotations(CAPTURE_ORDER, graphs=[{"name": "g"}])), TypeError,
+         r"annotate_trace: annotations.graphs\[0\] must be a dict \{'name': str, 'ops': \[\[kind, label\], ...\]\}"),
+        (lambda: annotate_trace(replay_trace(), GraphAnnotations(CAPTURE_ORDER, [{"name": "g", "ops": [["kern", None]]}])),
+         ValueError, r"annotate_trace: annotations.graphs\[0\]\['ops'\]\[0\] kind must be one of"),
+        (lambda: annotate_trace(replay_trace(), GraphAnnotations(GRAPH_NODE_ID, nodes=3)), TypeError,
+         r"annotate_trace: annotations.nodes must be a dict of int tools id -> str label, got 3"),
+    ]
+    for call, error, message in cases:
+        with pytest.raises(error, match=message):
+            call()
+
+
+def test_annotate_trace_checks_extra_regions_and_node_ids():
+    """Before: extra_regions='optimizer' labelled eager kernels by its letters' set, extra_regions=3
+    raised "'int' object is not iterable" only when an eager kernel needed it; a 'graph node id'
+    that is not an integer raised int()'s ValueError."""
+    annotations = GraphAnnotations(CAPTURE_ORDER, [STEP, OPTIM])
+    for extra, message in [("optimizer", r"\(str\), got 'optimizer'"), (3, r"\(str\), got 3"), ([1], r"\(non-empty str\), got \[1\]"),
+                           ([""], r"\(non-empty str\), got \[''\]")]:
+        with pytest.raises(TypeError, match=r"annotate_trace: extra_regions must be an iterable of region names " + message):
+            annotate_trace(replay_trace(), annotations, extra_regions=extra)
+    assert annotate_trace(replay_trace(), annotations, extra_regions=("optimizer",)) == annotate_trace(
+        replay_trace(), annotations, extra_regions=["optimizer"])
+    bad = {"traceEvents": [{"ph": "X", "cat": "kernel", "name": "k", "pid": 0, "tid": 7, "ts": 1.0, "dur": 1.0,
+                            "args": {"graph node id": "x"}}]}
+    with pytest.raises(ValueError, match=r"annotate_trace: a kernel event's args 'graph node id' and 'graph id' must be integers, got 'x'"):
+        annotate_trace(bad, GraphAnnotations(GRAPH_NODE_ID))
+
+
+def test_graphs_from_capture_trace_and_record_annotations_check_their_arguments():
+    """Before: a str trace or a non-dict event raised AttributeError; regions='abc' was taken as
+    the regions 'a', 'b', 'c'; record_annotations(3) raised "'int' object is not iterable"."""
+    for call, message in [
+        (lambda: graphs_from_capture_trace("x", set()), r"graphs_from_capture_trace: trace must be a Chrome trace dict"),
+        (lambda: graphs_from_capture_trace({"traceEvents": [1]}, set()), r"trace\['traceEvents'\]\[0\] must be a dict"),
+        (lambda: graphs_from_capture_trace({"traceEvents": []}, "abc"), r"regions must be a set or list of region names .*got 'abc'"),
+        (lambda: graphs_from_capture_trace({"traceEvents": []}, set(), names="ab"), r"names must be a list of strings .*got 'ab'"),
+    ]:
+        with pytest.raises(TypeError, match=message):
+            call()
+    with pytest.raises(TypeError, match=r"record_annotations: names must be a list of strings \(one per graph\), got 3"):
+        with record_annotations(3):
+            pass

@@ -32,10 +32,10 @@ from collections.abc import Iterable
 from typing import Any
 
 from .record import (
-    CAPTURE_ORDER,
     DEVICE_CATEGORIES,
     GRAPH_NODE_ID,
     GraphAnnotations,
+    check_annotations,
     enclosing_ranges,
     launch_kind,
     launch_labels,
@@ -65,18 +65,24 @@ def annotate_trace(trace: Trace, annotations: GraphAnnotations, extra_regions: I
             or not a list (:func:`~attn_gym_lite.profiling.trace.check_trace`); an event that is
             not a dict, or a malformed complete slice
             (:func:`~attn_gym_lite.profiling.trace.check_slices`; the message names the event).
-        TypeError: ``annotations`` is not a ``GraphAnnotations``.
-        ValueError: ``annotations.route`` is not a known route, or ``trace`` is already annotated.
+        TypeError: ``annotations`` is not a ``GraphAnnotations``, or one whose fields are not of
+            the documented form
+            (:func:`~attn_gym_lite.profiling.record.check_annotations`); ``extra_regions`` is a
+            str or not an iterable of non-empty str.
+        ValueError: ``annotations.route`` is not a known route, or ``trace`` is already
+            annotated; a device event's ``args["graph node id"]`` (or ``"graph id"``) is not an
+            integer (graph-node-id route).
     """
     check_trace(trace, "annotate_trace")
     check_slices(trace, None, "annotate_trace")
-    if not isinstance(annotations, GraphAnnotations):
-        raise TypeError(
-            f"annotate_trace: annotations must be a GraphAnnotations (from record_annotations, or "
-            f"GraphAnnotations.load(path)), got {type(annotations).__name__}"
-        )
-    if annotations.route not in (CAPTURE_ORDER, GRAPH_NODE_ID):
-        raise ValueError(f"annotate_trace: unknown annotations.route {annotations.route!r}")
+    check_annotations(annotations, "annotate_trace")
+    # A str would be its letters, a number fail only when an eager kernel needs the regions.
+    if isinstance(extra_regions, str) or not isinstance(extra_regions, Iterable):
+        raise TypeError(f"annotate_trace: extra_regions must be an iterable of region names (str), got {extra_regions!r:.80}")
+    extra_regions = list(extra_regions)
+    if not all(isinstance(name, str) and name for name in extra_regions):
+        raise TypeError(f"annotate_trace: extra_regions must be an iterable of region names (non-empty str), "
+                        f"got {extra_regions!r:.80}")
     if "attn_gym_lite" in trace or any(e.get("cat") == REGION_CATEGORY for e in trace["traceEvents"]):
         raise ValueError("annotate_trace: trace is already annotated (it has region boxes); pass the stock trace")
     out = copy.deepcopy(trace)
@@ -102,8 +108,14 @@ def annotate_trace(trace: Trace, annotations: GraphAnnotations, extra_regions: I
             args = event.get("args", {})
             if "graph node id" not in args:
                 continue
-            node = int(args["graph node id"])
-            key = node if node >= 1 << 32 else (int(args.get("graph id", 0)) << 32) | node
+            try:
+                node = int(args["graph node id"])
+                key = node if node >= 1 << 32 else (int(args.get("graph id", 0)) << 32) | node
+            except (TypeError, ValueError):
+                raise ValueError(
+                    f"annotate_trace: a {event.get('cat')} event's args 'graph node id' and 'graph id' must be "
+                    f"integers, got {args.get('graph node id')!r} and {args.get('graph id', 0)!r}"
+                ) from None
             if key in annotations.nodes:
                 args["region"] = annotations.nodes[key]
                 report["labelled_events"] += 1

@@ -38,7 +38,7 @@ import json
 import os
 import tempfile
 from collections import defaultdict
-from collections.abc import Iterator, Sequence
+from collections.abc import Collection, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -46,8 +46,10 @@ from typing import Any
 import torch
 from torch.profiler import ProfilerActivity
 
+from ..checks import check_file, check_folder, check_keys, check_path
 from ..graph.capture import capture_options
 from ..regions import collect_region_names, native_annotations_available
+from .trace import check_slices, check_trace
 
 CAPTURE_ORDER = "capture order"
 GRAPH_NODE_ID = "graph node id"
@@ -93,20 +95,109 @@ class GraphAnnotations:
 
     @classmethod
     def from_dict(cls, record: dict[str, Any]) -> GraphAnnotations:
-        """The inverse of :meth:`to_dict`."""
-        return cls(record["route"], record["graphs"], {int(k): v for k, v in record["nodes"].items()},
-                   record.get("region_names", []))
+        """The inverse of :meth:`to_dict`.
+
+        Raises:
+            TypeError / ValueError: ``record`` is not a dict with ``"route"``, ``"graphs"`` and
+                ``"nodes"``, a ``nodes`` key is not an integer (as a string), or a field is not
+                of the form :class:`GraphAnnotations` describes (:func:`check_annotations`).
+        """
+        where = "GraphAnnotations.from_dict: record"
+        record = check_keys(where, record, ("route", "graphs", "nodes"))
+        if not isinstance(record["nodes"], dict):
+            raise TypeError(f"{where}['nodes'] must be a dict of tools id -> label, got {type(record['nodes']).__name__}")
+        nodes = {}
+        for key, label in record["nodes"].items():
+            try:
+                nodes[int(key)] = label
+            except (TypeError, ValueError):
+                raise ValueError(f"{where}['nodes'] keys must be integer tools ids, got {key!r}") from None
+        annotations = cls(record["route"], record["graphs"], nodes, record.get("region_names", []))
+        check_annotations(annotations, "GraphAnnotations.from_dict")
+        return annotations
 
     def save(self, path: str | os.PathLike) -> Path:
-        """Write :meth:`to_dict` as a JSON file."""
-        path = Path(path)
+        """Write :meth:`to_dict` as a JSON file.
+
+        Raises:
+            TypeError: ``path`` is not a str or ``os.PathLike``.
+            FileNotFoundError: ``path`` is a directory, or its folder does not exist.
+            TypeError / ValueError: the annotations are malformed (:func:`check_annotations`).
+        """
+        path = check_path("GraphAnnotations.save: path", path)
+        if path.is_dir():
+            raise FileNotFoundError(f"GraphAnnotations.save: path={str(path)!r} is a directory, expected a file")
+        check_folder("GraphAnnotations.save: path's folder", path.parent)
+        check_annotations(self, "GraphAnnotations.save")
         path.write_text(json.dumps(self.to_dict(), indent=1))
         return path
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> GraphAnnotations:
-        """Read what :meth:`save` wrote."""
-        return cls.from_dict(json.loads(Path(path).read_text()))
+        """Read what :meth:`save` wrote.
+
+        Raises:
+            TypeError: ``path`` is not a str or ``os.PathLike``.
+            FileNotFoundError: no file at ``path``, or a directory.
+            ValueError: the file is not JSON (the message names the path); TypeError / ValueError
+                as :meth:`from_dict` for JSON that is not what :meth:`save` writes.
+        """
+        path = check_file("GraphAnnotations.load: path", path)
+        try:
+            record = json.loads(path.read_text(encoding="utf-8"))
+        except (json.JSONDecodeError, UnicodeDecodeError) as error:
+            raise ValueError(f"GraphAnnotations.load: path={str(path)!r} must hold the JSON GraphAnnotations.save "
+                             f"writes: {error}") from None
+        return cls.from_dict(record)
+
+
+def check_annotations(annotations: object, where: str) -> None:
+    """Raise unless ``annotations`` is a :class:`GraphAnnotations` of the form it describes.
+
+    Messages start with ``where`` and name the field (``annotations.graphs[0]['ops'][3]``).
+
+    Raises:
+        TypeError: not a ``GraphAnnotations``; ``graphs`` not a list of dicts with a str
+            ``"name"`` and an ``"ops"`` list of ``[kind, label]`` pairs; ``nodes`` not a dict of
+            int -> str; ``region_names`` not a list of str.
+        ValueError: an unknown ``route``, or an op ``kind`` other than ``"kernel"``,
+            ``"memset"``, ``"memcpy"``.
+    """
+    if not isinstance(annotations, GraphAnnotations):
+        raise TypeError(
+            f"{where}: annotations must be a GraphAnnotations (from record_annotations, or "
+            f"GraphAnnotations.load(path)), got {type(annotations).__name__}"
+        )
+    if annotations.route not in (CAPTURE_ORDER, GRAPH_NODE_ID):
+        raise ValueError(f"{where}: unknown annotations.route {annotations.route!r} "
+                         f"(expected {CAPTURE_ORDER!r} or {GRAPH_NODE_ID!r})")
+    kinds = tuple(DEVICE_CATEGORIES.values())
+    graphs = annotations.graphs
+    if not isinstance(graphs, list):
+        raise TypeError(f"{where}: annotations.graphs must be a list of graphs, got {type(graphs).__name__}")
+    for i, graph in enumerate(graphs):
+        name = f"{where}: annotations.graphs[{i}]"
+        if not (isinstance(graph, dict) and isinstance(graph.get("name"), str) and isinstance(graph.get("ops"), list)):
+            raise TypeError(f"{name} must be a dict {{'name': str, 'ops': [[kind, label], ...]}}, got {graph!r:.80}")
+        for j, op in enumerate(graph["ops"]):
+            if not (isinstance(op, (list, tuple)) and len(op) == 2 and (op[1] is None or isinstance(op[1], str))):
+                raise TypeError(f"{name}['ops'][{j}] must be a [kind, label] pair, label a str or None, got {op!r:.80}")
+            if op[0] not in kinds:
+                raise ValueError(f"{name}['ops'][{j}] kind must be one of {kinds}, got {op[0]!r}")
+    nodes = annotations.nodes
+    if not isinstance(nodes, dict) or not all(
+            isinstance(k, int) and not isinstance(k, bool) and isinstance(v, str) for k, v in nodes.items()):
+        raise TypeError(f"{where}: annotations.nodes must be a dict of int tools id -> str label, got {nodes!r:.80}")
+    names = annotations.region_names
+    if isinstance(names, str) or not isinstance(names, (list, tuple, set)) or not all(isinstance(n, str) for n in names):
+        raise TypeError(f"{where}: annotations.region_names must be a list of str, got {names!r:.80}")
+
+
+def _check_names(where: str, names: object) -> None:
+    """``names`` is ``None`` or a sequence of str (one graph name each), not a str."""
+    if names is not None and (isinstance(names, str) or not isinstance(names, Sequence)
+                              or not all(isinstance(n, str) for n in names)):
+        raise TypeError(f"{where}: names must be a list of strings (one per graph), got {names!r:.80}")
 
 
 @contextmanager
@@ -131,12 +222,12 @@ def record_annotations(names: Sequence[str] | None = None) -> Iterator[GraphAnno
         A :class:`GraphAnnotations`, filled when the block exits.
 
     Raises:
-        TypeError: ``names`` is not a list of strings.
+        TypeError: ``names`` is not a list of strings (a str, or something not a sequence, is
+            refused at entry).
         ValueError: ``names`` given, but a different number of graphs was captured.
         RuntimeError: another ``record_annotations`` block is already active.
     """
-    if names is not None and (isinstance(names, str) or not all(isinstance(n, str) for n in names)):
-        raise TypeError(f"record_annotations: names must be a list of strings (one per graph), got {names!r}")
+    _check_names("record_annotations", names)
     route = GRAPH_NODE_ID if native_annotations_available() else CAPTURE_ORDER
     annotations = GraphAnnotations(route)
     with collect_region_names() as regions:
@@ -212,10 +303,20 @@ def graphs_from_capture_trace(
         stream do not run), in time order.
 
     Raises:
+        TypeError / ValueError: ``trace`` is not a trace dict or has a malformed slice
+            (:func:`~attn_gym_lite.profiling.trace.check_trace`,
+            :func:`~attn_gym_lite.profiling.trace.check_slices`).
+        TypeError: ``regions`` is a str or not a collection of str; ``names`` is not a list of str.
         ValueError: unpaired capture begin/end events, or ``names`` of the wrong length.
     """
+    check_trace(trace, "graphs_from_capture_trace")
+    check_slices(trace, None, "graphs_from_capture_trace")
+    if isinstance(regions, str) or not isinstance(regions, Collection) or not all(isinstance(r, str) for r in regions):
+        raise TypeError(f"graphs_from_capture_trace: regions must be a set or list of region names (str), "
+                        f"got {regions!r:.80}")
+    _check_names("graphs_from_capture_trace", names)
     regions = set(regions)
-    events = [e for e in trace.get("traceEvents", []) if e.get("ph") == "X"]
+    events = [e for e in trace.get("traceEvents", []) if e.get("ph") == "X" and "ts" in e]
     windows = []  # (begin, end) of each capture, paired on the thread that made it
     for thread in {e.get("tid") for e in events if e.get("name") == "cudaStreamBeginCapture"} | {
         e.get("tid") for e in events if e.get("name") == "cudaStreamEndCapture"
