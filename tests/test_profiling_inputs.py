@@ -321,3 +321,39 @@ def test_lane_splitting_skips_incomplete_slices_and_odd_metadata():
     assert out["traceEvents"][-1]["args"] == {"name": "thread 7 (lane 1)"}
     annotated = annotate_trace(trace, GraphAnnotations(CAPTURE_ORDER))
     assert annotated["attn_gym_lite"]["replays"] == 0
+
+
+def test_record_memory_history_records_one_block(monkeypatch):
+    """Before: a nested entry of the same object was taken, and its exit turned the allocator
+    history off under the outer block (the outer entries silently stopped); mark() before entry
+    read the snapshot of whatever device. CUDA is faked: only the state machine is checked."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a, **k: None)
+    switches = []
+    monkeypatch.setattr(torch.cuda.memory, "_record_memory_history", lambda enabled, *a, **k: switches.append(enabled))
+    trace = [{"action": "alloc"}]
+    monkeypatch.setattr(torch.cuda.memory, "_snapshot", lambda: {"device_traces": [trace]})
+    history = record_memory_history(device=0)
+    with pytest.raises(RuntimeError, match=r"mark\(\) belongs inside the with block, but the recording is new"):
+        history.mark()
+    with history:
+        with pytest.raises(RuntimeError, match="this recording is already on; one record_memory_history records one block"):
+            history.__enter__()
+        trace.append({"action": "free_completed"})
+        assert history.mark() == 1
+    assert switches == ["all", None] and history.entries == [{"action": "free_completed"}] and history.marks == [1]
+    with pytest.raises(RuntimeError, match="this recording is done"):
+        with history:
+            pass
+    assert switches == ["all", None]
+
+
+@pytest.mark.parametrize("package", [3, "", None])
+def test_allocation_sites_refuses_a_package_that_is_not_a_path_fragment(package):
+    """Before: package=3 raised "'in <string>' requires string as left operand"; package='' matched
+    every file and cut every site to ':<line> <name>'."""
+    entries = [{"action": "alloc", "addr": 0, "size": 8, "frames": [{"filename": "/x/y.py", "line": 3, "name": "f"}]}]
+    assert allocation_sites(entries) == [["/x/y.py:3 f", 8, 1]]
+    with pytest.raises(TypeError, match=r"package must be a non-empty str .*got " + repr(package)):
+        allocation_sites(entries, package=package)

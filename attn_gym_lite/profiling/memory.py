@@ -91,7 +91,10 @@ class record_memory_history:  # noqa: N801 -- a context manager, named like the 
         ValueError: ``max_entries`` < 1, an unknown ``stacks``, a negative device index, a device
             string torch cannot parse, or a device that is not CUDA (``"cpu"``, ``"meta"``) (at
             construction); a device index past the last GPU (at entry).
-        RuntimeError: no CUDA device (at entry); the block overflowed ``max_entries`` (at exit).
+        RuntimeError: no CUDA device (at entry); the block overflowed ``max_entries`` (at exit);
+            the block entered a second time (nested: the inner exit would stop the outer
+            recording; or after it ended: one object records one block, make a new one), or
+            :meth:`mark` called outside the block.
     """
 
     def __init__(self, max_entries: int = 100_000, *, stacks: str = "python",
@@ -102,11 +105,17 @@ class record_memory_history:  # noqa: N801 -- a context manager, named like the 
         self.entries: list[dict] = []
         self.marks: list[int] = []
         self._start = 0
+        self._state = "new"  # -> "recording" -> "done"
 
     def _trace(self) -> list[dict]:
         return torch.cuda.memory._snapshot()["device_traces"][self.device]
 
     def __enter__(self) -> record_memory_history:
+        if self._state != "new":
+            raise RuntimeError(
+                f"record_memory_history: this recording is {'already on' if self._state == 'recording' else 'done'}; "
+                f"one record_memory_history records one block: make a new one for another"
+            )
         if not torch.cuda.is_available():
             raise RuntimeError("record_memory_history: the allocator history needs a CUDA device")
         if self.device is None:
@@ -120,6 +129,7 @@ class record_memory_history:  # noqa: N801 -- a context manager, named like the 
             "all", context="all", stacks=self.stacks, max_entries=self.max_entries)
         # An earlier recording in this process may have left entries: start after them.
         self._start = len(self._trace())
+        self._state = "recording"
         return self
 
     def mark(self) -> int:
@@ -131,12 +141,18 @@ class record_memory_history:  # noqa: N801 -- a context manager, named like the 
         gives it: ``memory_allocated()`` / ``memory_stats()`` count bytes and allocator events, not
         trace entries (a free is two entries, ``free_requested`` and ``free_completed``, and the
         trace is a ring buffer), and the public ``memory_snapshot()`` returns the segments only.
+
+        Raises:
+            RuntimeError: called outside the ``with`` block.
         """
+        if self._state != "recording":
+            raise RuntimeError(f"record_memory_history: mark() belongs inside the with block, but the recording is {self._state}")
         index = len(self._trace()) - self._start
         self.marks.append(index)
         return index
 
     def __exit__(self, *exc: object) -> None:
+        self._state = "done"
         try:
             if exc[0] is None:
                 torch.cuda.synchronize()  # frees queued on the stream complete before the snapshot
@@ -380,9 +396,12 @@ def allocation_sites(entries: Sequence[dict], *, top: int = 10, package: str = A
         TypeError: ``entries`` is not a list of trace entries, or a field read is of the wrong
             type (as in :func:`find_blocks`); ``top`` is not an int.
         ValueError: a malformed entry (as in :func:`find_blocks`); ``top`` < 1.
+        TypeError: ``package`` is not a non-empty str (``""`` would match every file).
     """
     entries = _check_entries(entries, "allocation_sites")
     check_int("top", top, minimum=1)
+    if not isinstance(package, str) or not package:
+        raise TypeError(f"package must be a non-empty str (a path fragment such as 'attn_gym_lite'), got {package!r}")
     totals: dict[str, list[int]] = {}
     for entry in entries:
         if entry["action"] == "alloc":
