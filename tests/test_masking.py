@@ -7,6 +7,7 @@ the contamination, so it shows that the masks matter. Layouts are random (hypoth
 L = 0 and M < N among them. The shared helpers live in helpers.py.
 """
 
+import json
 import math
 from unittest import mock
 
@@ -40,7 +41,13 @@ from attn_gym_lite.ops.masking import (
 )
 from attn_gym_lite.ops.short_conv import ShortConv
 from attn_gym_lite.ragged import cu_seqlens_from_lengths, pad_cu_seqlens
-from attn_gym_lite.testing.exactness import capacity_loss, compare_gradients, exact_gradients, gradients_at_capacity
+from attn_gym_lite.testing.exactness import (
+    capacity_loss,
+    compare_gradients,
+    error_stats,
+    exact_gradients,
+    gradients_at_capacity,
+)
 
 # ---------------------------------------------------------------------------------------------
 # Shared helpers
@@ -246,6 +253,58 @@ def test_exact_gradients_of_no_tokens_are_zero_and_comparisons_name_mismatches()
         gradients_at_capacity(print, x, target, cu_seqlens_from_lengths([5]), 5)
     with pytest.raises(ValueError, match=r"exact_gradients: x must be a floating tensor of shape \[T, D\], got torch.int64"):
         exact_gradients(module, torch.zeros(5, 4, dtype=torch.int64), target, cu_seqlens_from_lengths([5]))
+
+
+def test_exactness_helpers_refuse_malformed_arguments_by_name():
+    """Break-it round 8. Before: capacity_loss(3, ...) raised AttributeError ('int' object has no
+    attribute 'dtype'); compare_gradients with a result that is not a (loss, dict) pair raised
+    unpacking errors, AttributeError ('list' object has no attribute 'items'/'shape', 'float'
+    object has no attribute 'detach'); exact_gradients took a target with more rows than T
+    (gradients_at_capacity refuses it); gradients_at_capacity took max_seqlen=True."""
+    module = _Projection(masked=True)
+    x, target = torch.randn(5, 4, dtype=torch.float64), torch.randn(5, 3, dtype=torch.float64)
+    cu = pad_cu_seqlens(cu_seqlens_from_lengths([2, 2]), 3)
+    result = gradients_at_capacity(module, x, target, cu, 5)
+    with pytest.raises(TypeError, match=r"capacity_loss: y must be a torch.Tensor of shape \[T, D\], got int"):
+        capacity_loss(3, target, active_token_mask(x, cu))
+    for bad, message in [
+        (None, r"exact must be a \(loss, gradients\) pair: .*got NoneType None"),
+        ((result[0],), r"exact must be a \(loss, gradients\) pair"),
+        ((1.0, result[1]), r"exact\[0\] must be a one-element loss tensor, got float"),
+        ((torch.ones(2), result[1]), r"exact\[0\] must be a one-element loss tensor, got shape \(2,\)"),
+        ((result[0], list(result[1].values())), r"exact\[1\] must be a dict of name -> gradient tensor, got list"),
+        ((result[0], {**result[1], "input": [0.0]}), r"exact\[1\] must be a dict of name -> gradient tensor, got 'input': list"),
+    ]:
+        with pytest.raises(TypeError, match="compare_gradients: " + message):
+            compare_gradients(result, bad)
+    for rows in (3, 7):
+        with pytest.raises(ValueError, match=rf"exact_gradients: target must have x's T = 5 rows, got shape \({rows}, 3\)"):
+            exact_gradients(module, x, torch.randn(rows, 3, dtype=torch.float64), cu)
+    with pytest.raises(TypeError, match=r"exact_gradients: target must be a torch.Tensor of shape \[T, D_out\], got str"):
+        exact_gradients(module, x, "target", cu)
+    with pytest.raises(TypeError, match=r"gradients_at_capacity: max_seqlen must be an int >= 0, got True"):
+        gradients_at_capacity(module, x, target, cu, True)
+    # numpy integers are integers; the result is the same
+    np = pytest.importorskip("numpy")
+    loss, grads = gradients_at_capacity(module, x, target, cu, np.int64(5))
+    assert torch.equal(loss, result[0]) and all(torch.equal(grads[k], result[1][k]) for k in grads)
+
+
+def test_compare_gradients_and_error_stats_stay_json_ready_and_exact():
+    """Break-it round 8. Before: a NaN exact loss came back as float('nan') (not JSON) while the
+    capacity one became None; error_stats of complex tensors dropped the imaginary part
+    (|1 - 1j| came out as 1, not sqrt(2))."""
+    module = _Projection(masked=True)
+    x, target = torch.randn(5, 4, dtype=torch.float64), torch.randn(5, 3, dtype=torch.float64)
+    cu = pad_cu_seqlens(cu_seqlens_from_lengths([2, 2]), 3)
+    loss, grads = gradients_at_capacity(module, x, target, cu, 5)
+    report = compare_gradients((loss, grads), (torch.tensor(math.nan), grads))
+    assert report["loss_exact"] is None and report["loss_at_capacity"] == loss.item()
+    json.dumps(report, allow_nan=False)
+    stats = error_stats(torch.ones(2), torch.full((2,), 1j))
+    assert stats["max_abs_diff"] == pytest.approx(math.sqrt(2)) and stats["max_abs_ref"] == 1.0
+    stats = error_stats(torch.tensor([1.0, 2.0]), torch.tensor([1.5, 2.0]))
+    assert stats == {"nonfinite": 0, "max_abs_diff": 0.5, "max_abs_ref": 2.0, "rel_err": 0.25}
 
 
 # ---------------------------------------------------------------------------------------------

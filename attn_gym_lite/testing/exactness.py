@@ -29,6 +29,7 @@ import math
 import torch
 from torch import nn
 
+from ..checks import check_int, check_tensor
 from ..ops.masking import active_token_mask, mask_inactive_tokens
 from ..ragged import max_seqlen as longest_sequence
 from ..ragged import validate_cu_seqlens
@@ -55,10 +56,11 @@ def capacity_loss(y: Tensor, target: Tensor, active: Tensor) -> Tensor:
         0-d tensor in ``promote(y.dtype, float32)``. Capturable.
 
     Raises:
-        The errors of :func:`~attn_gym_lite.ops.masking.mask_inactive_tokens`; ValueError if ``target``'s
-        shape differs from ``y``'s.
+        The errors of :func:`~attn_gym_lite.ops.masking.mask_inactive_tokens`; TypeError if ``y``
+        is not a tensor; ValueError if ``target``'s shape differs from ``y``'s.
     """
-    if isinstance(y, Tensor) and isinstance(target, Tensor) and target.shape != y.shape:
+    check_tensor("capacity_loss: y", y, shape="[T, D]")  # before y.dtype is read
+    if isinstance(target, Tensor) and target.shape != y.shape:
         raise ValueError(f"capacity_loss: target must have y's shape {tuple(y.shape)}, got {tuple(target.shape)}")
     accumulate = torch.promote_types(y.dtype, torch.float32)
     y, target = mask_inactive_tokens(y, active), mask_inactive_tokens(target, active)
@@ -99,13 +101,16 @@ def gradients_at_capacity(
         reach get a zero gradient.
 
     Raises:
-        TypeError: ``module`` is not an ``nn.Module``.
-        ValueError: ``x`` is not a floating 2-D tensor; the errors of :func:`capacity_loss`.
+        TypeError: ``module`` is not an ``nn.Module``; ``max_seqlen`` is not an integer (a bool
+            included).
+        ValueError: ``x`` is not a floating 2-D tensor; ``max_seqlen`` < 0; the errors of
+            :func:`capacity_loss`.
 
     Capturable: no host reads (the loss selects rows with a device mask), so a CUDA graph of this
     call can be replayed with new batches copied into ``x``, ``target`` and ``cu_seqlens``.
     """
     leaf, names, parameters = _differentiable_inputs("gradients_at_capacity", module, x)
+    max_seqlen = check_int("gradients_at_capacity: max_seqlen", max_seqlen, minimum=0)  # host only
     active = active_token_mask(leaf, cu_seqlens)
     loss = capacity_loss(module(leaf, cu_seqlens, max_seqlen), target, active)
     grads = torch.autograd.grad(loss, [leaf, *parameters], allow_unused=True, materialize_grads=True)
@@ -131,11 +136,17 @@ def exact_gradients(
 
     Raises:
         The errors of :func:`~attn_gym_lite.ragged.validate_cu_seqlens` (with ``T = x.shape[0]``)
-        and of :func:`gradients_at_capacity`.
+        and of :func:`gradients_at_capacity`; TypeError if ``target`` is not a tensor,
+        ValueError if it does not have ``T`` rows (as :func:`gradients_at_capacity` refuses).
 
     Eager only: reads ``cu_seqlens`` on the host.
     """
     leaf, names, parameters = _differentiable_inputs("exact_gradients", module, x)
+    # Only target[:L] is read, but a target of another capacity is a mismatched batch: refused
+    # here as gradients_at_capacity refuses it, not only when L < its rows.
+    check_tensor("exact_gradients: target", target, shape="[T, D_out]")
+    if target.ndim == 0 or target.shape[0] != leaf.shape[0]:
+        raise ValueError(f"exact_gradients: target must have x's T = {leaf.shape[0]} rows, got shape {tuple(target.shape)}")
     validate_cu_seqlens(cu_seqlens, leaf.shape[0])
     bounds = cu_seqlens.tolist()
     active_tokens = bounds[-1]
@@ -155,7 +166,8 @@ def error_stats(ours: Tensor, reference: Tensor) -> dict:
 
     Args:
         ours, reference: tensors of one shape on one device, any dtypes; compared in float64 on
-            that device (only the four numbers are read back).
+            that device (complex128 if either is complex: its imaginary part counts), only the
+            four numbers are read back.
 
     Returns:
         ``{"nonfinite": int, "max_abs_diff": float | None, "max_abs_ref": float | None,
@@ -176,7 +188,9 @@ def error_stats(ours: Tensor, reference: Tensor) -> dict:
     if ours.shape != reference.shape:
         raise ValueError(f"error_stats: ours and reference must have one shape, got {tuple(ours.shape)} and "
                          f"{tuple(reference.shape)}")
-    ours, reference = ours.detach().double(), reference.detach().double()
+    # .double() of a complex tensor drops the imaginary part: |1 - 1j| came out as 1, not sqrt(2).
+    wide = torch.complex128 if ours.is_complex() or reference.is_complex() else torch.float64
+    ours, reference = ours.detach().to(wide), reference.detach().to(wide)
 
     def largest(t: Tensor) -> float | None:
         value = float(t.abs().max()) if t.numel() else 0.0
@@ -199,19 +213,21 @@ def compare_gradients(
         exact: the result of :func:`exact_gradients` for the same module and batch.
 
     Returns:
-        JSON-ready ``{"loss_at_capacity": float, "loss_exact": float, "gradients": {name:
+        JSON-ready ``{"loss_at_capacity": float | None, "loss_exact": float | None, "gradients": {name:
         {"nonfinite": int, "max_abs_diff": float | None, "max_abs_exact": float | None}}}``:
         :func:`error_stats` of each gradient at capacity against the exact one, on the CPU
         (``max_abs_exact`` is its ``max_abs_ref``). ``max_abs_diff`` is ``None`` when either gradient
         has non-finite entries (the difference is then not a number), ``max_abs_exact`` when the
-        exact one has.
+        exact one has. A loss that is not finite is ``None`` (JSON has no NaN).
 
     Raises:
+        TypeError: ``at_capacity`` or ``exact`` is not a ``(loss, gradients)`` pair of a
+            one-element tensor and a dict of str -> tensor.
         ValueError: the two results do not name the same gradients with the same shapes.
 
     Eager only (reads values on the host).
     """
-    (loss, grads), (exact_loss, exact_grads) = at_capacity, exact
+    (loss, grads), (exact_loss, exact_grads) = _check_result("at_capacity", at_capacity), _check_result("exact", exact)
     shapes = {k: tuple(v.shape) for k, v in grads.items()}
     exact_shapes = {k: tuple(v.shape) for k, v in exact_grads.items()}
     if shapes != exact_shapes:
@@ -224,9 +240,27 @@ def compare_gradients(
         stats = error_stats(grad.cpu(), exact_grads[name].cpu())
         report[name] = {key: stats[key] for key in ("nonfinite", "max_abs_diff")}
         report[name]["max_abs_exact"] = stats["max_abs_ref"]
-    loss_value = float(loss.detach())
+    loss_value, exact_value = float(loss.detach()), float(exact_loss.detach())
     return {
         "loss_at_capacity": loss_value if math.isfinite(loss_value) else None,
-        "loss_exact": float(exact_loss.detach()),
+        "loss_exact": exact_value if math.isfinite(exact_value) else None,
         "gradients": report,
     }
+
+
+def _check_result(argument: str, value: object) -> tuple[Tensor, dict[str, Tensor]]:
+    """``value`` as the ``(loss, gradients)`` pair :func:`gradients_at_capacity` returns."""
+    expected = "a (loss, gradients) pair: a one-element loss tensor and a dict of name -> gradient tensor"
+    if not isinstance(value, (tuple, list)) or len(value) != 2:
+        raise TypeError(f"compare_gradients: {argument} must be {expected}, got {type(value).__name__} {value!r:.60}")
+    loss, grads = value
+    if not isinstance(loss, Tensor) or loss.numel() != 1:
+        shown = f"shape {tuple(loss.shape)}" if isinstance(loss, Tensor) else type(loss).__name__
+        raise TypeError(f"compare_gradients: {argument}[0] must be a one-element loss tensor, got {shown}")
+    if not isinstance(grads, dict):
+        raise TypeError(f"compare_gradients: {argument}[1] must be a dict of name -> gradient tensor, got {type(grads).__name__}")
+    for name, grad in grads.items():
+        if not isinstance(name, str) or not isinstance(grad, Tensor):
+            raise TypeError(f"compare_gradients: {argument}[1] must be a dict of name -> gradient tensor, got "
+                            f"{name!r}: {type(grad).__name__}")
+    return loss, grads
