@@ -16,8 +16,11 @@ token ``t`` attends only to tokens of its own sequence. :func:`varlen_attention`
   ``max_seqlen`` tokens each (every sequence exactly ``max_seqlen`` long, ``T = B * max_seqlen``):
   the layout packing replaces, kept as the baseline it is measured against. With right padding
   and ``causal=True`` each row's real tokens never see its padding.
-* ``"auto"``: ``"triton"`` where the kernels can run (CUDA tensors; CPU tensors under Triton's
-  interpreter, ``TRITON_INTERPRET=1``), else ``"reference"``.
+* ``"auto"``: ``"triton"`` where the kernels can run (Triton installed, and CUDA tensors; CPU
+  tensors under Triton's interpreter, ``TRITON_INTERPRET=1``), else ``"reference"``.
+
+Triton is needed by ``"triton"`` only: the package's dependencies leave it out (a CPU build of
+torch does not bring it), and without it ``"auto"`` picks ``"reference"``.
 
 Two API facts this module absorbs (see the book's "Graph capture" chapter): causal masking is
 ``is_causal=True`` in torch 2.10/2.11 and ``window_size=(-1, 0)`` from 2.12; and a ``max_seqlen``
@@ -26,6 +29,7 @@ below the longest sequence makes FlashAttention-2 (and a rectangular grid) silen
 
 from __future__ import annotations
 
+import importlib.util
 import inspect
 import math
 
@@ -68,10 +72,28 @@ def needs_max_seqlen(impl: str, schedule: str = "auto") -> bool:
     return impl in ("varlen_attn", "sdpa") or (impl == "triton" and schedule == "rect")
 
 
+def _triton_available() -> bool:
+    """Whether Triton can be imported here (the ``"triton"`` implementation needs it; the package's
+    dependencies leave it out, so a CPU build of torch runs without it)."""
+    try:
+        return importlib.util.find_spec("triton") is not None
+    except (ImportError, ValueError):  # a broken or half-removed installation
+        return False
+
+
+def _require_triton() -> None:
+    if not _triton_available():
+        raise ImportError(
+            "impl='triton' needs the triton package, which is not installed: pip install 'triton>=3.6' "
+            "(Linux), or use impl='auto' (the reference implementation without Triton)"
+        )
+
+
 def resolve_impl(impl: str, q: Tensor) -> str:
     """``impl`` with ``"auto"`` resolved for queries ``q [T, H, D]``: ``"triton"`` where the
-    kernels run (CUDA bf16/fp16 compiled; CPU bf16/fp16/fp32 under ``TRITON_INTERPRET=1``) and
-    support the head dim (16, 32, 64, 128), else ``"reference"`` (float64, other devices).
+    kernels run (Triton installed, and CUDA bf16/fp16 compiled or CPU bf16/fp16/fp32 under
+    ``TRITON_INTERPRET=1``) and support the head dim (16, 32, 64, 128), else ``"reference"``
+    (no Triton, float64, other devices).
 
     Raises:
         ValueError: ``impl`` is not ``"auto"`` or one of :data:`IMPLEMENTATIONS`.
@@ -79,6 +101,8 @@ def resolve_impl(impl: str, q: Tensor) -> str:
     checks.check_choice("impl", impl, ("auto", *IMPLEMENTATIONS))
     if impl != "auto":
         return impl
+    if not _triton_available():
+        return "reference"
     from .kernels import INTERPRETED  # the kernels are defined (and Triton imported) on first use
 
     dtypes = (torch.bfloat16, torch.float16, torch.float32) if INTERPRETED else (torch.bfloat16, torch.float16)
@@ -110,7 +134,8 @@ def varlen_attention(
         cu_seqlens: int32 ``[N + 1]`` contiguous prefix sums ``[0, ..., L, L, L]`` on ``q``'s device;
             for ``"sdpa"`` exactly ``[0, S, 2S, ..., T]`` with ``S = max_seqlen``.
         impl: one of the module docstring's five: ``"auto"`` (``"triton"`` where the kernels run,
-            else ``"reference"``), ``"triton"``, ``"varlen_attn"``, ``"reference"`` or ``"sdpa"``.
+            else ``"reference"``, as without Triton installed), ``"triton"``, ``"varlen_attn"``,
+            ``"reference"`` or ``"sdpa"``.
         causal: each token attends to itself and earlier tokens of its sequence only.
         max_seqlen: an upper bound on the longest sequence (tokens). Required by
             ``"varlen_attn"`` and the Triton ``schedule="rect"`` (they size their grid by it; under
@@ -152,9 +177,11 @@ def varlen_attention(
             unknown; ``"varlen_attn"`` on CPU tensors or in another dtype than bf16/fp16;
             ``"sdpa"`` with ``T`` not a multiple of ``max_seqlen``, or (validated) a ``cu_seqlens``
             that is not ``[0, S, 2S, ..., T]``.
+        ImportError: ``"triton"`` without the ``triton`` package installed (``"auto"`` then picks
+            ``"reference"``).
         RuntimeError: ``"varlen_attn"`` on a torch without ``torch.nn.attention.varlen``; the
             reference implementation reached (asked for, or ``"auto"``'s fallback for a head dim
-            outside :data:`TRITON_HEAD_DIMS` or a dtype other than bf16/fp16) with CUDA tensors
+            outside :data:`TRITON_HEAD_DIMS`, a dtype other than bf16/fp16 or no Triton) with CUDA tensors
             while the stream is capturing: the message says it was chosen and why.
 
     Source: the FlashAttention varlen convention (``cu_seqlens``); torch's ``varlen_attn`` docs;
@@ -192,6 +219,7 @@ def varlen_attention(
     if impl == "sdpa":
         return _padded_sdpa(q, k, v, cu_seqlens, max_seqlen, causal, validate and not capturing)
     if impl == "triton":
+        _require_triton()
         from .kernels import varlen_attention_triton
 
         # Validated above already (the kernels clamp what was not checked): no second host read.
@@ -216,7 +244,7 @@ def _reference_in_capture(requested: str, q: Tensor) -> RuntimeError:
     if requested == "reference":
         why = "impl='reference' was asked for"
     else:
-        reasons = []
+        reasons = [] if _triton_available() else ["Triton is not installed"]
         if q.shape[-1] not in TRITON_HEAD_DIMS:
             reasons.append(f"head dim D = q.shape[-1] = {q.shape[-1]} is not one of {TRITON_HEAD_DIMS}")
         if q.dtype not in (torch.bfloat16, torch.float16):

@@ -11,7 +11,24 @@ See :mod:`attn_gym_lite.ops.kda.reference` for the math, the conventions and the
 :mod:`attn_gym_lite.ops.kda.chunked_triton` for the kernels.
 """
 
-from .chunked_triton import kda_triton
 from .reference import kda_chunked, kda_recurrent
 
 __all__ = ["kda_chunked", "kda_recurrent", "kda_triton"]
+
+
+def __getattr__(name: str):
+    # The kernels import Triton, which the references (and a CPU build of torch) do without: load
+    # them on first use, so that the references and the KDA layer's "chunked"/"recurrent" cores
+    # import where Triton is not installed.
+    if name == "kda_triton":
+        try:
+            from .chunked_triton import kda_triton
+        except ModuleNotFoundError as error:
+            if error.name != "triton":
+                raise
+            raise ImportError(
+                "kda_triton needs the triton package, which is not installed: pip install 'triton>=3.6' (Linux); "
+                "the references kda_chunked and kda_recurrent (KDAAttention(impl='chunked')) need none"
+            ) from error
+        return kda_triton
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
