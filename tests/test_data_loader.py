@@ -400,3 +400,37 @@ def test_pre_tokenized_ids_outside_the_vocabulary_are_named_where_they_are_read(
     good = PackedLoader(64, corpus=[[1, 2, 255, 4]] * 50, tokenizer=ByteTokenizer(), prefetch=0)
     batch = next(iter(good))
     assert 255 in batch.input_ids[: batch.active_tokens].tolist()
+
+
+def test_a_program_that_leaves_prefetching_loaders_unfinished_exits_cleanly():
+    """A script that stops taking batches (``zip(loader, range(n))``, ``epochs=None``) and ends
+    without closing its iterators must still exit with code 0: the workers stop at exit instead of
+    being in torch while the interpreter finalizes (which aborted the process, code 134)."""
+    import os
+    import subprocess
+    import sys
+    import textwrap
+    from pathlib import Path
+
+    script = textwrap.dedent("""
+        from attn_gym_lite.data import PackedLoader
+
+        class Bytes:
+            name, vocab_size = "bytes", 256
+            def encode(self, text): return list(text.encode())
+            def encode_batch(self, texts): return [self.encode(t) for t in texts]
+            def decode(self, ids): return bytes(ids).decode()
+
+        documents = [[(7 * i + j) % 250 for j in range(5 + i % 60)] for i in range(400)]
+        iterators = []
+        for seed in range(3):
+            iterator = iter(PackedLoader(128, corpus=documents, tokenizer=Bytes(), seed=seed, epochs=None, prefetch=2))
+            next(iterator)
+            iterators.append(iterator)  # never finished, never closed
+        print("trained")
+    """)
+    root = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(root), os.environ.get("PYTHONPATH")]))}
+    for _ in range(3):  # the abort was a race: most runs, not all
+        done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=120)
+        assert (done.returncode, done.stdout.strip()) == (0, "trained"), done.stderr[-2000:]

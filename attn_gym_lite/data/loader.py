@@ -9,6 +9,7 @@ the batch it would have seen next.
 
 from __future__ import annotations
 
+import atexit
 import copy
 import hashlib
 import itertools
@@ -31,12 +32,34 @@ __all__ = ["PackedLoader"]
 Item = TypeVar("Item")
 
 
+# The prefetch workers of iterators not yet finished or closed: (stop event, thread).
+_WORKERS: set[tuple[threading.Event, threading.Thread]] = set()
+_WORKERS_LOCK = threading.Lock()
+#: How long the interpreter's exit waits for each prefetch worker to finish its current item (s).
+_EXIT_JOIN_TIMEOUT_S = 30.0
+
+
+@atexit.register
+def _stop_workers() -> None:
+    # An iterator left unfinished when the program ends (``for batch, _ in zip(loader, range(n))``,
+    # a ``break``, an ``epochs=None`` loader) still has its daemon worker making a batch. Were it
+    # still in torch when the interpreter finalizes, the process would abort ("terminate called
+    # without an active exception", exit code 134): stop every worker first, at exit.
+    with _WORKERS_LOCK:
+        workers = list(_WORKERS)
+    for stop, _ in workers:
+        stop.set()
+    for _, worker in workers:
+        worker.join(timeout=_EXIT_JOIN_TIMEOUT_S)
+
+
 def _in_background(items: Iterator[Item], depth: int) -> Iterator[Item]:
     """Run ``items`` in a worker thread, ``depth`` items ahead of the consumer.
 
     Tokenizing (Rust, which releases the GIL) and pinning overlap with the training step. An
     exception in the worker is re-raised in the consumer; when the consumer stops early, the
-    worker stops after the item it is producing.
+    worker stops after the item it is producing, and so it does at the interpreter's exit when
+    the consumer was never finished or closed.
     """
     channel: queue.Queue[tuple[bool, object]] = queue.Queue(maxsize=depth)
     stop = threading.Event()
@@ -63,6 +86,8 @@ def _in_background(items: Iterator[Item], depth: int) -> Iterator[Item]:
 
     worker = threading.Thread(target=work, name="PackedLoader-prefetch", daemon=True)
     worker.start()
+    with _WORKERS_LOCK:
+        _WORKERS.add((stop, worker))
     try:
         while True:
             ok, item = channel.get()
@@ -74,6 +99,8 @@ def _in_background(items: Iterator[Item], depth: int) -> Iterator[Item]:
     finally:
         stop.set()
         worker.join()
+        with _WORKERS_LOCK:
+            _WORKERS.discard((stop, worker))
 
 
 def _rng_state_to_json(state: tuple) -> list:
@@ -311,7 +338,8 @@ class PackedLoader:
         seed: seed of the shuffle (>= 0). Same arguments and seed: same batches.
         epochs: passes over the corpus (>= 1), or None to repeat it forever.
         prefetch: batches produced ahead in a background thread (>= 0; 0: in the caller's
-            thread).
+            thread). The thread stops when its iterator ends or is closed, or at the program's
+            exit (an iterator left unfinished needs no ``close()``).
         pin_memory: pin each batch (:meth:`PackedBatch.pin_memory`; without CUDA a no-op).
 
     Raises:
