@@ -29,6 +29,7 @@ below the longest sequence makes FlashAttention-2 (and a rectangular grid) silen
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import inspect
 import math
@@ -72,6 +73,7 @@ def needs_max_seqlen(impl: str, schedule: str = "auto") -> bool:
     return impl in ("varlen_attn", "sdpa") or (impl == "triton" and schedule == "rect")
 
 
+@functools.cache  # asked on every "auto" call: once per process, not a path search per call
 def _triton_available() -> bool:
     """Whether Triton can be imported here (the ``"triton"`` implementation needs it; the package's
     dependencies leave it out, so a CPU build of torch runs without it)."""
