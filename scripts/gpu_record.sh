@@ -115,7 +115,13 @@ for pass in ${PASS}; do
       fi
       # The test lanes by their PIDs: a bare `wait` (or one given nothing, if `jobs` had already
       # dropped the finished lanes) would wait for the log packer's endless loop too.
-      wait $lanes
+      # Each lane's pytest exit status: 0 passed, 124/137 cut at its limit (timeout), anything
+      # else a failure, an error or a bad id list (pytest's own codes 1-5).
+      failed_lanes=""
+      for pid in $lanes; do
+        wait "$pid"; status=$?
+        case $status in 0|124|137) ;; *) failed_lanes="$failed_lanes $status" ;; esac
+      done
       kill "$packer" 2>/dev/null
       for f in "$LOGS"/tests_*.log; do
         echo "== $f"
@@ -129,9 +135,10 @@ for pass in ${PASS}; do
       cat "$LOGS"/failures_*.log 2>/dev/null | head -c 6000 | tee -a "$log"
       for f in "$LOGS"/nb_*.log; do tail -1 "$f"; done 2>/dev/null | tee -a "$log"
       # STOP_ON_FAILURE=1 (with PASS="C A", say): a failing test skips the recording passes after C.
-      if [ "${STOP_ON_FAILURE:-0}" = 1 ] && { cat "$LOGS"/failures_*.log 2>/dev/null | grep -q . \
-          || grep -qE "^(ERROR|usage):|[0-9]+ (failed|errors?)([ ,]|$)" "$LOGS"/tests_*.log; }; then
-        echo "pass C: a test failed, so the passes after it do not run (STOP_ON_FAILURE=1)" | tee -a "$log"
+      # A lane's exit status catches failures and bad id lists; the failure log also catches a test
+      # that failed in a lane later cut at its limit (status 124, as at 81d01ba).
+      if [ "${STOP_ON_FAILURE:-0}" = 1 ] && { [ -n "$failed_lanes" ] || cat "$LOGS"/failures_*.log 2>/dev/null | grep -q .; }; then
+        echo "pass C: a test failed (lane exit statuses:${failed_lanes:- none}), so the passes after it do not run (STOP_ON_FAILURE=1)" | tee -a "$log"
         stop=1
       fi
       echo "pass C: $((SECONDS - start)) s" | tee -a "$log"
