@@ -86,7 +86,9 @@ for pass in ${PASS}; do
       # at 81d01ba a lane killed at its limit had printed one F and no name or traceback.
       lane() {  # lane NAME PYTEST_ARGS...: one test lane in the background, its PID added to $lanes
         local name=$1; shift
-        ATTN_GYM_LITE_FAILURE_LOG="$LOGS/failures_$name.log" timeout "${TEST_LIMIT_S:-400}" \
+        # OMP_NUM_THREADS: the lanes and notebooks share 16 cores; every process's CPU float64
+        # references would otherwise start 16 threads each.
+        OMP_NUM_THREADS=${LANE_THREADS:-4} ATTN_GYM_LITE_FAILURE_LOG="$LOGS/failures_$name.log" timeout "${TEST_LIMIT_S:-400}" \
           python3 -m pytest -v -rfEs -p no:cacheprovider --timeout=120 --durations=15 "$@" > "$LOGS/tests_$name.log" 2>&1 &
         lanes="$lanes $!"
       }
