@@ -177,3 +177,73 @@ def test_kda_kernels_stay_inside_the_tensors_on_malformed_layouts(layout):
         expected, _ = kda_recurrent(*piece, torch.tensor([0, e - s], dtype=torch.int32))
         error = (out[s:e] - expected).abs().max().item()
         assert error <= tolerance, (layout, (s, e), error)
+
+
+def malformed_short_conv_child(cu_values, positions, tokens, channels, width, silu):
+    """In the child: the Triton kernels on a malformed ``cu_seqlens`` and arbitrary row positions
+    (what ``positions_in_sequence`` may give for such values on a GPU, where nothing reads them),
+    called below the argument checks; ``[y, dx, dw]`` as nested lists."""
+    import torch
+
+    from attn_gym_lite.ops import short_conv_triton as kernels
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    g = torch.Generator().manual_seed(0)
+    x, dy = (torch.randn(tokens, channels, generator=g).to(device) for _ in range(2))
+    w = torch.randn(channels, width, generator=g).to(device)
+    cu = torch.tensor(cu_values, dtype=torch.int32, device=device)
+    position = torch.tensor(positions, dtype=torch.int32, device=device)
+    y, dx = torch.zeros_like(x), torch.zeros_like(x)
+    grid = kernels._grid(tokens, channels)
+    parts = torch.zeros(grid[0], channels, width, device=device)
+    args = dict(W=width, SILU=silu, BT=kernels.BLOCK_T, BD=kernels.BLOCK_D)
+    kernels.short_conv_forward_kernel[grid](x, w, y, position, cu, len(cu_values) - 1, tokens, channels,
+                                            x.stride(0), y.stride(0), **args)
+    kernels.short_conv_backward_kernel[grid](x, w, dy, dx, parts, position, cu, len(cu_values) - 1, tokens,
+                                             channels, x.stride(0), dy.stride(0), dx.stride(0), **args)
+    if device == "cuda":
+        torch.cuda.synchronize()  # an illegal access surfaces here, in the child
+    return [t.cpu().double().tolist() for t in (y, dx, parts.sum(0))]
+
+
+#: (cu_seqlens values, positions of the T rows): none of them a valid layout.
+MALFORMED_SHORT_CONV = {
+    "L past T": ([0, 8, 50], [0, 1, 2, 3, 4, 5, 6, 7, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11]),
+    "L negative": ([0, -7], [0] * 20),
+    "positions past the row": ([0, 20], [9, 30, 2**30, 5, 4, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14]),
+    "negative positions": ([0, 20], [-1, -5, 2, 3, -(2**31), 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14]),
+}
+
+
+@pytest.mark.skipif(not KERNELS_RUN, reason="the Triton kernels need a GPU or TRITON_INTERPRET=1")
+@pytest.mark.parametrize("silu", [False, True])
+@pytest.mark.parametrize("case", MALFORMED_SHORT_CONV)
+def test_short_conv_kernels_stay_inside_the_tensors_on_malformed_metadata(case, silu):
+    # The kernels' masks are the whole defence on a GPU (a CUDA cu_seqlens is never read on the
+    # host): every tap needs j <= position and t - j >= 0, every row t < clamp(L, 0, T). Held to a
+    # float64 loop of exactly that rule; a crash or an access outside fails the child only.
+    cu_values, positions = MALFORMED_SHORT_CONV[case]
+    tokens, channels, width = len(positions), 5, 4
+    y, dx, dw = (torch.tensor(v, dtype=torch.float64) for v in
+                 run_isolated(malformed_short_conv_child, cu_values, positions, tokens, channels, width, silu,
+                              timeout_s=300, env=_child_env()))
+    g = torch.Generator().manual_seed(0)
+    x, dy = (torch.randn(tokens, channels, generator=g).double() for _ in range(2))
+    w = torch.randn(channels, width, generator=g).double()
+    x.requires_grad_(), w.requires_grad_()
+    active = min(max(cu_values[-1], 0), tokens)
+    rows = []
+    for t in range(active):
+        taps = [w[:, width - 1 - j] * x[t - j] for j in range(width) if j <= positions[t] and t - j >= 0]
+        rows.append(sum(taps) if taps else x.new_zeros(channels))
+    if not rows:
+        assert torch.equal(y, torch.zeros_like(y)) and torch.equal(dx, torch.zeros_like(dx))
+        assert torch.equal(dw, torch.zeros_like(dw))
+        return
+    expected = torch.stack(rows)
+    expected = expected * torch.sigmoid(expected) if silu else expected
+    e_dx, e_dw = torch.autograd.grad(expected, (x, w), dy[:active])
+    torch.testing.assert_close(y[:active], expected.detach(), rtol=1e-5, atol=1e-5)
+    assert torch.equal(y[active:], torch.zeros_like(y[active:]))  # never written
+    torch.testing.assert_close(dx[:active], e_dx[:active], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(dw, e_dw, rtol=1e-5, atol=1e-4)

@@ -10,8 +10,18 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from attn_gym_lite.ops.masking import uninitialized_memory_as_nan
-from attn_gym_lite.ops.short_conv import ShortConv, short_conv, short_conv_reference
+from attn_gym_lite.ops.short_conv import ShortConv, resolve_short_conv_impl, short_conv, short_conv_reference
 from attn_gym_lite.ragged import cu_seqlens_from_lengths, pad_cu_seqlens
+
+# The Triton kernels run compiled on a GPU, or on CPU tensors in Triton's interpreter (conftest.py
+# sets TRITON_INTERPRET=1 without a GPU). Float32 is the widest dtype they take.
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+TRITON_RUNS = resolve_short_conv_impl("auto", torch.zeros(1, 1, device=DEVICE)) == "triton"
+needs_triton = pytest.mark.skipif(not TRITON_RUNS, reason="the Triton kernels need Triton, and a GPU or TRITON_INTERPRET=1")
+
+
+def silu_then(y, activation):
+    return y * torch.sigmoid(y) if activation == "silu" else y
 
 
 @FAST
@@ -36,6 +46,52 @@ def test_forward_and_backward_equal_the_token_loop_on_active_rows(layout, fill, 
     torch.testing.assert_close(grad_weight, expected_grad_weight, rtol=1e-12, atol=1e-12)
 
 
+@needs_triton
+@FAST
+@given(layout=ragged_layouts(max_tokens=40), fill=st.sampled_from(FILLS), width=st.integers(1, 5),
+       channels=st.integers(1, 140), activation=st.sampled_from([None, "silu"]), seed=st.integers(0, 2**16))
+def test_triton_kernels_equal_the_float64_token_loop(layout, fill, width, channels, activation, seed):
+    # float32 kernels (the interpreter on a CPU) against the float64 loop: forward, the input
+    # gradient and the weight gradient, with NaN/Inf in the inactive rows of x and of dy. Channel
+    # counts past one 128-wide block and up to 40 rows (two row blocks) cross the kernels' tiles.
+    tokens, cu = layout
+    active = int(cu[-1])
+    g = torch.Generator().manual_seed(seed)
+    x = fill_inactive(torch.randn(tokens, channels, generator=g), cu, fill).to(DEVICE).requires_grad_()
+    weight = torch.randn(channels, width, generator=g).to(DEVICE).requires_grad_()
+    upstream = fill_inactive(torch.randn(tokens, channels, generator=g), cu, fill).to(DEVICE)
+    y = short_conv(x, weight, cu.to(DEVICE), activation=activation, impl="triton")
+    grad_x, grad_weight = torch.autograd.grad(y, (x, weight), upstream)
+    if active == 0:
+        assert torch.equal(grad_weight, torch.zeros_like(grad_weight))
+        return
+    clean_x = x.detach().cpu()[:active].double().requires_grad_()
+    weight64 = weight.detach().cpu().double().requires_grad_()
+    expected = silu_then(naive_short_conv(clean_x, weight64, cu), activation)
+    expected_grad_x, expected_grad_weight = torch.autograd.grad(expected, (clean_x, weight64),
+                                                                upstream.cpu()[:active].double())
+    tolerance = {"rtol": 1e-5, "atol": 1e-5}
+    torch.testing.assert_close(y[:active].cpu().double(), expected, **tolerance)
+    torch.testing.assert_close(grad_x[:active].cpu().double(), expected_grad_x, **tolerance)
+    torch.testing.assert_close(grad_weight.cpu().double(), expected_grad_weight, rtol=1e-5, atol=1e-5 * active)
+
+
+def test_auto_resolves_to_the_kernels_where_they_run_and_triton_is_refused_elsewhere():
+    x = torch.zeros(4, 3, dtype=torch.float64)
+    assert resolve_short_conv_impl("auto", x) == "torch"  # float64: the tensor ops
+    assert resolve_short_conv_impl("torch", x) == "torch"
+    assert resolve_short_conv_impl("auto", x.float().to(DEVICE)) == ("triton" if TRITON_RUNS else "torch")
+    cu = torch.tensor([0, 4], dtype=torch.int32)
+    with pytest.raises(ValueError, match=r"impl must be one of \('auto', 'torch', 'triton'\), got 'cuda'"):
+        short_conv(x, torch.zeros(3, 2, dtype=torch.float64), cu, impl="cuda")
+    with pytest.raises(ValueError, match=r"activation must be one of \(None, 'silu'\), got 'relu'"):
+        short_conv(x, torch.zeros(3, 2, dtype=torch.float64), cu, activation="relu")
+    if TRITON_RUNS:
+        with pytest.raises(ValueError, match=r"short_conv\(impl='triton'\) needs x as .* in bfloat16, float16 or "
+                                             r"float32, got a \w+ tensor of torch.float64: use impl='auto' or 'torch'"):
+            short_conv(x.to(DEVICE), torch.zeros(3, 2, dtype=torch.float64, device=DEVICE), cu.to(DEVICE), impl="triton")
+
+
 @FAST
 @given(layout=ragged_layouts(), width=st.integers(1, 5))
 def test_reference_equals_the_token_loop(layout, width):
@@ -46,17 +102,18 @@ def test_reference_equals_the_token_loop(layout, width):
     torch.testing.assert_close(short_conv_reference(x, weight, cu), expected, rtol=1e-12, atol=1e-12)
 
 
+@pytest.mark.parametrize("impl", ["torch", pytest.param("triton", marks=needs_triton)])
 @pytest.mark.parametrize("layout", EDGE_LAYOUTS.values(), ids=EDGE_LAYOUTS.keys())
-def test_inactive_output_and_input_gradient_rows_are_left_undefined(layout):
+def test_inactive_output_and_input_gradient_rows_are_left_undefined(layout, impl):
     # What makes the block's gradient barrier necessary: like a kernel launched over the active
     # rows only, the op never writes rows L..T-1 of its output or of ∇input. Here undefined
     # memory reads as NaN, so those rows (and only those) are NaN, even for finite inputs.
     tokens, cu = layout
     active = int(cu[-1])
-    x = torch.randn(tokens, 4, requires_grad=True)
-    weight = torch.randn(4, 4, requires_grad=True)
+    x = torch.randn(tokens, 4, device=DEVICE, requires_grad=True)
+    weight = torch.randn(4, 4, device=DEVICE, requires_grad=True)
     with uninitialized_memory_as_nan():
-        y = short_conv(x, weight, cu)
+        y = short_conv(x, weight, cu.to(DEVICE), impl=impl)
         grad_x, grad_weight = torch.autograd.grad(y, (x, weight), torch.ones_like(y))
     for rows in (y, grad_x):
         assert rows[:active].isfinite().all()

@@ -97,3 +97,26 @@ def test_the_kda_references_import_and_the_kernel_says_what_to_install():
 @pytest.mark.parametrize("module", ["attn_gym_lite.ops.kda", "attn_gym_lite.models.kda"])
 def test_the_kda_modules_import(module):
     assert run_without_triton(f"import json, {module}\nprint(json.dumps({{}}))") == {}
+
+
+def test_the_short_convolution_runs_its_tensor_ops_and_triton_says_what_to_install():
+    result = run_without_triton("""
+        import json, torch
+        from attn_gym_lite.ops.short_conv import resolve_short_conv_impl, short_conv
+
+        x = torch.arange(12.0).reshape(4, 3)
+        w = torch.ones(3, 2)
+        cu = torch.tensor([0, 2, 4], dtype=torch.int32)
+        try:
+            short_conv(x, w, cu, impl="triton")
+            error = None
+        except ImportError as caught:
+            error = str(caught)
+        print(json.dumps({"auto": resolve_short_conv_impl("auto", x), "y": short_conv(x, w, cu).tolist(),
+                          "triton": error}))
+    """)
+    assert result["auto"] == "torch"
+    # Width 2, all-ones weight: each row plus the previous row of its own sequence (rows 0 and 2 start one).
+    assert result["y"] == [[0, 1, 2], [3, 5, 7], [6, 7, 8], [15, 17, 19]]
+    assert result["triton"] is not None and "pip install" in result["triton"] and "impl='auto'" in result["triton"]
+

@@ -43,7 +43,6 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from ..checks import check_choice, check_factory, check_features
@@ -127,7 +126,7 @@ class ShortConvAttentionBlock(nn.Module):
         factory = check_factory(device, dtype)
         self.norm_in = nn.RMSNorm(dim, **factory)
         self.qkv = nn.Linear(dim, 3 * dim, bias=False, **factory)
-        self.conv = ShortConv(3 * dim, kernel_size, **factory)
+        self.conv = ShortConv(3 * dim, kernel_size, activation="silu", **factory)
         self.norm_out = nn.RMSNorm(dim, **factory)
         self.out_proj = nn.Linear(dim, dim, bias=False, **factory)
 
@@ -146,7 +145,7 @@ class ShortConvAttentionBlock(nn.Module):
         qkv = self.qkv(self.norm_in(x))
         if "qkv_grad" in self.masks:
             qkv = mask_inactive_token_gradients(qkv, active)
-        qkv = F.silu(self.conv(qkv, cu_seqlens))
+        qkv = self.conv(qkv, cu_seqlens)  # SiLU fused into the convolution
         q, k, v = qkv.view(tokens, 3, self.num_heads, self.head_dim).unbind(dim=1)
         attn = varlen_attention(q, k, v, cu_seqlens, impl=self.impl, schedule=self.schedule, causal=True,
                                 max_seqlen=max_seqlen if self.needs_max_seqlen else None, validate=False)

@@ -302,7 +302,7 @@ class KDAAttention(nn.Module):
         self.hidden_size, self.num_heads, self.head_dim, self.head_v_dim = hidden_size, H, K, V
 
         self.qkv_proj = nn.Linear(hidden_size, 2 * H * K + H * V, bias=False, **factory)
-        self.conv = ShortConv(2 * H * K + H * V, conv_size, **factory)
+        self.conv = ShortConv(2 * H * K + H * V, conv_size, activation="silu", **factory)
         self.f_proj = nn.Sequential(nn.Linear(hidden_size, rank, bias=False, **factory),
                                     nn.Linear(rank, H * K, bias=False, **factory))
         self.b_proj = nn.Linear(hidden_size, H, bias=False, **factory)
@@ -371,7 +371,7 @@ class KDAAttention(nn.Module):
             if "projection_grad" in self.masks:
                 qkv = mask_inactive_token_gradients(qkv, active)
         with mark_kernels("kda.short_conv"):
-            qkv = F.silu(self.conv(qkv, cu_seqlens))
+            qkv = self.conv(qkv, cu_seqlens)  # SiLU fused into the convolution
             q, k, v = qkv.split([H * K, H * K, H * V], dim=-1)
         with mark_kernels("kda.qk_norm"):
             q, k = _l2_normalize(q.reshape(T, H, K)), _l2_normalize(k.reshape(T, H, K))

@@ -42,7 +42,14 @@ from ..ragged import positions_in_sequence
 
 Tensor = torch.Tensor
 
-__all__ = ["ShortConv", "short_conv", "short_conv_reference"]
+__all__ = ["SHORT_CONV_ACTIVATIONS", "SHORT_CONV_IMPLEMENTATIONS", "ShortConv", "resolve_short_conv_impl", "short_conv",
+           "short_conv_reference"]
+
+#: ``impl`` values of :func:`short_conv`: ``"torch"``, the tensor ops of this module (any device and
+#: floating dtype); ``"triton"``, one kernel each way (:mod:`attn_gym_lite.ops.short_conv_triton`).
+SHORT_CONV_IMPLEMENTATIONS = ("torch", "triton")
+#: ``activation`` values of :func:`short_conv`: none, or the SiLU that linear-attention layers apply next.
+SHORT_CONV_ACTIVATIONS = (None, "silu")
 
 
 def _check_short_conv_arguments(x: object, weight: object, cu_seqlens: object) -> None:
@@ -112,7 +119,29 @@ class _RaggedShortConv(torch.autograd.Function):
         return torch.where(active[:, None], grad_x.to(x.dtype), torch.empty_like(x)), grad_weight, None
 
 
-def short_conv(x: Tensor, weight: Tensor, cu_seqlens: Tensor) -> Tensor:
+def resolve_short_conv_impl(impl: str, x: Tensor) -> str:
+    """``impl`` with ``"auto"`` resolved for ``x``: ``"triton"`` where the kernels run (Triton
+    installed, and a CUDA tensor compiled or a CPU one under ``TRITON_INTERPRET=1``, in bfloat16,
+    float16 or float32), else ``"torch"`` (no Triton, float64, other devices).
+
+    Raises:
+        ValueError: ``impl`` is not ``"auto"`` or one of :data:`SHORT_CONV_IMPLEMENTATIONS`.
+    """
+    checks.check_choice("impl", impl, ("auto", *SHORT_CONV_IMPLEMENTATIONS))
+    if impl != "auto":
+        return impl
+    from .attention import _triton_available  # one answer per process, shared with the attention
+
+    if not _triton_available():
+        return "torch"
+    from .kernels.mma import INTERPRETED  # imports Triton: only once it is known to be there
+
+    runs = (x.device.type == "cuda") != INTERPRETED and x.dtype in (torch.bfloat16, torch.float16, torch.float32)
+    return "triton" if runs else "torch"
+
+
+def short_conv(x: Tensor, weight: Tensor, cu_seqlens: Tensor, *, activation: str | None = None,
+               impl: str = "auto") -> Tensor:
     """Causal depthwise convolution within each packed sequence, restarting at every boundary.
 
     Args:
@@ -120,6 +149,11 @@ def short_conv(x: Tensor, weight: Tensor, cu_seqlens: Tensor) -> Tensor:
         weight: ``[D, W]`` in ``x``'s dtype and device; ``weight[:, W-1]`` multiplies the current
             token, ``weight[:, W-1-j]`` the token ``j`` rows back.
         cu_seqlens: int32 ``[N + 1]`` prefix sums ``[0, ..., L, L, L]`` on ``x``'s device.
+        activation: ``None`` or ``"silu"``, applied to the convolution's output (fused into the
+            kernel by ``impl="triton"``).
+        impl: ``"auto"`` (:func:`resolve_short_conv_impl`: the Triton kernels on a GPU), ``"torch"``
+            or ``"triton"`` (:data:`SHORT_CONV_IMPLEMENTATIONS`). Same contract either way; the
+            Triton kernels accumulate in float32, as the tensor ops do.
 
     Returns:
         ``[T, D]`` in ``x``'s dtype. Rows ``0..L-1`` are exact; rows ``L..T-1`` are undefined.
@@ -134,16 +168,43 @@ def short_conv(x: Tensor, weight: Tensor, cu_seqlens: Tensor) -> Tensor:
             from ``x``'s, or ``cu_seqlens`` is not int32.
         ValueError: shapes are not ``[T, D]``, ``[D, W >= 1]``, ``[N + 1 >= 2]``, or the tensors
             are on different devices; a CPU ``cu_seqlens`` (its values read for free, outside
-            ``torch.compile``) not starting at 0, decreasing, or with ``L > T``.
+            ``torch.compile``) not starting at 0, decreasing, or with ``L > T``; ``activation`` not
+            in :data:`SHORT_CONV_ACTIVATIONS`; ``impl`` not ``"auto"`` or one of
+            :data:`SHORT_CONV_IMPLEMENTATIONS`; ``impl="triton"`` where the kernels do not run (a
+            CUDA tensor under ``TRITON_INTERPRET=1``, a CPU one without it, float64).
+        ImportError: ``impl="triton"`` without Triton installed.
 
-    Capturable (tensor ops only, no host read of a CUDA ``cu_seqlens``), ``W`` elementwise passes
-    in each direction. On CUDA, malformed ``cu_seqlens`` values (not starting at 0, decreasing,
+    Capturable either way (no host read of a CUDA ``cu_seqlens``): ``"torch"`` runs ``W``
+    elementwise passes in each direction, ``"triton"`` one kernel forward and one backward (plus
+    the sum of the weight gradient's per-block parts). On CUDA, malformed ``cu_seqlens`` values (not starting at 0, decreasing,
     ``L > T``) are not checked and give undefined results, but every index stays inside the
     tensors: validate batches eagerly with :func:`attn_gym_lite.ragged.validate_cu_seqlens`.
     Source: Mamba's short convolution; flash-linear-attention's ``ShortConvolution``.
     """
     _check_short_conv_arguments(x, weight, cu_seqlens)
-    return _RaggedShortConv.apply(x, weight, cu_seqlens)
+    checks.check_choice("activation", activation, SHORT_CONV_ACTIVATIONS)
+    impl = resolve_short_conv_impl(impl, x)
+    if impl == "triton":
+        return _short_conv_triton(x, weight, cu_seqlens, activation == "silu")
+    y = _RaggedShortConv.apply(x, weight, cu_seqlens)
+    return F.silu(y) if activation == "silu" else y
+
+
+def _short_conv_triton(x: Tensor, weight: Tensor, cu_seqlens: Tensor, silu: bool) -> Tensor:
+    from .attention import _triton_available
+
+    if not _triton_available():
+        raise ImportError("short_conv(impl='triton') needs the triton package, which is not installed: "
+                          "pip install 'triton>=3.6' (Linux), or use impl='auto' or 'torch'")
+    from .kernels.mma import INTERPRETED
+
+    if (x.device.type == "cuda") == INTERPRETED or x.dtype not in (torch.bfloat16, torch.float16, torch.float32):
+        where = "a CPU tensor with TRITON_INTERPRET=1 set" if INTERPRETED else "a CUDA tensor"
+        raise ValueError(f"short_conv(impl='triton') needs x as {where} in bfloat16, float16 or float32, got "
+                         f"a {x.device.type} tensor of {x.dtype}: use impl='auto' or 'torch'")
+    from .short_conv_triton import ShortConvTriton
+
+    return ShortConvTriton.apply(x, weight, cu_seqlens, silu)
 
 
 def short_conv_reference(x: Tensor, weight: Tensor, cu_seqlens: Tensor) -> Tensor:
@@ -179,16 +240,19 @@ class ShortConv(nn.Module):
     Args:
         dim: channels ``D`` (int >= 1).
         kernel_size: ``W`` (int >= 1), 4 in most linear-attention layers.
+        activation: ``None`` or ``"silu"`` (:data:`SHORT_CONV_ACTIVATIONS`), applied to the output.
+        impl: ``"auto"``, ``"torch"`` or ``"triton"``, as :func:`short_conv`'s.
         device, dtype: of the weight.
 
     The weight is initialised like ``nn.Conv1d(dim, dim, kernel_size, groups=dim)``'s: uniform in
     ``±1/sqrt(kernel_size)``.
 
     Shapes: ``forward(x [T, dim], cu_seqlens int32 [N + 1]) -> [T, dim]`` with rows past ``L``
-    undefined, as :func:`short_conv`.
+    undefined, as :func:`short_conv` (whose errors it raises).
 
     Raises:
-        ValueError: ``dim`` or ``kernel_size`` is not a positive int; a ``device`` refused by
+        ValueError: ``dim`` or ``kernel_size`` is not a positive int; ``activation`` or ``impl``
+            not one of its choices; a ``device`` refused by
             :func:`~attn_gym_lite.checks.check_device` (``"cuda"`` without a GPU).
         TypeError: ``device`` not a str, int or ``torch.device``; ``dtype`` not a floating
             ``torch.dtype``.
@@ -199,6 +263,8 @@ class ShortConv(nn.Module):
         dim: int,
         kernel_size: int = 4,
         *,
+        activation: str | None = None,
+        impl: str = "auto",
         device: torch.device | str | None = None,
         dtype: torch.dtype | None = None,
     ) -> None:
@@ -206,9 +272,15 @@ class ShortConv(nn.Module):
         for name, value in (("dim", dim), ("kernel_size", kernel_size)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"ShortConv: {name} must be an int >= 1, got {value!r}")
+        self.activation = checks.check_choice("activation", activation, SHORT_CONV_ACTIVATIONS)
+        self.impl = checks.check_choice("impl", impl, ("auto", *SHORT_CONV_IMPLEMENTATIONS))
         self.weight = nn.Parameter(torch.empty(dim, kernel_size, **checks.check_factory(device, dtype)))
         bound = 1 / math.sqrt(kernel_size)
         nn.init.uniform_(self.weight, -bound, bound)
 
     def forward(self, x: Tensor, cu_seqlens: Tensor) -> Tensor:
-        return short_conv(x, self.weight, cu_seqlens)
+        return short_conv(x, self.weight, cu_seqlens, activation=self.activation, impl=self.impl)
+
+    def extra_repr(self) -> str:
+        dim, width = self.weight.shape
+        return f"dim={dim}, kernel_size={width}, activation={self.activation!r}, impl={self.impl!r}"
