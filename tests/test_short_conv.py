@@ -162,8 +162,35 @@ def test_module_initialises_like_a_depthwise_conv1d():
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_cuda_kernels_match_the_tensor_ops_at_a_layer_size(dtype):
+    # The compiled kernels at a KDA-like size (channels not a multiple of the 128-wide block, rows
+    # not a multiple of the 32-row block, L < T), held to float64 on the same rounded inputs: at
+    # least as close as the tensor ops (which round z to 16 bits before the SiLU; the kernels do not).
+    torch.manual_seed(0)
+    tokens, channels = 3000, 1000
+    cu = pad_cu_seqlens(cu_seqlens_from_lengths([1, 700, 0, 3, 1500, 33, 700]), 16).cuda()
+    active = int(cu[-1])
+    x = fill_inactive(torch.randn(tokens, channels, dtype=dtype), cu.cpu(), "nan").cuda()
+    upstream = fill_inactive(torch.randn(tokens, channels, dtype=dtype), cu.cpu(), "inf").cuda()
+    weight = torch.randn(channels, 4, dtype=dtype, device="cuda") / 2
+    results = {}
+    for impl, cast in (("float64", torch.float64), ("torch", dtype), ("triton", dtype)):
+        xi, wi = x.to(cast).requires_grad_(), weight.to(cast).requires_grad_()
+        y = short_conv(xi, wi, cu, activation="silu", impl="torch" if impl == "float64" else impl)
+        dx, dw = torch.autograd.grad(y, (xi, wi), upstream.to(cast))
+        results[impl] = (y[:active].double(), dx[:active].double(), dw.double())
+    for name, exact, ops, kernels in zip(("y", "dx", "dw"), *results.values()):
+        scale = exact.abs().max().item()
+        ops_error, kernel_error = ((r - exact).abs().max().item() for r in (ops, kernels))
+        # Twice the tensor ops' error, or one unit of the dtype's precision at the largest value.
+        assert kernel_error <= max(2 * ops_error, torch.finfo(dtype).eps * scale), (name, kernel_error, ops_error, scale)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("impl", ["torch", "triton"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_cuda_graph_replay_with_new_layouts_matches_the_reference(dtype):
+def test_cuda_graph_replay_with_new_layouts_matches_the_reference(dtype, impl):
     from attn_gym_lite.graph.capture import capture_graph
 
     tokens, channels = 256, 64
@@ -174,7 +201,7 @@ def test_cuda_graph_replay_with_new_layouts_matches_the_reference(dtype):
     static_cu = torch.zeros(9, dtype=torch.int32, device="cuda")
 
     def step():
-        y = short_conv(static_x, weight, static_cu)
+        y = short_conv(static_x, weight, static_cu, impl=impl)
         return (y, *torch.autograd.grad(y, (static_x, weight), static_upstream))
 
     graph, (y, grad_x, grad_weight) = capture_graph(step)
