@@ -196,11 +196,15 @@ def malformed_short_conv_child(cu_values, positions, tokens, channels, width, si
     y, dx = torch.zeros_like(x), torch.zeros_like(x)
     grid = kernels._grid(tokens, channels)
     parts = torch.zeros(grid[0], channels, width, device=device)
-    args = dict(W=width, SILU=silu, BT=kernels.BLOCK_T, BD=kernels.BLOCK_D)
-    kernels.short_conv_forward_kernel[grid](x, w, y, position, cu, len(cu_values) - 1, tokens, channels,
-                                            x.stride(0), y.stride(0), **args)
-    kernels.short_conv_backward_kernel[grid](x, w, dy, dx, parts, position, cu, len(cu_values) - 1, tokens,
-                                             channels, x.stride(0), dy.stride(0), dx.stride(0), **args)
+    args = dict(W=width, BT=kernels.BLOCK_T, BD=kernels.BLOCK_D, num_warps=kernels.NUM_WARPS)
+    layout = (position, cu, len(cu_values) - 1, tokens, channels)
+    kernels.short_conv_forward_kernel[grid](x, w, y, *layout, x.stride(0), y.stride(0), SILU=silu, **args)
+    grad_z = dy  # the gradient of the pre-activation: dy itself without the SiLU
+    if silu:
+        grad_z = torch.zeros_like(dy)
+        kernels.short_conv_silu_backward_kernel[grid](x, w, dy, grad_z, *layout, x.stride(0), dy.stride(0), **args)
+    kernels.short_conv_backward_kernel[grid](x, w, grad_z, dx, parts, *layout, x.stride(0), grad_z.stride(0),
+                                             dx.stride(0), **args)
     if device == "cuda":
         torch.cuda.synchronize()  # an illegal access surfaces here, in the child
     return [t.cpu().double().tolist() for t in (y, dx, parts.sum(0))]

@@ -1,4 +1,4 @@
-"""The ragged short convolution as Triton kernels: one launch forward, one backward (plus a sum).
+"""The ragged short convolution as Triton kernels: one launch forward, one or two backward (plus a sum).
 
 :func:`attn_gym_lite.ops.short_conv.short_conv` builds the same convolution from tensor ops:
 about ``3 W`` elementwise passes over ``[T, D]`` each way, each one a kernel that reads and writes
@@ -18,11 +18,12 @@ the current row)::
 
 Grid: row blocks of ``BT`` rows by channel blocks of ``BD``. ``L`` is read on the device from
 ``cu_seqlens[N]`` (clamped into ``[0, T]``) and row blocks past it return at once, so the launch
-sizes nothing by the layout (capturable, as chapter 4's flat grid). The backward recomputes ``z``
-where it needs it (``W`` rows past its block as well), rather than saving it: ``W x W`` loads of
-rows already in cache instead of a float32 ``[T, D]`` tensor written and read back. Each row block
-writes its part of ``dw`` to a ``[row blocks, D, W]`` float32 buffer that one ``sum(0)`` reduces:
-deterministic, unlike atomics.
+sizes nothing by the layout (capturable, as chapter 4's flat grid). With the SiLU, a first backward
+kernel recomputes ``z`` and writes ``g`` once in float32; the second reads ``g`` and ``x`` at the
+``W`` row shifts (from cache: neighbouring blocks read the same rows) for ``dx`` and ``dw``. Each row
+block writes its part of ``dw`` to a ``[row blocks, D, W]`` float32 buffer that one ``sum(0)``
+reduces: deterministic, unlike atomics. Offsets are 64-bit only in each block's base pointer
+(``T * D`` may pass 2^31) and 32-bit within the block.
 
 Every load is masked: rows ``>= L`` read nothing (their ``dy`` or ``x`` may be NaN), a tap reads row
 ``t - j`` only when ``j <= p_t`` and ``t - j >= 0``; so a malformed device ``cu_seqlens`` gives
@@ -43,23 +44,29 @@ from ..ragged import positions_in_sequence
 
 Tensor = torch.Tensor
 
-# Row and channel block sizes: a memory-bound stencil, so blocks only need to be wide enough for
-# 128-byte loads along the channels and tall enough that the W - 1 halo rows are a small overhead.
-BLOCK_T = 32
+# Row and channel block sizes, and warps: a memory-bound stencil, so blocks need only be wide enough
+# for 128-byte loads along the channels, with few elements per thread (8 here): every tap is a
+# [BT, BD] tile of addresses. Compiled offline for sm_90 (Triton 3.9's ptxas): 57 registers forward,
+# 112 for the dx/dw kernel; 32 x 128 tiles on 4 warps took 196 and 255 (spilling). Not yet tuned on
+# the GPU.
+BLOCK_T = 16
 BLOCK_D = 128
+NUM_WARPS = 8
 
 
 @triton.jit
-def _pre_activation(x, w, position, rows, cols, row_ok, col_ok, stride_x,
+def _pre_activation(x_rows, w, position, local, rows, cols, row_ok, col_ok, stride_x,
                     W: tl.constexpr, BT: tl.constexpr, BD: tl.constexpr):
-    """``z`` for ``rows x cols`` in float32: the taps ``j`` rows back within each row's sequence."""
+    """``z`` for a block of rows and ``cols`` in float32: the taps ``j`` rows back within each row's
+    sequence. ``x_rows`` points at the block's first row; ``local`` numbers the block's rows from 0
+    (32-bit offsets inside the block, one 64-bit base per program)."""
     acc = tl.zeros((BT, BD), dtype=tl.float32)
     for j in tl.static_range(W):
         # Tap j lies in the row's own sequence iff position >= j; rows >= j keeps a malformed
         # layout (positions larger than the row index) inside the tensor.
         tap_ok = row_ok & (position >= j) & (rows >= j)
-        xj = tl.load(x + (rows - j)[:, None] * stride_x + cols[None, :], mask=tap_ok[:, None] & col_ok[None, :],
-                     other=0.0)
+        xj = tl.load(x_rows + (local - j)[:, None] * stride_x + cols[None, :],
+                     mask=tap_ok[:, None] & col_ok[None, :], other=0.0)
         wj = tl.load(w + cols * W + (W - 1 - j), mask=col_ok, other=0.0)
         acc += xj.to(tl.float32) * wj.to(tl.float32)[None, :]
     return acc
@@ -78,36 +85,49 @@ def short_conv_forward_kernel(x, w, y, position, cu_seqlens, num_seqs, T, D, str
     first_row = tl.program_id(0) * BT
     if first_row >= L:
         return  # a block of inactive rows: their output stays undefined
-    rows = (first_row + tl.arange(0, BT)).to(tl.int64)  # 64-bit offsets: T * D may pass 2^31
+    local = tl.arange(0, BT)
+    rows = first_row + local
     cols = tl.program_id(1) * BD + tl.arange(0, BD)
     row_ok, col_ok = rows < L, cols < D
     pos = tl.load(position + rows, mask=row_ok, other=0)
-    z = _pre_activation(x, w, pos, rows, cols, row_ok, col_ok, stride_x, W, BT, BD)
+    # 64-bit only in the block's base (T * D may pass 2^31), 32-bit offsets within it.
+    z = _pre_activation(x + first_row.to(tl.int64) * stride_x, w, pos, local, rows, cols, row_ok, col_ok, stride_x,
+                        W, BT, BD)
     if SILU:
         z = z * tl.sigmoid(z)
-    tl.store(y + rows[:, None] * stride_y + cols[None, :], z.to(y.dtype.element_ty),
-             mask=row_ok[:, None] & col_ok[None, :])
+    tl.store(y + first_row.to(tl.int64) * stride_y + local[:, None] * stride_y + cols[None, :],
+             z.to(y.dtype.element_ty), mask=row_ok[:, None] & col_ok[None, :])
 
 
 @triton.jit
-def _grad_pre_activation(x, w, dy, position, rows, cols, L, col_ok, stride_x, stride_dy,
-                         W: tl.constexpr, SILU: tl.constexpr, BT: tl.constexpr, BD: tl.constexpr):
-    """``g = dy * silu'(z)`` (or ``dy``) for ``rows x cols``, float32, 0 on rows ``>= L``; and the rows' positions."""
-    row_ok = rows < L
+def short_conv_silu_backward_kernel(x, w, dy, g, position, cu_seqlens, num_seqs, T, D, stride_x, stride_dy,
+                                    W: tl.constexpr, BT: tl.constexpr, BD: tl.constexpr):
+    """``g = dy * silu'(z)`` in float32 on the active rows, ``z`` recomputed (rows ``>= L`` not written)."""
+    L = _active_rows(cu_seqlens, num_seqs, T)
+    first_row = tl.program_id(0) * BT
+    if first_row >= L:
+        return
+    local = tl.arange(0, BT)
+    rows = first_row + local
+    cols = tl.program_id(1) * BD + tl.arange(0, BD)
+    row_ok, col_ok = rows < L, cols < D
+    mask = row_ok[:, None] & col_ok[None, :]
     pos = tl.load(position + rows, mask=row_ok, other=0)
-    g = tl.load(dy + rows[:, None] * stride_dy + cols[None, :], mask=row_ok[:, None] & col_ok[None, :],
-                other=0.0).to(tl.float32)
-    if SILU:
-        z = _pre_activation(x, w, pos, rows, cols, row_ok, col_ok, stride_x, W, BT, BD)
-        s = tl.sigmoid(z)
-        g = g * s * (1.0 + z * (1.0 - s))
-    return g, pos
+    z = _pre_activation(x + first_row.to(tl.int64) * stride_x, w, pos, local, rows, cols, row_ok, col_ok, stride_x,
+                        W, BT, BD)
+    s = tl.sigmoid(z)
+    grad = tl.load(dy + first_row.to(tl.int64) * stride_dy + local[:, None] * stride_dy + cols[None, :], mask=mask,
+                   other=0.0).to(tl.float32)
+    tl.store(g + first_row.to(tl.int64) * D + local[:, None] * D + cols[None, :], grad * s * (1.0 + z * (1.0 - s)),
+             mask=mask)
 
 
 @triton.jit
-def short_conv_backward_kernel(x, w, dy, dx, dw_parts, position, cu_seqlens, num_seqs, T, D,
-                               stride_x, stride_dy, stride_dx,
-                               W: tl.constexpr, SILU: tl.constexpr, BT: tl.constexpr, BD: tl.constexpr):
+def short_conv_backward_kernel(x, w, g, dx, dw_parts, position, cu_seqlens, num_seqs, T, D,
+                               stride_x, stride_g, stride_dx,
+                               W: tl.constexpr, BT: tl.constexpr, BD: tl.constexpr):
+    """``dx`` on the active rows and this row block's part of ``dw``, from ``g`` (the gradient of
+    the pre-activation ``z``: ``dy`` itself without an activation)."""
     L = _active_rows(cu_seqlens, num_seqs, T)
     block = tl.program_id(0)
     first_row = block * BT
@@ -118,28 +138,31 @@ def short_conv_backward_kernel(x, w, dy, dx, dw_parts, position, cu_seqlens, num
         for j in tl.static_range(W):  # no active row here: this block adds nothing to dw
             tl.store(parts + (W - 1 - j), tl.zeros((BD,), dtype=tl.float32), mask=col_ok)
         return
-    rows = (first_row + tl.arange(0, BT)).to(tl.int64)  # 64-bit offsets: T * D may pass 2^31
-    g_own, pos_own = _grad_pre_activation(x, w, dy, position, rows, cols, L, col_ok, stride_x, stride_dy,
-                                          W, SILU, BT, BD)
+    local = tl.arange(0, BT)
+    rows = first_row + local
+    row_ok = rows < L
+    x_rows = x + first_row.to(tl.int64) * stride_x
+    g_rows = g + first_row.to(tl.int64) * stride_g
+    pos = tl.load(position + rows, mask=row_ok, other=0)
+    g_own = tl.load(g_rows + local[:, None] * stride_g + cols[None, :], mask=row_ok[:, None] & col_ok[None, :],
+                    other=0.0).to(tl.float32)
     dx_acc = tl.zeros((BT, BD), dtype=tl.float32)
     for j in tl.static_range(W):
-        # dw over this block's own rows t: g[t] * x[t - j] where tap j lies in t's sequence.
-        tap_ok = (rows < L) & (pos_own >= j) & (rows >= j)
-        xj = tl.load(x + (rows - j)[:, None] * stride_x + cols[None, :], mask=tap_ok[:, None] & col_ok[None, :],
-                     other=0.0).to(tl.float32)
-        tl.store(parts + (W - 1 - j), tl.sum(tl.where(tap_ok[:, None], g_own * xj, 0.0), axis=0), mask=col_ok)
-        # dx: input row u feeds output row t = u + j through tap j when t is j or more into its
-        # sequence; g at rows past this block is recomputed here (it is 0 past L).
-        if j == 0:
-            g_t, pos_t = g_own, pos_own
-        else:
-            g_t, pos_t = _grad_pre_activation(x, w, dy, position, rows + j, cols, L, col_ok, stride_x, stride_dy,
-                                              W, SILU, BT, BD)
-        feeds = (pos_t >= j) & (rows + j < L)
         wj = tl.load(w + cols * W + (W - 1 - j), mask=col_ok, other=0.0).to(tl.float32)
-        dx_acc += tl.where(feeds[:, None], g_t, 0.0) * wj[None, :]
-    tl.store(dx + rows[:, None] * stride_dx + cols[None, :], dx_acc.to(dx.dtype.element_ty),
-             mask=(rows < L)[:, None] & col_ok[None, :])
+        # dw over this block's own rows t: g[t] * x[t - j] where tap j lies in t's sequence.
+        tap_ok = row_ok & (pos >= j) & (rows >= j)
+        xj = tl.load(x_rows + (local - j)[:, None] * stride_x + cols[None, :], mask=tap_ok[:, None] & col_ok[None, :],
+                     other=0.0).to(tl.float32)
+        tl.store(parts + (W - 1 - j), tl.sum(xj * g_own, axis=0), mask=col_ok)  # 0 where a load was masked
+        # dx: input row u feeds output row t = u + j through tap j when t < L and t is j or more
+        # into its sequence.
+        t = rows + j
+        feeds = (t < L) & (tl.load(position + t, mask=t < L, other=0) >= j)
+        gj = tl.load(g_rows + (local + j)[:, None] * stride_g + cols[None, :], mask=feeds[:, None] & col_ok[None, :],
+                     other=0.0).to(tl.float32)
+        dx_acc += gj * wj[None, :]
+    tl.store(dx + first_row.to(tl.int64) * stride_dx + local[:, None] * stride_dx + cols[None, :],
+             dx_acc.to(dx.dtype.element_ty), mask=row_ok[:, None] & col_ok[None, :])
 
 
 def _grid(tokens: int, channels: int) -> tuple[int, int]:
@@ -160,7 +183,7 @@ class ShortConvTriton(torch.autograd.Function):
         if tokens and channels:
             short_conv_forward_kernel[_grid(tokens, channels)](
                 x, weight, y, position, cu_seqlens, cu_seqlens.shape[0] - 1, tokens, channels, x.stride(0), y.stride(0),
-                W=weight.shape[1], SILU=silu, BT=BLOCK_T, BD=BLOCK_D)
+                W=weight.shape[1], SILU=silu, BT=BLOCK_T, BD=BLOCK_D, num_warps=NUM_WARPS)
         ctx.save_for_backward(x, weight, position, cu_seqlens)
         ctx.silu = silu
         return y
@@ -172,12 +195,17 @@ class ShortConvTriton(torch.autograd.Function):
         tokens, channels = x.shape
         width = weight.shape[1]
         grid = _grid(tokens, channels)
+        layout = (position, cu_seqlens, cu_seqlens.shape[0] - 1, tokens, channels)
         grad_x = torch.empty_like(x)
         parts = torch.empty(grid[0], channels, width, device=x.device, dtype=torch.float32)
-        if tokens and channels:
-            short_conv_backward_kernel[grid](
-                x, weight, grad_y, grad_x, parts, position, cu_seqlens, cu_seqlens.shape[0] - 1, tokens, channels,
-                x.stride(0), grad_y.stride(0), grad_x.stride(0), W=width, SILU=ctx.silu, BT=BLOCK_T, BD=BLOCK_D)
-        else:
-            parts.zero_()
+        if not (tokens and channels):
+            return grad_x, parts.zero_().sum(0).to(weight.dtype), None, None
+        grad_z = grad_y  # the gradient of the pre-activation: dy itself without the SiLU
+        if ctx.silu:
+            # Written once in float32 (rows >= L never), read back W times from cache below.
+            grad_z = torch.empty(tokens, channels, device=x.device, dtype=torch.float32)
+            short_conv_silu_backward_kernel[grid](x, weight, grad_y, grad_z, *layout, x.stride(0), grad_y.stride(0),
+                                                  W=width, BT=BLOCK_T, BD=BLOCK_D, num_warps=NUM_WARPS)
+        short_conv_backward_kernel[grid](x, weight, grad_z, grad_x, parts, *layout, x.stride(0), grad_z.stride(0),
+                                         grad_x.stride(0), W=width, BT=BLOCK_T, BD=BLOCK_D, num_warps=NUM_WARPS)
         return grad_x, parts.sum(0).to(weight.dtype), None, None
