@@ -519,6 +519,12 @@ def test_load_tokenizer_errors(tmp_path, monkeypatch):
         load_tokenizer(max_training_bytes=0)
     with pytest.raises(TypeError, match=r"spec must be a str or os.PathLike, got int"):
         load_tokenizer(123)
+    # A bare encoding or model name: before, only "spec='gpt2': no such file".
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(FileNotFoundError, match=r"^spec='cl100k_base': no such file; a tiktoken encoding is spelled "
+                                                r"'tiktoken:<name>' \(e.g. 'tiktoken:cl100k_base'\), a Hugging Face "
+                                                r"tokenizer is the path of its tokenizer.json"):
+        load_tokenizer("cl100k_base")
     with pytest.raises(TypeError, match=r"tokenizer must be a tokenizers.Tokenizer, got <class 'int'>"):
         data.HFTokenizer(1, "x")
     with pytest.raises(TypeError, match=r"name must be a str, got None"):
@@ -751,10 +757,32 @@ def test_packed_batch_refuses_loss_mask_on_padding_rows():
     mask[16:] = True
     with pytest.raises(ValueError, match=r"got loss_mask\[16\] = True \(4 such rows\)"):
         dataclasses.replace(batch, loss_mask=mask)
-    # Any mask on the active rows is the caller's choice (a prompt/response split, say).
-    mask = batch.loss_mask.clone()
+    # Any mask on the active rows that have a next token is the caller's choice (a prompt/response
+    # split, say); the last token of each sequence (rows 4, 8, 15) has none.
+    mask = torch.zeros(20, dtype=torch.bool)
     mask[:16] = True
-    assert int(dataclasses.replace(batch, loss_mask=mask).loss_mask.sum()) == 16
+    mask[[4, 8, 15]] = False
+    assert int(dataclasses.replace(batch, loss_mask=mask).loss_mask.sum()) == 13
+
+
+def test_packed_batch_refuses_targets_that_cross_a_document_or_are_not_shifted():
+    """Before: a label crossing into the next document (the classic packing bug: labels rolled over
+    the whole batch, the last token of a document trained to predict the next document's first)
+    and unshifted labels were both accepted, though the docstring promises next-token targets."""
+    ids = torch.tensor([1, 2, 3, 4, 5, 6, 7, 0])
+    cu = torch.tensor([0, 3, 7], dtype=torch.int32)
+    rolled = torch.roll(ids, -1)
+    crossing = torch.tensor([1, 1, 1, 1, 1, 1, 0, 0], dtype=torch.bool)  # row 2 ends document 0
+    with pytest.raises(ValueError, match=r"^PackedBatch.loss_mask must be False on each sequence's last token .* got "
+                                         r"loss_mask\[2\] = True on the last token of the sequence ending at row 3 "
+                                         r"\(1 such rows\)$"):
+        PackedBatch(ids, rolled, crossing, cu, 7, 2, 4)
+    within = torch.tensor([1, 1, 0, 1, 1, 1, 0, 0], dtype=torch.bool)
+    with pytest.raises(ValueError, match=r"labels\[t\] == input_ids\[t \+ 1\], on the rows loss_mask counts, got "
+                                         r"labels\[0\] = 1 and input_ids\[1\] = 2 \(5 such rows"):
+        PackedBatch(ids, ids.clone(), within, cu, 7, 2, 4)
+    batch = PackedBatch(ids, rolled, within, cu, 7, 2, 4)  # the right targets: rows 0, 1, 3, 4, 5
+    assert batch.labels[within].tolist() == [2, 3, 5, 6, 7]
 
 
 def test_tiktoken_tokenizer_wraps_an_encoding():

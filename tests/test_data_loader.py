@@ -394,7 +394,9 @@ def test_pre_tokenized_ids_outside_the_vocabulary_are_named_where_they_are_read(
     the model failed late with torch's bare IndexError in the embedding."""
     corpus = [[1, 2, 3, 4]] * 49 + [[1, 2, stray, 4]]
     loader = PackedLoader(64, corpus=corpus, tokenizer=ByteTokenizer(), prefetch=0)
-    with pytest.raises(error, match=r"^corpus\[49\]\[2\] " + match + "$"):
+    # A value out of range says how to fix it: the tokenizer the ids came from bounds them.
+    hint = r": pass the tokenizer whose ids these are as tokenizer= \(its vocab_size bounds the ids\)" if error is ValueError else ""
+    with pytest.raises(error, match=r"^corpus\[49\]\[2\] " + match + hint + "$"):
         list(islice(iter(loader), 10))
     # The largest id the vocabulary has is a token like any other.
     good = PackedLoader(64, corpus=[[1, 2, 255, 4]] * 50, tokenizer=ByteTokenizer(), prefetch=0)

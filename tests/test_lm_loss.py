@@ -209,8 +209,9 @@ def test_model_loss_names_an_input_id_outside_the_vocabulary(stray):
     [
         (dict(dim=30, num_heads=4, hidden=64), ValueError,
          r"^VarLenAttention: dim must be a positive multiple of num_heads, got dim=30, num_heads=4$"),
-        (dict(dim=32.0, num_heads=4, hidden=64), ValueError,
-         r"^VarLenAttention: dim must be a positive multiple of num_heads, got dim=32.0, num_heads=4$"),
+        # Before: "dim must be a positive multiple of num_heads, got dim=32.0", which 32.0 is.
+        (dict(dim=32.0, num_heads=4, hidden=64), TypeError, r"^VarLenAttention: dim must be an int, got float 32.0$"),
+        (dict(dim=32, num_heads=True, hidden=64), TypeError, r"^VarLenAttention: num_heads must be an int, got bool True$"),
         (dict(dim=32, num_heads=4, hidden=0), ValueError, r"^hidden must be an int >= 1, got 0$"),
         (dict(dim=32, num_heads=4, hidden=-1), ValueError, r"^hidden must be an int >= 1, got -1$"),
         (dict(dim=32, num_heads=4, hidden=64.0), TypeError, r"^hidden must be an int >= 1, got 64.0$"),

@@ -291,7 +291,7 @@ def test_model_sizes_are_checked_where_the_model_is_built():
     with pytest.raises(ValueError, match=r"mlp_ratio must give a hidden width int\(mlp_ratio \* dim\) >= 1, "
                                          r"got mlp_ratio=0.01 with dim=32: 0"):
         PackedTransformer(10, 32, 2, 1, mlp_ratio=0.01)
-    with pytest.raises(ValueError, match="VarLenAttention: dim must be a positive multiple of num_heads, got dim='32'"):
+    with pytest.raises(TypeError, match="VarLenAttention: dim must be an int, got str '32'"):
         PackedTransformer(10, "32", 2, 1)
     # The width is still mlp_ratio * dim rounded up to a multiple of 64.
     model = PackedTransformer(10, 32, 2, 1, mlp_ratio=2.5)

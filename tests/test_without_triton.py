@@ -120,3 +120,19 @@ def test_the_short_convolution_runs_its_tensor_ops_and_triton_says_what_to_insta
     assert result["y"] == [[0, 1, 2], [3, 5, 7], [6, 7, 8], [15, 17, 19]]
     assert result["triton"] is not None and "pip install" in result["triton"] and "impl='auto'" in result["triton"]
 
+
+def test_importing_the_kernel_package_says_what_to_install():
+    # Before: a bare "ModuleNotFoundError: No module named 'triton'", though varlen_attention's
+    # docstring sends users to attn_gym_lite.ops.kernels.AttentionConfig.
+    result = run_without_triton("""
+        import json
+        try:
+            import attn_gym_lite.ops.kernels
+            error = None
+        except ImportError as caught:
+            error = [type(caught).__name__, str(caught)]
+        print(json.dumps({"error": error}))
+    """)
+    name, message = result["error"]
+    assert name == "ImportError" and "needs the triton package" in message and "pip install 'triton>=3.6'" in message
+

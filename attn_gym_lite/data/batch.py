@@ -54,7 +54,9 @@ class PackedBatch:
     the ranges of the host ints): reading its values would synchronise with the device, and is
     impossible during a CUDA graph capture. Likewise ``loss_mask`` is read where it is on the CPU:
     it must be False on every padding row ``L..T-1`` (``L = active_tokens``); and ``labels`` where
-    it and ``loss_mask`` are on the CPU: no label on a row ``loss_mask`` counts may be negative.
+    it and ``loss_mask`` are on the CPU: no label on a row ``loss_mask`` counts may be negative,
+    and (all four tensors on the CPU) each counted row ``t`` is not its sequence's last token and
+    has ``labels[t] == input_ids[t + 1]``.
     (The vocabulary, and so the labels' upper bound, is the model's: the loss checks it.) The
     host ints are compared with ``cu_seqlens`` before ``max_seqlen <= active_tokens`` is checked,
     so the message names the field that disagrees with ``cu_seqlens``.
@@ -68,7 +70,8 @@ class PackedBatch:
             ``active_sequences`` or ``max_seqlen`` that is not what ``cu_seqlens`` says; for a CPU
             ``loss_mask``, True on a padding row (the message names the first); for CPU
             ``labels`` and ``loss_mask``, a negative label (``-100``, say) on a row ``loss_mask``
-            counts.
+            counts; with ``input_ids`` and ``cu_seqlens`` on the CPU too, ``loss_mask`` True on a
+            sequence's last token, or a counted label that is not ``input_ids[t + 1]``.
 
     Source: seed article, "A More Realistic Training Loop" (``PackedBatch``).
     """
@@ -128,6 +131,8 @@ class PackedBatch:
             self._check_padding_not_counted()
         if self.labels.device.type == "cpu" and self.loss_mask.device.type == "cpu":
             self._check_counted_labels()
+            if self.input_ids.device.type == "cpu" and self.cu_seqlens.device.type == "cpu":
+                self._check_next_token_targets()
 
     def _check_padding_not_counted(self) -> None:
         """``loss_mask`` False on the padding rows ``L..T-1`` (CPU values; see the class docstring)."""
@@ -150,6 +155,30 @@ class PackedBatch:
                 f"{int(self.labels[row])} where loss_mask[{row}] is True ({rows.size} such rows); rows without "
                 "a target are excluded by loss_mask (set it False there), not by a -100 label"
             )
+
+    def _check_next_token_targets(self) -> None:
+        """Every counted row predicts the next token of its own sequence (CPU values; see the class
+        docstring): never a sequence's last token (its label would be the next document's first
+        token), and ``labels[t] == input_ids[t + 1]``."""
+        rows = np.flatnonzero(self.loss_mask.numpy()[: self.active_tokens])
+        if not rows.size:
+            return
+        bounds = self.cu_seqlens.numpy()
+        last = np.flatnonzero(np.isin(rows + 1, bounds[1:]))
+        if last.size:
+            row = int(rows[last[0]])
+            raise ValueError(
+                f"PackedBatch.loss_mask must be False on each sequence's last token (it has no next token "
+                f"in its sequence: its label would be the next document's first token), got loss_mask[{row}] "
+                f"= True on the last token of the sequence ending at row {row + 1} ({last.size} such rows)")
+        ids, labels = self.input_ids.numpy(), self.labels.numpy()
+        wrong = np.flatnonzero(labels[rows] != ids[rows + 1])
+        if wrong.size:
+            row = int(rows[wrong[0]])
+            raise ValueError(
+                f"PackedBatch.labels must be the next token, labels[t] == input_ids[t + 1], on the rows "
+                f"loss_mask counts, got labels[{row}] = {int(labels[row])} and input_ids[{row + 1}] = "
+                f"{int(ids[row + 1])} ({wrong.size} such rows; labels = input_ids unshifted, say)")
 
     def _check_against_cu_seqlens(self) -> None:
         """The host ints against the values of a CPU ``cu_seqlens`` (see the class docstring)."""

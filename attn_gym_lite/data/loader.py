@@ -297,7 +297,8 @@ class PackedLoader:
     """Packed, fixed-capacity batches from a corpus, prefetched, pinned and resumable.
 
     Pipeline: the corpus's documents pass through a seeded shuffle buffer, are tokenized in
-    chunks (documents given as lists of token ids, a pre-tokenized corpus, skip the tokenizer),
+    chunks (documents given as lists of token ids, a pre-tokenized corpus, are not encoded, but
+    their ids are checked against the tokenizer's vocabulary),
     cut into pieces of at most ``max_piece_tokens``
     (:func:`~attn_gym_lite.data.segment`), and packed by ``policy`` into batches of ``T`` token
     rows and ``N`` sequence slots. Epochs follow each other without a break: pieces an epoch
@@ -328,8 +329,9 @@ class PackedLoader:
             document is a string or a list/tuple of token ids (already tokenized). Default
             :func:`~attn_gym_lite.data.python_stdlib_corpus`.
         tokenizer: a :class:`~attn_gym_lite.data.Tokenizer` or a
-            :func:`~attn_gym_lite.data.load_tokenizer` spec, for string documents (its name is
-            part of the saved state); default the stdlib BPE.
+            :func:`~attn_gym_lite.data.load_tokenizer` spec: it encodes string documents, and its
+            ``vocab_size`` bounds the ids of pre-tokenized ones (pass the tokenizer they came
+            from); its name is part of the saved state; default the stdlib BPE.
         policy: a :class:`~attn_gym_lite.data.PackingPolicy`; default ``BestFit(32)``.
         max_piece_tokens: ``S``, longest piece (tokens), ``1..T``; default ``T``.
         min_document_tokens: drop documents with fewer tokens (>= 1).

@@ -179,7 +179,8 @@ def check_token_ids(index: int, ids: Sequence[object], vocab_size: int, tokenize
         position = next(p for p, token in enumerate(ids) if not 0 <= token < vocab_size)
         raise ValueError(
             f"corpus[{index}][{position}] must be a token id in [0, {vocab_size}) (the vocabulary of "
-            f"{tokenizer_name}), got {int(ids[position])}"
+            f"{tokenizer_name}), got {int(ids[position])}: pass the tokenizer whose ids these are as "
+            f"tokenizer= (its vocab_size bounds the ids)"
         )
 
 
@@ -357,6 +358,11 @@ def load_tokenizer(
         return _tiktoken_tokenizer(spec.removeprefix("tiktoken:"))
     from tokenizers import Tokenizer as _HFTokenizer
 
+    if isinstance(spec, str) and not os.path.exists(spec) and os.sep not in spec and not spec.endswith(".json"):
+        # A bare name such as "gpt2" or "cl100k_base": nothing here downloads a tokenizer by name.
+        raise FileNotFoundError(
+            f"spec={spec!r}: no such file; a tiktoken encoding is spelled 'tiktoken:<name>' (e.g. "
+            f"'tiktoken:{spec}'), a Hugging Face tokenizer is the path of its tokenizer.json, and None is the default BPE")
     path = check_file("spec", spec)
     try:
         loaded = _HFTokenizer.from_file(str(path))

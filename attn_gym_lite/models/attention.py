@@ -30,8 +30,10 @@ def check_heads(owner: str, dim: object, num_heads: object, impl: str | None = N
     Raises:
         TypeError / ValueError: naming ``owner`` and both values (and the head dim they give).
     """
-    integers = all(isinstance(v, int) and not isinstance(v, bool) for v in (dim, num_heads))
-    if not integers or num_heads < 1 or dim < 1 or dim % num_heads:
+    for name, value in (("dim", dim), ("num_heads", num_heads)):
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise TypeError(f"{owner}: {name} must be an int, got {type(value).__name__} {value!r}")
+    if num_heads < 1 or dim < 1 or dim % num_heads:
         raise ValueError(f"{owner}: dim must be a positive multiple of num_heads, got dim={dim!r}, num_heads={num_heads!r}")
     if impl == "triton" and dim // num_heads not in TRITON_HEAD_DIMS:
         raise ValueError(

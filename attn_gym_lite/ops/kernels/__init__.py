@@ -11,6 +11,14 @@ Set ``TRITON_INTERPRET=1`` before importing this package to run the same kernels
 (Triton's interpreter: slow, for small shapes and tests).
 """
 
-from .varlen import INTERPRETED, AttentionConfig, KernelConfig, default_config, varlen_attention_triton
+try:
+    from .varlen import INTERPRETED, AttentionConfig, KernelConfig, default_config, varlen_attention_triton
+except ModuleNotFoundError as error:
+    if error.name != "triton":
+        raise
+    raise ImportError(
+        "attn_gym_lite.ops.kernels holds the Triton kernels and needs the triton package, which is not installed: "
+        "pip install 'triton>=3.6' (Linux); varlen_attention(impl='auto') runs the reference without it"
+    ) from error
 
 __all__ = ["INTERPRETED", "AttentionConfig", "KernelConfig", "default_config", "varlen_attention_triton"]
