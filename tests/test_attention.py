@@ -66,6 +66,9 @@ def test_auto_picks_the_kernels_where_they_run_and_the_reference_elsewhere():
     assert resolve_impl("auto", torch.zeros(4, 2, 16, device=device, dtype=kernel_dtype)) == (
         "triton" if runs_here else "reference")
     assert resolve_impl("auto", torch.zeros(4, 2, 16, dtype=torch.float64)) == "reference"
+    # The kernels take CUDA tensors compiled and CPU ones interpreted; a meta tensor neither
+    # (before, the interpreter was chosen for every non-CUDA device).
+    assert resolve_impl("auto", torch.zeros(4, 2, 16, device="meta", dtype=torch.bfloat16)) == "reference"
     assert resolve_impl("auto", torch.zeros(4, 2, 24, device=device, dtype=kernel_dtype)) == "reference"  # D
     assert resolve_impl("varlen_attn", torch.zeros(4, 2, 16)) == "varlen_attn"
     with pytest.raises(ValueError, match=r"impl must be one of \('auto', 'triton', 'varlen_attn', 'reference', 'sdpa'\), got 'fa3'"):

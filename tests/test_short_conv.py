@@ -92,6 +92,60 @@ def test_auto_resolves_to_the_kernels_where_they_run_and_triton_is_refused_elsew
             short_conv(x.to(DEVICE), torch.zeros(3, 2, dtype=torch.float64, device=DEVICE), cu.to(DEVICE), impl="triton")
 
 
+@pytest.mark.parametrize("activation", [None, "silu"])
+def test_the_tensor_ops_differentiate_twice_without_nan_from_inactive_rows(activation):
+    # Before: NaN in the inactive rows of dy (or of x, with the SiLU) reached the second-order
+    # gradients of active rows and of the weight: the backward multiplied before it selected.
+    torch.manual_seed(0)
+    tokens, active, channels, width = 7, 5, 2, 3
+    cu = torch.tensor([0, 2, 5], dtype=torch.int32)
+    x = torch.randn(tokens, channels, dtype=torch.float64)
+    w = torch.randn(channels, width, dtype=torch.float64)
+    dy = torch.randn(tokens, channels, dtype=torch.float64)
+    dirty_x, dirty_dy = x.clone(), dy.clone()
+    dirty_x[active:], dirty_dy[active:] = float("nan"), float("inf")
+    results = []
+    for inputs, upstream, op in ((dirty_x, dirty_dy, "short_conv"), (x[:active], dy[:active], "loop")):
+        xi, wi = inputs.clone().requires_grad_(), w.clone().requires_grad_()
+        if op == "short_conv":
+            y = short_conv(xi, wi, cu, activation=activation, impl="torch")
+        else:
+            y = silu_then(naive_short_conv(xi, wi, cu), activation)
+        gx, gw = torch.autograd.grad(y, (xi, wi), upstream[: y.shape[0]], create_graph=True)
+        hx, hw = torch.autograd.grad((gx[:active] ** 2).sum() + (gw ** 2).sum(), (xi, wi))
+        results.append((hx[:active], hw))
+    for mine, expected in zip(*results):
+        torch.testing.assert_close(mine, expected, rtol=1e-10, atol=1e-10)
+
+
+@needs_triton
+def test_the_kernels_refuse_a_second_backward_by_name():
+    x = torch.randn(6, 2, device=DEVICE, requires_grad=True)
+    w = torch.randn(2, 3, device=DEVICE, requires_grad=True)
+    cu = torch.tensor([0, 4], dtype=torch.int32, device=DEVICE)
+    loss = short_conv(x, w, cu, impl="triton")[:4].pow(2).sum()
+    with pytest.raises(RuntimeError, match=r"short_conv\(impl='triton'\) is differentiable once only: for a double "
+                                           r"backward \(create_graph=True\) use impl='torch'"):
+        torch.autograd.grad(loss, (x, w), create_graph=True)
+    # Without create_graph the same backward runs.
+    assert torch.autograd.grad(loss, (w,))[0].shape == (2, 3)
+
+
+def test_resolution_takes_the_kernels_only_on_their_device():
+    # Before: under TRITON_INTERPRET=1 every non-CUDA tensor went to the kernels, a meta one
+    # included ("Cannot copy out of meta tensor"); and a non-tensor x raised AttributeError.
+    meta = torch.empty(6, 2, device="meta")
+    assert resolve_short_conv_impl("auto", meta) == "torch"
+    assert short_conv(meta, torch.empty(2, 3, device="meta"), torch.tensor([0, 4], dtype=torch.int32,
+                                                                            device="meta")).shape == (6, 2)
+    with pytest.raises(TypeError, match="x must be a torch.Tensor, got NoneType"):
+        resolve_short_conv_impl("auto", None)
+    if TRITON_RUNS:
+        with pytest.raises(ValueError, match=r"short_conv\(impl='triton'\) needs x as .*, got a meta tensor"):
+            short_conv(meta, torch.empty(2, 3, device="meta"), torch.tensor([0, 4], dtype=torch.int32, device="meta"),
+                       impl="triton")
+
+
 @FAST
 @given(layout=ragged_layouts(), width=st.integers(1, 5))
 def test_reference_equals_the_token_loop(layout, width):

@@ -108,7 +108,8 @@ def resolve_impl(impl: str, q: Tensor) -> str:
     from .kernels import INTERPRETED  # the kernels are defined (and Triton imported) on first use
 
     dtypes = (torch.bfloat16, torch.float16, torch.float32) if INTERPRETED else (torch.bfloat16, torch.float16)
-    runs = (q.device.type == "cuda") != INTERPRETED and q.dtype in dtypes and q.shape[-1] in TRITON_HEAD_DIMS
+    # Compiled kernels take CUDA tensors, the interpreter CPU ones (not meta, not CUDA).
+    runs = q.device.type == ("cpu" if INTERPRETED else "cuda") and q.dtype in dtypes and q.shape[-1] in TRITON_HEAD_DIMS
     return "triton" if runs else "reference"
 
 

@@ -99,19 +99,22 @@ class _RaggedShortConv(torch.autograd.Function):
         width = weight.shape[1]
         accumulate = torch.promote_types(x.dtype, torch.float32)
         w = weight.to(accumulate)
-        grad_y = grad_y.to(accumulate)
+        # Inactive rows of x and of the gradient may hold NaN: select them away before any product
+        # (NaN * 0 is NaN), so that no product here, nor its derivative in a double backward,
+        # ever sees them.
+        rows = active[:, None]
+        x_active = torch.where(rows, x, 0)
+        grad_y = torch.where(rows, grad_y.to(accumulate), 0)
         grad_x = grad_y * w[:, width - 1]
         grad_w = [None] * width
-        # The weight gradient sums over active rows only, selected after the product: an inactive
-        # row's gradient or input may be NaN, and NaN * 0 would still be NaN.
-        grad_w[width - 1] = torch.where(active[:, None], grad_y * x, 0).sum(0)
+        grad_w[width - 1] = (grad_y * x_active).sum(0)
         for lag in range(1, width):
             # Input row u feeds output row u + lag iff that row is `lag` or more into the same
             # sequence; for an active u that output row is active too.
             same_sequence = (position >= lag)[:, None]
             feeds = _shift_up(same_sequence, lag)
             grad_x = grad_x + torch.where(feeds, _shift_up(grad_y, lag), 0) * w[:, width - 1 - lag]
-            taps = torch.where(same_sequence & active[:, None], grad_y * _shift_down(x, lag), 0)
+            taps = torch.where(same_sequence, grad_y * _shift_down(x_active, lag), 0)
             grad_w[width - 1 - lag] = taps.sum(0)
         grad_weight = torch.stack(grad_w, dim=1).to(weight.dtype)
         # Like a kernel launched over the active rows only: inactive input-gradient rows are never
@@ -126,8 +129,10 @@ def resolve_short_conv_impl(impl: str, x: Tensor) -> str:
 
     Raises:
         ValueError: ``impl`` is not ``"auto"`` or one of :data:`SHORT_CONV_IMPLEMENTATIONS`.
+        TypeError: ``x`` is not a tensor.
     """
     checks.check_choice("impl", impl, ("auto", *SHORT_CONV_IMPLEMENTATIONS))
+    checks.check_tensor("x", x)
     if impl != "auto":
         return impl
     from .attention import _triton_available  # one answer per process, shared with the attention
@@ -136,8 +141,13 @@ def resolve_short_conv_impl(impl: str, x: Tensor) -> str:
         return "torch"
     from .kernels.mma import INTERPRETED  # imports Triton: only once it is known to be there
 
-    runs = (x.device.type == "cuda") != INTERPRETED and x.dtype in (torch.bfloat16, torch.float16, torch.float32)
-    return "triton" if runs else "torch"
+    return "triton" if _kernels_run(x, INTERPRETED) else "torch"
+
+
+def _kernels_run(x: Tensor, interpreted: bool) -> bool:
+    """Compiled kernels take CUDA tensors; the interpreter takes CPU ones (not meta, not CUDA)."""
+    device = "cpu" if interpreted else "cuda"
+    return x.device.type == device and x.dtype in (torch.bfloat16, torch.float16, torch.float32)
 
 
 def short_conv(x: Tensor, weight: Tensor, cu_seqlens: Tensor, *, activation: str | None = None,
@@ -170,15 +180,20 @@ def short_conv(x: Tensor, weight: Tensor, cu_seqlens: Tensor, *, activation: str
             are on different devices; a CPU ``cu_seqlens`` (its values read for free, outside
             ``torch.compile``) not starting at 0, decreasing, or with ``L > T``; ``activation`` not
             in :data:`SHORT_CONV_ACTIVATIONS`; ``impl`` not ``"auto"`` or one of
-            :data:`SHORT_CONV_IMPLEMENTATIONS`; ``impl="triton"`` where the kernels do not run (a
-            CUDA tensor under ``TRITON_INTERPRET=1``, a CPU one without it, float64).
+            :data:`SHORT_CONV_IMPLEMENTATIONS`; ``impl="triton"`` where the kernels do not run
+            (anything but a CPU tensor under ``TRITON_INTERPRET=1``, anything but a CUDA one
+            without it, float64).
         ImportError: ``impl="triton"`` without Triton installed.
+        RuntimeError: (in the backward) ``impl="triton"`` differentiated with ``create_graph=True``.
 
     Capturable either way (no host read of a CUDA ``cu_seqlens``): ``"torch"`` runs ``W``
-    elementwise passes in each direction, ``"triton"`` one kernel forward and one backward (plus
-    the sum of the weight gradient's per-block parts). On CUDA, malformed ``cu_seqlens`` values (not starting at 0, decreasing,
-    ``L > T``) are not checked and give undefined results, but every index stays inside the
-    tensors: validate batches eagerly with :func:`attn_gym_lite.ragged.validate_cu_seqlens`.
+    elementwise passes in each direction, ``"triton"`` one kernel forward and one backward (two
+    with the SiLU) plus the sum of the weight gradient's per-block parts. ``"torch"`` can be
+    differentiated twice; ``"triton"`` is first-order only (its backward raises a RuntimeError under
+    ``create_graph=True``). On CUDA,
+    malformed ``cu_seqlens`` values (not starting at 0, decreasing, ``L > T``) are not checked and
+    give undefined results, but every index stays inside the tensors: validate batches eagerly
+    with :func:`attn_gym_lite.ragged.validate_cu_seqlens`.
     Source: Mamba's short convolution; flash-linear-attention's ``ShortConvolution``.
     """
     _check_short_conv_arguments(x, weight, cu_seqlens)
@@ -198,7 +213,7 @@ def _short_conv_triton(x: Tensor, weight: Tensor, cu_seqlens: Tensor, silu: bool
                           "pip install 'triton>=3.6' (Linux), or use impl='auto' or 'torch'")
     from .kernels.mma import INTERPRETED
 
-    if (x.device.type == "cuda") == INTERPRETED or x.dtype not in (torch.bfloat16, torch.float16, torch.float32):
+    if not _kernels_run(x, INTERPRETED):
         where = "a CPU tensor with TRITON_INTERPRET=1 set" if INTERPRETED else "a CUDA tensor"
         raise ValueError(f"short_conv(impl='triton') needs x as {where} in bfloat16, float16 or float32, got "
                          f"a {x.device.type} tensor of {x.dtype}: use impl='auto' or 'torch'")
@@ -210,7 +225,8 @@ def _short_conv_triton(x: Tensor, weight: Tensor, cu_seqlens: Tensor, silu: bool
 def short_conv_reference(x: Tensor, weight: Tensor, cu_seqlens: Tensor) -> Tensor:
     """:func:`short_conv` computed one sequence at a time with ``F.conv1d`` (left zero padding).
 
-    Same arguments and result as :func:`short_conv`, except that inactive rows ``L..T-1`` are 0
+    Same ``x``, ``weight``, ``cu_seqlens`` and result as :func:`short_conv` without an activation
+    (it has no ``activation`` or ``impl``), except that inactive rows ``L..T-1`` are 0
     and the backward (plain autograd) gives them a zero gradient. Eager only: it reads
     ``cu_seqlens`` on the host. Differentiable in ``x`` and ``weight``.
 

@@ -190,6 +190,9 @@ class ShortConvTriton(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad_y: Tensor) -> tuple[Tensor, Tensor, None, None]:
+        if torch.is_grad_enabled():  # a backward with create_graph=True: the kernels have no backward of their own
+            raise RuntimeError("short_conv(impl='triton') is differentiable once only: for a double backward "
+                               "(create_graph=True) use impl='torch'")
         x, weight, position, cu_seqlens = ctx.saved_tensors
         grad_y = grad_y.contiguous()
         tokens, channels = x.shape
