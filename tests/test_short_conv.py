@@ -205,6 +205,8 @@ def test_bad_arguments_are_named():
         short_conv(x, w, cu.to("meta"))
     with pytest.raises(ValueError, match="kernel_size must be an int >= 1, got 0"):
         ShortConv(3, 0)
+    with pytest.raises(TypeError, match=r"^dim must be an int >= 1, got 1.5$"):  # before: a ValueError
+        ShortConv(1.5)
 
 
 def test_module_initialises_like_a_depthwise_conv1d():

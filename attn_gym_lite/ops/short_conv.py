@@ -267,8 +267,9 @@ class ShortConv(nn.Module):
     undefined, as :func:`short_conv` (whose errors it raises).
 
     Raises:
-        ValueError: ``dim`` or ``kernel_size`` is not a positive int; ``activation`` or ``impl``
-            not one of its choices; a ``device`` refused by
+        TypeError: ``dim`` or ``kernel_size`` is not an int (a float, a bool).
+        ValueError: ``dim`` or ``kernel_size`` is below 1; ``activation`` or ``impl`` not one of
+            its choices; a ``device`` refused by
             :func:`~attn_gym_lite.checks.check_device` (``"cuda"`` without a GPU).
         TypeError: ``device`` not a str, int or ``torch.device``; ``dtype`` not a floating
             ``torch.dtype``.
@@ -285,9 +286,8 @@ class ShortConv(nn.Module):
         dtype: torch.dtype | None = None,
     ) -> None:
         super().__init__()
-        for name, value in (("dim", dim), ("kernel_size", kernel_size)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"ShortConv: {name} must be an int >= 1, got {value!r}")
+        dim = checks.check_int("dim", dim, minimum=1)
+        kernel_size = checks.check_int("kernel_size", kernel_size, minimum=1)
         self.activation = checks.check_choice("activation", activation, SHORT_CONV_ACTIVATIONS)
         self.impl = checks.check_choice("impl", impl, ("auto", *SHORT_CONV_IMPLEMENTATIONS))
         self.weight = nn.Parameter(torch.empty(dim, kernel_size, **checks.check_factory(device, dtype)))
