@@ -17,7 +17,8 @@
 #    ends the call after C, so that PASS="C A" records nothing on code that just failed;
 # S: scale-out, on a host with two GPUs (NVLink multicast off in every process);
 # X: explorations, not recordings: scripts/explore_hopper_forward.py, then scripts/explore_kda.py,
-#    EXPLORE_S seconds each; EXPLORE="kda" (or "forward") runs one of them only.
+#    EXPLORE_S seconds each; EXPLORE="kda" (or "forward") runs one of them only; EXPLORE="short_conv"
+#    runs scripts/explore_short_conv.py (the short-convolution kernels' tiles against the tensor ops).
 # Everything lands in $OUT: one tarball of recordings per pass, re-made after every suite so that a
 # call killed at its limit still returns what finished, and one tarball of every log of the pass
 # (logs_<PASS>.tar.gz: a device call returns a limited number of files, so logs travel together).
@@ -165,6 +166,11 @@ PY
         timeout $(( ${EXPLORE_S:-100} + 30 )) python3 scripts/explore_kda.py --budget "${EXPLORE_S:-100}" \
           > "$LOGS/explore_kda.log" 2>&1
         echo "explore kda: rc $?" | tee -a "$log"; tail -30 "$LOGS/explore_kda.log" | tee -a "$log"
+      fi
+      if [[ " ${EXPLORE:-forward kda} " == *" short_conv "* ]]; then  # only when named
+        timeout $(( ${EXPLORE_S:-100} + 30 )) python3 scripts/explore_short_conv.py --budget "${EXPLORE_S:-100}" \
+          > "$LOGS/explore_short_conv.log" 2>&1
+        echo "explore short_conv: rc $?" | tee -a "$log"; tail -30 "$LOGS/explore_short_conv.log" | tee -a "$log"
       fi ;;
     *) echo "unknown pass $pass (A, L, B, C, S or X)" | tee -a "$log"; exit 2 ;;
   esac
