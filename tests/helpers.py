@@ -166,6 +166,18 @@ def assert_batch_invariants(
     assert all(label == 0 for label, counted in zip(labels, mask) if not counted)
 
 
+def interval_attention(q, k, v, start, end, causal):
+    """Float64 softmax attention over rows ``[start, end)`` alone (scale ``1/sqrt(D)``):
+    ``[end - start, H, D]``, differentiable. The per-sequence reference of the property and
+    malformed-layout tests."""
+    qs, ks, vs = (x[start:end].double().transpose(0, 1) for x in (q, k, v))
+    scores = qs @ ks.transpose(1, 2) / math.sqrt(q.shape[-1])
+    if causal:
+        length = end - start
+        scores = scores.masked_fill(torch.ones(length, length, dtype=torch.bool).triu(1), float("-inf"))
+    return (scores.softmax(-1) @ vs).transpose(0, 1)
+
+
 def naive_short_conv(x, weight, cu_seqlens):
     """y[t, c] = Σ_k w[c, k] x[t - (W-1) + k, c] over the taps inside t's own sequence; rows past
     L are 0. One token at a time, in float64, differentiable through plain indexing."""

@@ -15,12 +15,12 @@ than end the pytest process.
 
 from __future__ import annotations
 
-import math
 import os
 from pathlib import Path
 
 import pytest
 import torch
+from helpers import interval_attention
 
 from attn_gym_lite.isolation import run_isolated
 
@@ -77,16 +77,6 @@ def attention_child(values, rows):
     return results
 
 
-def _attention_on(q, k, v, start, end, causal):
-    """Float64 softmax attention over rows ``[start, end)`` alone: ``[end - start, H, D]``."""
-    qs, ks, vs = (x[start:end].transpose(0, 1) for x in (q, k, v))
-    scores = qs @ ks.transpose(1, 2) / math.sqrt(q.shape[-1])
-    if causal:
-        length = end - start
-        scores = scores.masked_fill(torch.ones(length, length, dtype=torch.bool).triu(1), float("-inf"))
-    return (scores.softmax(-1) @ vs).transpose(0, 1)
-
-
 def _child_env():
     here = Path(__file__).resolve().parent
     paths = [str(here), str(here.parent), os.environ.get("PYTHONPATH", "")]
@@ -112,7 +102,7 @@ def _assert_clamped_attention(layout, key, values, rows, causal, out, dq, dk, dv
     intervals = [(s, e) for s, e in clamped_intervals(values, rows) if e > s]
     covered = [[i for i, (s, e) in enumerate(intervals) if s <= t < e] for t in range(rows)]
     overlapping = any(len(c) > 1 for c in covered)
-    expected = [_attention_on(q, k, v, s, e, causal) for s, e in intervals]
+    expected = [interval_attention(q, k, v, s, e, causal) for s, e in intervals]
     for t, owners in enumerate(covered):
         if not owners:
             continue  # a row no clamped sequence covers: unspecified, never written

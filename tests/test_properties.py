@@ -16,6 +16,7 @@ import math
 
 import pytest
 import torch
+from helpers import interval_attention
 from hypothesis import Phase, assume, given, settings
 from hypothesis import strategies as st
 
@@ -71,19 +72,13 @@ def naive(q, k, v, bounds, causal):
 
 
 def per_sequence(q, k, v, bounds, causal):
-    """Float64 softmax attention, one sequence at a time (a masked score matrix per sequence): the
+    """Float64 softmax attention, one sequence at a time (:func:`helpers.interval_attention`): the
     loop's value in a few operations per sequence rather than several per row. The captured-graph
     property below runs it after every replay; checked against :func:`naive` on CPU below."""
-    q, k, v = q.double(), k.double(), v.double()
-    out = torch.zeros_like(q)
+    out = torch.zeros_like(q, dtype=torch.float64)
     for start, end in zip(bounds[:-1], bounds[1:]):
-        if end <= start:
-            continue
-        scores = torch.einsum("thd,shd->hts", q[start:end], k[start:end]) / math.sqrt(q.shape[-1])
-        if causal:
-            future = torch.ones(end - start, end - start, dtype=torch.bool).triu(1)
-            scores = scores.masked_fill(future, float("-inf"))
-        out = out.index_put((torch.arange(start, end),), torch.einsum("hts,shd->thd", scores.softmax(-1), v[start:end]))
+        if end > start:
+            out = out.index_put((torch.arange(start, end),), interval_attention(q, k, v, start, end, causal))
     return out
 
 
