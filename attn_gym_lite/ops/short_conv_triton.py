@@ -4,8 +4,9 @@
 about ``3 W`` elementwise passes over ``[T, D]`` each way, each one a kernel that reads and writes
 the whole float32 activation. In a KDA layer at T = 4096 (D = 12288 channels) that was 30 kernels
 forward and 52 backward, 43% of the layer's replay on the H200 (``linear_attention.json``, trace
-part, at eb753bd). Here each direction is one pass over ``x`` (and ``dy``) with the ``W`` taps read
-from cache, the SiLU that every linear-attention layer applies next fused in.
+part, at eb753bd). Here the forward is one pass over ``x`` with the ``W`` taps read from cache and
+the SiLU that every linear-attention layer applies next fused in; the backward is one pass over
+``x`` and ``dy`` (two with the SiLU).
 
 The math, for row ``t`` at position ``p_t`` in its sequence and ``W`` taps (``w[c, W-1]`` multiplies
 the current row)::
