@@ -136,3 +136,14 @@ def test_importing_the_kernel_package_says_what_to_install():
     name, message = result["error"]
     assert name == "ImportError" and "needs the triton package" in message and "pip install 'triton>=3.6'" in message
 
+
+
+def test_one_message_says_what_to_install_wherever_triton_is_missing():
+    from attn_gym_lite.ops.triton_support import missing_triton
+
+    error = missing_triton("kda_triton", "use the references")
+    assert isinstance(error, ImportError)
+    assert str(error) == ("kda_triton needs the triton package, which is not installed: pip install 'triton>=3.6' "
+                          "(Linux); use the references")
+    with pytest.raises(TypeError, match="^what must be a str, got int$"):
+        missing_triton(1, "x")

@@ -29,8 +29,6 @@ below the longest sequence makes FlashAttention-2 (and a rectangular grid) silen
 
 from __future__ import annotations
 
-import functools
-import importlib.util
 import inspect
 import math
 
@@ -39,6 +37,7 @@ import torch.nn.functional as F
 
 from .. import checks
 from ..schedule import SCHEDULES
+from .triton_support import missing_triton, triton_available
 
 Tensor = torch.Tensor
 
@@ -73,22 +72,9 @@ def needs_max_seqlen(impl: str, schedule: str = "auto") -> bool:
     return impl in ("varlen_attn", "sdpa") or (impl == "triton" and schedule == "rect")
 
 
-@functools.cache  # asked on every "auto" call: once per process, not a path search per call
-def _triton_available() -> bool:
-    """Whether Triton can be imported here (the ``"triton"`` implementation needs it; the package's
-    dependencies leave it out, so a CPU build of torch runs without it)."""
-    try:
-        return importlib.util.find_spec("triton") is not None
-    except (ImportError, ValueError):  # a broken or half-removed installation
-        return False
-
-
 def _require_triton() -> None:
-    if not _triton_available():
-        raise ImportError(
-            "impl='triton' needs the triton package, which is not installed: pip install 'triton>=3.6' "
-            "(Linux), or use impl='auto' (the reference implementation without Triton)"
-        )
+    if not triton_available():
+        raise missing_triton("impl='triton'", "use impl='auto' (the reference implementation without Triton)")
 
 
 def resolve_impl(impl: str, q: Tensor) -> str:
@@ -103,7 +89,7 @@ def resolve_impl(impl: str, q: Tensor) -> str:
     checks.check_choice("impl", impl, ("auto", *IMPLEMENTATIONS))
     if impl != "auto":
         return impl
-    if not _triton_available():
+    if not triton_available():
         return "reference"
     from .kernels import INTERPRETED  # the kernels are defined (and Triton imported) on first use
 
@@ -247,7 +233,7 @@ def _reference_in_capture(requested: str, q: Tensor) -> RuntimeError:
     if requested == "reference":
         why = "impl='reference' was asked for"
     else:
-        reasons = [] if _triton_available() else ["Triton is not installed"]
+        reasons = [] if triton_available() else ["Triton is not installed"]
         if q.shape[-1] not in TRITON_HEAD_DIMS:
             reasons.append(f"head dim D = q.shape[-1] = {q.shape[-1]} is not one of {TRITON_HEAD_DIMS}")
         if q.dtype not in (torch.bfloat16, torch.float16):

@@ -10,8 +10,10 @@ middle dimension) and ``s_t`` the first row of token ``t``'s sequence::
 
     y[t, c] = Σ_{k=0}^{W-1} w[c, k] · x[t - (W-1) + k, c]      over the taps with t - (W-1) + k >= s_t
 
-This module builds it from tensor ops only, so it is capturable: each token's position within its
-sequence comes from ``cu_seqlens`` on the device (``searchsorted``), and every tap that would
+``impl="torch"`` builds it from tensor ops only, so it is capturable (``impl="triton"``, the
+default on a GPU, runs the kernels of :mod:`attn_gym_lite.ops.short_conv_triton` under the same
+contract): each token's position within its sequence comes from ``cu_seqlens`` on the device
+(``searchsorted``), and every tap that would
 cross a sequence start is *selected away* with ``torch.where``, which stays exact when the other
 rows hold NaN. It then follows the contract of a real ragged kernel, which only launches work
 for the ``L = cu_seqlens[-1]`` active rows:
@@ -39,6 +41,7 @@ from torch import nn
 
 from .. import checks
 from ..ragged import positions_in_sequence
+from .triton_support import missing_triton, triton_available
 
 Tensor = torch.Tensor
 
@@ -135,9 +138,7 @@ def resolve_short_conv_impl(impl: str, x: Tensor) -> str:
     checks.check_tensor("x", x)
     if impl != "auto":
         return impl
-    from .attention import _triton_available  # one answer per process, shared with the attention
-
-    if not _triton_available():
+    if not triton_available():
         return "torch"
     from .kernels.mma import INTERPRETED  # imports Triton: only once it is known to be there
 
@@ -206,11 +207,8 @@ def short_conv(x: Tensor, weight: Tensor, cu_seqlens: Tensor, *, activation: str
 
 
 def _short_conv_triton(x: Tensor, weight: Tensor, cu_seqlens: Tensor, silu: bool) -> Tensor:
-    from .attention import _triton_available
-
-    if not _triton_available():
-        raise ImportError("short_conv(impl='triton') needs the triton package, which is not installed: "
-                          "pip install 'triton>=3.6' (Linux), or use impl='auto' or 'torch'")
+    if not triton_available():
+        raise missing_triton("short_conv(impl='triton')", "use impl='auto' or 'torch'")
     from .kernels.mma import INTERPRETED
 
     if not _kernels_run(x, INTERPRETED):

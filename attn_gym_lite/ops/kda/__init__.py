@@ -11,6 +11,7 @@ See :mod:`attn_gym_lite.ops.kda.reference` for the math, the conventions and the
 :mod:`attn_gym_lite.ops.kda.chunked_triton` for the kernels.
 """
 
+from ..triton_support import missing_triton
 from .reference import kda_chunked, kda_recurrent
 
 __all__ = ["kda_chunked", "kda_recurrent", "kda_triton"]
@@ -26,9 +27,7 @@ def __getattr__(name: str):
         except ModuleNotFoundError as error:
             if error.name != "triton":
                 raise
-            raise ImportError(
-                "kda_triton needs the triton package, which is not installed: pip install 'triton>=3.6' (Linux); "
-                "the references kda_chunked and kda_recurrent (KDAAttention(impl='chunked')) need none"
-            ) from error
+            raise missing_triton("kda_triton", "the references kda_chunked and kda_recurrent "
+                                               "(KDAAttention(impl='chunked')) need none") from error
         return kda_triton
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

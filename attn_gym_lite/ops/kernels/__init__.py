@@ -16,9 +16,9 @@ try:
 except ModuleNotFoundError as error:
     if error.name != "triton":
         raise
-    raise ImportError(
-        "attn_gym_lite.ops.kernels holds the Triton kernels and needs the triton package, which is not installed: "
-        "pip install 'triton>=3.6' (Linux); varlen_attention(impl='auto') runs the reference without it"
-    ) from error
+    from ..triton_support import missing_triton
+
+    raise missing_triton("attn_gym_lite.ops.kernels (the Triton kernels)",
+                         "varlen_attention(impl='auto') runs the reference without it") from error
 
 __all__ = ["INTERPRETED", "AttentionConfig", "KernelConfig", "default_config", "varlen_attention_triton"]
