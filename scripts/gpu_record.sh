@@ -25,6 +25,13 @@
 # Back in the checkout: tar -xzf results_<PASS>.tar.gz -C attn_gym_lite/results/h200 (the package's
 # recordings, shipped as package data).
 set -uo pipefail
+# Provenance: a recording names the full commit it measured (tests/test_bench.py checks it). At f3e7c20
+# a mistyped value went into eight recordings, so a value that is no 40-hex commit stops here.
+# (Passes C and X record nothing and need no commit.)
+if [[ " ${PASS} " =~ \ [ALBS]\  ]] && [[ ! "${ATTN_GYM_LITE_GIT_COMMIT:-}" =~ ^[0-9a-f]{40}$ ]]; then
+  echo "ATTN_GYM_LITE_GIT_COMMIT must be the checkout's full commit (git rev-parse HEAD), got '${ATTN_GYM_LITE_GIT_COMMIT:-}'" >&2
+  exit 2
+fi
 bash scripts/gpu_host_install.sh || exit 1
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 ATTN_GYM_LITE_CACHE=/tmp/agl-cache
 OUT=${OUT:-/tmp/out}

@@ -1,6 +1,7 @@
 """The benchmark CLI's provenance, the recorded results, and the figures drawn from them."""
 
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -89,7 +90,10 @@ def test_recorded_results_come_from_the_cli_on_a_gpu(path):
     assert p["gpu"]["name"] and p["gpu"]["sm_count"] > 0 and p["cuda"]
     assert p["command"].startswith(f"python -m attn_gym_lite.bench {record['suite']} --out ")
     assert record["suite"] in SUITES and path.stem == record["suite"].replace("-", "_")
-    assert p["commit"], "a recording must name the commit it measured"
+    # A full 40-hex commit, nothing else: at f3e7c20 a hand-typed ATTN_GYM_LITE_GIT_COMMIT gave eight
+    # recordings the non-existent "f3e7c20c"; scripts/gpu_record.sh now refuses such a value.
+    assert re.fullmatch(r"[0-9a-f]{40}", p["commit"] or ""), (
+        f"a recording must name the full commit it measured, not {p['commit']!r}")
 
 
 def test_there_are_recordings_for_the_book():
