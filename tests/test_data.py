@@ -792,3 +792,52 @@ def test_tiktoken_tokenizer_wraps_an_encoding():
     tokenizer = data.TiktokenTokenizer(encoding)
     assert tokenizer.name == "tiktoken:bytes" and tokenizer.vocab_size == 256
     assert tokenizer.decode(tokenizer.encode("ab")) == "ab"
+
+
+def test_tokenizer_methods_refuse_what_they_cannot_encode_or_decode(small_bpe):
+    """Break-it (reliability tail). Before: HF's encode_batch("abc") encoded each character as a
+    document ([[65], [66], [67]] with the default tokenizer) and decode([99999, 5]) dropped the id past
+    the vocabulary without a word; encode(None), decode([1.5]), decode(None) and decode([-1]) raised
+    the backend's bare errors ("TextInputSequence must be str", OverflowError, ...)."""
+    np = pytest.importorskip("numpy")
+    text = "def f(x):\n    return x  # ünïcödé\n"
+    ids = small_bpe.encode(text)
+    assert small_bpe.decode(ids) == text  # byte-level BPE: decode inverts encode
+    # A tensor or an array of ids decodes like the list; an iterable of texts encodes like the list.
+    assert small_bpe.decode(torch.tensor(ids)) == small_bpe.decode(np.array(ids)) == text
+    assert small_bpe.encode_batch(t for t in [text, "x"]) == [ids, small_bpe.encode("x")]
+    assert small_bpe.decode([]) == "" and small_bpe.encode_batch([]) == []
+    v = small_bpe.vocab_size
+    for call, argument, error, message in [
+        (small_bpe.encode, None, TypeError, r"HFTokenizer.encode: text must be a str, got NoneType: None"),
+        (small_bpe.encode, b"x", TypeError, r"HFTokenizer.encode: text must be a str, got bytes: b'x'"),
+        (small_bpe.encode_batch, "abc", TypeError,
+         r"HFTokenizer.encode_batch: texts must be a sequence of str \(one per document\), got str: 'abc'"),
+        (small_bpe.encode_batch, ["a", 1], TypeError, r"HFTokenizer.encode_batch: texts\[1\] must be a str, got int: 1"),
+        (small_bpe.decode, None, TypeError, r"HFTokenizer.decode: ids must be a sequence of token ids \(ints\), got NoneType"),
+        (small_bpe.decode, "abc", TypeError, r"HFTokenizer.decode: ids must be a sequence of token ids \(ints\), got str"),
+        (small_bpe.decode, [3, 1.5], TypeError, r"HFTokenizer.decode: ids\[1\] must be a token id \(an int\), got float: 1.5"),
+        (small_bpe.decode, [True], TypeError, r"HFTokenizer.decode: ids\[0\] must be a token id \(an int\), got bool"),
+        (small_bpe.decode, [5, -1], ValueError, rf"HFTokenizer.decode: ids\[1\] must be a token id in \[0, {v}\), got -1"),
+        (small_bpe.decode, [v + 99, 5], ValueError, rf"HFTokenizer.decode: ids\[0\] must be a token id in \[0, {v}\), got {v + 99}"),
+        (small_bpe.decode, np.array([v]), ValueError, rf"HFTokenizer.decode: ids\[0\] must be a token id in \[0, {v}\), got {v}"),
+    ]:
+        with pytest.raises(error, match="^" + message):
+            call(argument)
+
+    # TiktokenTokenizer's methods run the same checks before its backend sees anything (tiktoken
+    # itself may be absent here: a backend that fails if called stands in for it).
+    class Untouchable:
+        def __getattr__(self, name):
+            raise AssertionError(f"the backend's {name} was reached")
+
+    tk = object.__new__(data.TiktokenTokenizer)
+    tk.backend, tk.name, tk.vocab_size = Untouchable(), "tiktoken:fake", 10
+    for call, argument, error, message in [
+        (tk.encode, None, TypeError, r"TiktokenTokenizer.encode: text must be a str, got NoneType"),
+        (tk.encode_batch, "abc", TypeError, r"TiktokenTokenizer.encode_batch: texts must be a sequence of str"),
+        (tk.decode, [1, 10], ValueError, r"TiktokenTokenizer.decode: ids\[1\] must be a token id in \[0, 10\), got 10"),
+        (tk.decode, ["a"], TypeError, r"TiktokenTokenizer.decode: ids\[0\] must be a token id \(an int\), got str"),
+    ]:
+        with pytest.raises(error, match="^" + message):
+            call(argument)

@@ -239,6 +239,22 @@ def test_capacity_loss_is_the_inner_product_over_active_rows():
     assert torch.equal(grad, torch.tensor([[1.0, 0.5], [2.0, -1.0], [0.0, 1.0], [0.0, 0.0]]))
     with pytest.raises(ValueError, match=r"capacity_loss: target must have y's shape \(4, 2\), got \(4, 3\)"):
         capacity_loss(y, torch.zeros(4, 3), active_token_mask(y, cu))
+    # Reliability tail. Before: an integer y gave an integer "loss" with no gradient, a complex y a
+    # complex one, a 1-D y the sum over all entries; the target's dtype was not checked either.
+    active = active_token_mask(y, cu)
+    for bad_y, bad_target, error, message in [
+        (torch.ones(4, 2, dtype=torch.int64), target, TypeError,
+         r"capacity_loss: y must have dtype float16, bfloat16, float32, float64, got torch.int64"),
+        (torch.ones(4, 2, dtype=torch.complex64), target, TypeError, r"capacity_loss: y must have dtype .*got torch.complex64"),
+        (torch.ones(4), target, ValueError, r"capacity_loss: y must have shape \[T, D\], got shape \(4,\)"),
+        (y, torch.ones(4, 2, dtype=torch.int32), TypeError, r"capacity_loss: target must have dtype .*got torch.int32"),
+        (y, [[1.0, 0.5]] * 4, TypeError, r"capacity_loss: target must be a torch.Tensor of shape \[T, D\], got list"),
+        (y, torch.ones(4, 2, 1), ValueError, r"capacity_loss: target must have shape \[T, D\], got shape \(4, 2, 1\)"),
+    ]:
+        with pytest.raises(error, match="^" + message):
+            capacity_loss(bad_y, bad_target, active)
+    # float16 target with a float64 y: accumulated in float64 (promote(y, float32)), same value.
+    assert capacity_loss(y.double(), target.half(), active).item() == 10
 
 
 def test_exact_gradients_of_no_tokens_are_zero_and_comparisons_name_mismatches():

@@ -52,6 +52,44 @@ class Tokenizer(Protocol):
         ...
 
 
+# The wrappers' own argument checks: the backends give bare errors ("TextInputSequence must be
+# str", "'float' object cannot be interpreted as an integer"), or worse, a wrong result: HF's
+# encode_batch("abc") encodes each character as a document, and its decode drops an id past the
+# vocabulary without a word.
+def _check_text(function: str, text: object) -> str:
+    if not isinstance(text, str):
+        raise TypeError(f"{function}: text must be a str, got {type(text).__name__}: {text!r:.60}")
+    return text
+
+
+def _check_texts(function: str, texts: object) -> list[str]:
+    if isinstance(texts, (str, bytes)) or not isinstance(texts, Iterable):
+        raise TypeError(f"{function}: texts must be a sequence of str (one per document), got "
+                        f"{type(texts).__name__}: {texts!r:.60}")
+    texts = list(texts)
+    for i, text in enumerate(texts):
+        if not isinstance(text, str):
+            raise TypeError(f"{function}: texts[{i}] must be a str, got {type(text).__name__}: {text!r:.60}")
+    return texts
+
+
+def _check_ids(function: str, ids: object, vocab_size: int) -> list[int]:
+    if hasattr(ids, "tolist") and not isinstance(ids, (str, bytes)):
+        ids = ids.tolist()  # a tensor or an array of ids
+    if isinstance(ids, (str, bytes)) or not isinstance(ids, Iterable):
+        raise TypeError(f"{function}: ids must be a sequence of token ids (ints), got "
+                        f"{type(ids).__name__}: {ids!r:.60}")
+    ids = list(ids)
+    if all(type(token) is int for token in ids) and (not ids or (min(ids) >= 0 and max(ids) < vocab_size)):
+        return ids  # the common case, checked in C; the loop below only finds and names the fault
+    for i, token in enumerate(ids):
+        if isinstance(token, bool) or not isinstance(token, numbers.Integral):
+            raise TypeError(f"{function}: ids[{i}] must be a token id (an int), got {type(token).__name__}: {token!r:.40}")
+        if not 0 <= token < vocab_size:
+            raise ValueError(f"{function}: ids[{i}] must be a token id in [0, {vocab_size}), got {int(token)}")
+    return [int(token) for token in ids]
+
+
 class HFTokenizer:
     """A Hugging Face ``tokenizers.Tokenizer`` behind the :class:`Tokenizer` protocol.
 
@@ -59,7 +97,11 @@ class HFTokenizer:
     ``cu_seqlens`` instead. Source: HF ``tokenizers`` (``Tokenizer.encode``/``encode_batch``).
 
     Raises:
-        TypeError: ``tokenizer`` is not a ``tokenizers.Tokenizer``, or ``name`` is not a ``str``.
+        TypeError: ``tokenizer`` is not a ``tokenizers.Tokenizer``, or ``name`` is not a ``str``;
+            ``encode`` given a non-``str``, ``encode_batch`` a string or an entry that is not a
+            ``str``, ``decode`` an id that is not an int (each message names the method and the
+            entry).
+        ValueError: ``decode`` given an id outside ``[0, vocab_size)`` (the backend would drop it).
     """
 
     def __init__(self, tokenizer: object, name: str) -> None:
@@ -74,15 +116,18 @@ class HFTokenizer:
         self.vocab_size = tokenizer.get_vocab_size(with_added_tokens=True)
 
     def encode(self, text: str) -> list[int]:
+        text = _check_text("HFTokenizer.encode", text)
         return self.backend.encode(text, add_special_tokens=False).ids
 
     def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
-        encodings = self.backend.encode_batch(list(texts), add_special_tokens=False)
+        texts = _check_texts("HFTokenizer.encode_batch", texts)
+        encodings = self.backend.encode_batch(texts, add_special_tokens=False)
         return [encoding.ids for encoding in encodings]
 
     def decode(self, ids: Sequence[int]) -> str:
         # Keep special tokens: a document may contain "<|endoftext|>" as literal text.
-        return self.backend.decode(list(ids), skip_special_tokens=False)
+        ids = _check_ids("HFTokenizer.decode", ids, self.vocab_size)
+        return self.backend.decode(ids, skip_special_tokens=False)
 
     def __repr__(self) -> str:
         return f"HFTokenizer(name={self.name!r}, vocab_size={self.vocab_size})"
@@ -96,7 +141,8 @@ class TiktokenTokenizer:
 
     Raises:
         TypeError: ``encoding`` is not a ``tiktoken.Encoding`` (always, where tiktoken is not
-            installed).
+            installed); the methods' wrong types, as :class:`HFTokenizer`'s.
+        ValueError: ``decode`` given an id outside ``[0, vocab_size)``.
     """
 
     def __init__(self, encoding: object) -> None:
@@ -111,13 +157,16 @@ class TiktokenTokenizer:
         self.vocab_size = encoding.n_vocab
 
     def encode(self, text: str) -> list[int]:
+        text = _check_text("TiktokenTokenizer.encode", text)
         return self.backend.encode_ordinary(text)
 
     def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
-        return self.backend.encode_ordinary_batch(list(texts))
+        texts = _check_texts("TiktokenTokenizer.encode_batch", texts)
+        return self.backend.encode_ordinary_batch(texts)
 
     def decode(self, ids: Sequence[int]) -> str:
-        return self.backend.decode(list(ids))
+        ids = _check_ids("TiktokenTokenizer.decode", ids, self.vocab_size)
+        return self.backend.decode(ids)
 
     def __repr__(self) -> str:
         return f"TiktokenTokenizer(name={self.name!r}, vocab_size={self.vocab_size})"

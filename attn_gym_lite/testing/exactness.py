@@ -29,7 +29,7 @@ import math
 import torch
 from torch import nn
 
-from ..checks import check_int, check_tensor
+from ..checks import FLOATING_DTYPES, check_int, check_tensor
 from ..ops.masking import active_token_mask, mask_inactive_tokens
 from ..ragged import max_seqlen as longest_sequence
 from ..ragged import validate_cu_seqlens
@@ -49,18 +49,23 @@ def capacity_loss(y: Tensor, target: Tensor, active: Tensor) -> Tensor:
 
     Args:
         y: ``[T, D]`` output, floating.
-        target: ``[T, D]`` on ``y``'s device, any floating dtype; its inactive rows may hold anything.
+        target: ``[T, D]`` on ``y``'s device, floating (any of the four dtypes); its inactive rows
+            may hold anything.
         active: bool ``[T]`` (:func:`~attn_gym_lite.ragged.active_token_mask`).
 
     Returns:
         0-d tensor in ``promote(y.dtype, float32)``. Capturable.
 
     Raises:
-        The errors of :func:`~attn_gym_lite.ops.masking.mask_inactive_tokens`; TypeError if ``y``
-        is not a tensor; ValueError if ``target``'s shape differs from ``y``'s.
+        TypeError: ``y`` or ``target`` is not a tensor, or not float16/bfloat16/float32/float64.
+        ValueError: ``y`` or ``target`` is not 2-D, or ``target``'s shape differs from ``y``'s;
+            and the errors of :func:`~attn_gym_lite.ops.masking.mask_inactive_tokens` (``active``).
     """
-    check_tensor("capacity_loss: y", y, shape="[T, D]")  # before y.dtype is read
-    if isinstance(target, Tensor) and target.shape != y.shape:
+    # Floating both (an integer or complex y would give a loss with no gradient, or a complex
+    # "loss"), 2-D, before y.dtype is read.
+    check_tensor("capacity_loss: y", y, ndim=2, shape="[T, D]", dtypes=FLOATING_DTYPES)
+    check_tensor("capacity_loss: target", target, ndim=2, shape="[T, D]", dtypes=FLOATING_DTYPES)
+    if target.shape != y.shape:
         raise ValueError(f"capacity_loss: target must have y's shape {tuple(y.shape)}, got {tuple(target.shape)}")
     accumulate = torch.promote_types(y.dtype, torch.float32)
     y, target = mask_inactive_tokens(y, active), mask_inactive_tokens(target, active)
