@@ -436,3 +436,60 @@ def test_a_program_that_leaves_prefetching_loaders_unfinished_exits_cleanly():
     for _ in range(3):  # the abort was a race: most runs, not all
         done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=120)
         assert (done.returncode, done.stdout.strip()) == (0, "trained"), done.stderr[-2000:]
+
+
+def test_a_custom_tokenizers_output_and_a_corpus_functions_result_are_checked():
+    """Break-it (reliability tail). Before: a custom tokenizer's float ids were truncated into the
+    batch (1.7 -> 1) and its negative or out-of-vocabulary ids went in as they were; an
+    encode_batch returning too few lists raised "generator raised StopIteration"; vocab_size=None
+    failed inside a comparison; a corpus function returning a string gave one document per
+    character, one returning None failed at the first batch with a bare error."""
+
+    def tokenizer(make_ids, **members):  # a ByteTokenizer whose encode_batch is replaced
+        return type("Custom", (ByteTokenizer,), {"encode_batch": lambda self, texts: make_ids(texts), **members})()
+
+    good = PackedLoader(32, 4, corpus=["abc", "de"], tokenizer=ByteTokenizer(), prefetch=0)
+    assert sorted(sequences_of(next(iter(good)))) == [[97, 98, 99], [100, 101]]  # bytes of the texts
+    corpus = ["abc", "de"]
+    for make_ids, error, message in [
+        (lambda texts: [[1.7, 2]] * len(texts), TypeError,
+         r"tokenizer 'bytes': encode_batch gave corpus\[\d\] a token id that is not an int at position 0: float 1.7"),
+        (lambda texts: [[5, -1]] * len(texts), ValueError,
+         r"tokenizer 'bytes': encode_batch gave corpus\[\d\] the id -1 at position 1, outside its vocabulary \[0, 256\)"),
+        (lambda texts: [[256]] * len(texts), ValueError, r"tokenizer .bytes.: encode_batch gave corpus\[\d\] the id 256 at position 0, outside its vocabulary \[0, 256\)"),
+        (lambda texts: [[True]] * len(texts), TypeError, r"tokenizer .bytes.: encode_batch gave corpus\[\d\] a token id that is not an int at position 0: bool True"),
+        (lambda texts: [[1]] * (len(texts) - 1), ValueError,
+         r"tokenizer 'bytes': encode_batch must return one token-id list per text, got 1 for 2 texts \(corpus\[\d\], corpus\[\d\]\)"),
+        (lambda texts: None, TypeError, r"tokenizer 'bytes': encode_batch must return a list of token-id lists, got NoneType"),
+        (lambda texts: ["ab"] * len(texts), TypeError, r"tokenizer .bytes.: encode_batch gave corpus\[\d\] str, not a list of token ids"),
+    ]:
+        # The fingerprint probe (one text) comes first: a tokenizer that fails it fails at the call.
+        custom = tokenizer(lambda texts, make_ids=make_ids: [[1]] if texts[0].startswith("def probe") else make_ids(texts))
+        loader = PackedLoader(32, 4, corpus=corpus, tokenizer=custom, prefetch=0)
+        with pytest.raises(error, match="^" + message):
+            next(iter(loader))
+    for members, error, message in [
+        ({"vocab_size": None}, TypeError, r"tokenizer.vocab_size must be an int >= 1, got None"),
+        ({"vocab_size": True}, TypeError, r"tokenizer.vocab_size must be an int >= 1, got True"),
+        ({"vocab_size": 0}, ValueError, r"tokenizer.vocab_size must be an int >= 1, got 0"),
+        ({"name": 5}, TypeError, r"tokenizer.name must be a str, got int: 5"),
+    ]:
+        with pytest.raises(error, match="^" + message):
+            PackedLoader(32, 4, corpus=corpus, tokenizer=tokenizer(lambda texts: [[1]] * len(texts), **members))
+
+    for result, message in [
+        ("hello world", r"corpus\(\) must return an iterable of documents, got a str \('hello world'\), which would be one "
+                        r"document per character: return \[text\]"),
+        (None, r"corpus\(\) must return an iterable of documents, got NoneType"),
+        (5, r"corpus\(\) must return an iterable of documents, got int"),
+    ]:
+        loader = PackedLoader(32, 4, corpus=lambda result=result: result, tokenizer=ByteTokenizer(), prefetch=0)
+        with pytest.raises(TypeError, match="^" + message):
+            next(iter(loader))
+    with pytest.raises(TypeError, match=r"^corpus must be callable with no arguments .*which needs some"):
+        PackedLoader(32, 4, corpus=lambda path: [path], tokenizer=ByteTokenizer())
+    # The same rule where a corpus function is sharded (the message, the function's result).
+    from attn_gym_lite.data.sharding import shard_corpus
+    with pytest.raises(TypeError, match=r"^corpus\(\) must return an iterable of documents, got a str"):
+        list(shard_corpus(lambda: "text", 0, 2)())
+    assert list(shard_corpus(lambda: ["a", "b", "c"], 1, 2)()) == ["b"]

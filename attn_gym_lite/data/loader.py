@@ -25,7 +25,7 @@ from .batch import PackedBatch, pack_pieces
 from .corpora import python_stdlib_corpus
 from .packing import BestFit, PackingPolicy
 from .segment import segment
-from .tokenizer import Tokenizer, encode_in_chunks, resolve_tokenizer
+from .tokenizer import Tokenizer, corpus_function, encode_in_chunks, resolve_tokenizer
 
 __all__ = ["PackedLoader"]
 
@@ -348,7 +348,11 @@ class PackedLoader:
         TypeError, ValueError: an argument has the wrong type or range (checked here); a
             document is neither a string nor a list/tuple, or a pre-tokenized one holds an id
             that is not an int in ``[0, tokenizer.vocab_size)`` (when reached, while iterating;
-            the message names ``corpus[index][position]`` and the id).
+            the message names ``corpus[index][position]`` and the id); a corpus function that
+            needs arguments (here) or returns a string or a non-iterable (while iterating,
+            :func:`~attn_gym_lite.data.tokenizer.corpus_function`); a tokenizer whose
+            ``vocab_size`` or ``name`` is malformed (here) or whose ``encode_batch`` returns other
+            than one list of in-vocabulary int ids per text (while iterating).
         FileNotFoundError: a tokenizer spec names a missing file.
 
     Source: seed article, "Show me the data!" (look-ahead packing with a candidate buffer);
@@ -409,7 +413,7 @@ class PackedLoader:
         if corpus is None:
             return python_stdlib_corpus
         if callable(corpus):
-            return corpus
+            return corpus_function(corpus)
         if isinstance(corpus, Sequence) and not isinstance(corpus, (str, bytes)):
             if len(corpus) == 0:
                 raise ValueError("corpus must hold at least one document, got an empty sequence (no batch could be made)")

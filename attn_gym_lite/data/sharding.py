@@ -19,7 +19,7 @@ from ..checks import check_int
 from .batch import PackedBatch
 from .corpora import python_stdlib_corpus
 from .loader import PackedLoader
-from .tokenizer import check_document
+from .tokenizer import check_document, corpus_function
 
 __all__ = ["ShardedPackedLoader", "global_batch", "shard_corpus"]
 
@@ -56,7 +56,8 @@ def shard_corpus(corpus: Callable[[], Iterable[object]] | Sequence[object], rank
     world_size = check_int("world_size", world_size, minimum=1)
     rank = check_int("rank", rank, minimum=0, maximum=world_size - 1)
     if callable(corpus):
-        return lambda: _checked_documents(_iterate(corpus), rank, world_size)
+        documents = corpus_function(corpus)
+        return lambda: _checked_documents(documents(), rank, world_size)
     if isinstance(corpus, Sequence) and not isinstance(corpus, (str, bytes)):
         if len(corpus) == 0:
             raise ValueError("corpus must hold at least one document, got an empty sequence (no batch could be made)")
@@ -72,14 +73,6 @@ def shard_corpus(corpus: Callable[[], Iterable[object]] | Sequence[object], rank
         "corpus must be a sequence of documents or a zero-argument function returning an iterable of them, "
         f"got {type(corpus).__name__}"
     )
-
-
-def _iterate(corpus: Callable[[], Iterable[object]]) -> Iterable[object]:
-    documents = corpus()
-    try:
-        return iter(documents)
-    except TypeError:
-        raise TypeError(f"corpus() must return an iterable of documents, got {type(documents).__name__}") from None
 
 
 def _checked_documents(documents: Iterable[object], rank: int, world_size: int) -> Iterator[object]:

@@ -10,11 +10,12 @@
 
 from __future__ import annotations
 
+import inspect
 import itertools
 import numbers
 import os
 import sys
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Protocol, runtime_checkable
 
@@ -200,6 +201,40 @@ def check_document(index: int, document: object) -> None:
         )
 
 
+def corpus_function(corpus: Callable[[], Iterable[object]]) -> Callable[[], Iterator[object]]:
+    """``corpus``, a zero-argument corpus function, wrapped so that each call checks its result.
+
+    The loaders' one rule for a corpus given as a function (:class:`~attn_gym_lite.data.PackedLoader`,
+    :func:`~attn_gym_lite.data.sharding.shard_corpus`). Before it, a function returning a string
+    gave one document per character, and one returning ``None`` failed at the first batch with a
+    bare "'NoneType' object is not iterable".
+
+    Raises:
+        TypeError: at the call, ``corpus`` cannot be called with no arguments; at each call of the
+            result, ``corpus()`` returned a string or bytes (one document is ``[text]``) or
+            something not iterable.
+    """
+    try:
+        inspect.signature(corpus).bind()
+    except TypeError:
+        raise TypeError(f"corpus must be callable with no arguments (e.g. functools.partial(jsonl_texts, path)), "
+                        f"got {corpus!r:.80}, which needs some") from None
+    except ValueError:  # no signature to read (some builtins): found out when called
+        pass
+
+    def documents() -> Iterator[object]:
+        result = corpus()
+        if isinstance(result, (str, bytes)):
+            raise TypeError(f"corpus() must return an iterable of documents, got a {type(result).__name__} "
+                            f"({result!r:.40}), which would be one document per character: return [text]")
+        try:
+            return iter(result)
+        except TypeError:
+            raise TypeError(f"corpus() must return an iterable of documents, got {type(result).__name__}") from None
+
+    return documents
+
+
 def check_token_ids(index: int, ids: Sequence[object], vocab_size: int, tokenizer_name: str = "the tokenizer") -> None:
     """Refuse a pre-tokenized document whose ids the tokenizer (and so the model) cannot have.
 
@@ -259,6 +294,10 @@ def encode_in_chunks(
         ValueError: a pre-tokenized document holds an id outside ``[0, tokenizer.vocab_size)``
             (:func:`check_token_ids`: the message names ``corpus[index][i]`` and the id), which
             would otherwise fail late, in the model's embedding.
+        TypeError / ValueError: ``tokenizer.encode_batch`` returned something other than one list
+            of ids per text, or (a tokenizer other than :class:`HFTokenizer` and
+            :class:`TiktokenTokenizer`) an id that is not an int in ``[0, vocab_size)``; the
+            message names the tokenizer, ``corpus[index]``, the position and the id.
     """
     documents = iter(documents)
     vocab_size = None
@@ -269,9 +308,40 @@ def encode_in_chunks(
                 if vocab_size is None:  # asked once, and only if a pre-tokenized document comes
                     vocab_size = tokenizer.vocab_size
                 check_token_ids(index, document, vocab_size, repr(tokenizer.name))
-        texts = [document for _, document in chunk if isinstance(document, str)]
-        encoded = iter(tokenizer.encode_batch(texts) if texts else [])
+        numbered_texts = [(index, document) for index, document in chunk if isinstance(document, str)]
+        encoded = iter(_encoded(tokenizer, numbered_texts) if numbered_texts else [])
         yield [(index, next(encoded) if isinstance(document, str) else document) for index, document in chunk]
+
+
+def _encoded(tokenizer: Tokenizer, numbered_texts: list[tuple[int, str]]) -> list[Sequence[int]]:
+    """``tokenizer.encode_batch`` of the texts, checked: one list of ids per text and, for a
+    tokenizer other than the package's two wrappers (whose backends return ints in range), every id
+    an int in ``[0, vocab_size)``. Unchecked, a custom tokenizer's float ids were truncated into the
+    batch and its out-of-vocabulary ids reached the embedding (a device-side assert on CUDA)."""
+    result = tokenizer.encode_batch([text for _, text in numbered_texts])
+    name = f"tokenizer {tokenizer.name!r}"
+    if isinstance(result, (str, bytes)) or not isinstance(result, Sequence):
+        raise TypeError(f"{name}: encode_batch must return a list of token-id lists, got {type(result).__name__}")
+    if len(result) != len(numbered_texts):
+        raise ValueError(f"{name}: encode_batch must return one token-id list per text, got {len(result)} "
+                         f"for {len(numbered_texts)} texts ("
+                         + ", ".join(f"corpus[{index}]" for index, _ in numbered_texts[:4])
+                         + (", ..." if len(numbered_texts) > 4 else "") + ")")
+    if isinstance(tokenizer, (HFTokenizer, TiktokenTokenizer)):
+        return result
+    vocab_size = tokenizer.vocab_size
+    for (index, _), ids in zip(numbered_texts, result):
+        if isinstance(ids, (str, bytes)) or not isinstance(ids, Sequence):
+            raise TypeError(f"{name}: encode_batch gave corpus[{index}] {type(ids).__name__}, not a list of token ids")
+        if ids and not (all(type(token) is int for token in ids) and 0 <= min(ids) and max(ids) < vocab_size):
+            for position, token in enumerate(ids):
+                if isinstance(token, bool) or not isinstance(token, numbers.Integral):
+                    raise TypeError(f"{name}: encode_batch gave corpus[{index}] a token id that is not an int at "
+                                    f"position {position}: {type(token).__name__} {token!r:.40}")
+                if not 0 <= token < vocab_size:
+                    raise ValueError(f"{name}: encode_batch gave corpus[{index}] the id {int(token)} at position "
+                                     f"{position}, outside its vocabulary [0, {vocab_size})")
+    return result
 
 DEFAULT_VOCAB_SIZE = 8192
 DEFAULT_MAX_TRAINING_BYTES = 4_000_000
@@ -426,7 +496,9 @@ def resolve_tokenizer(tokenizer: object) -> Tokenizer:
     """A :class:`Tokenizer` from an object or a :func:`load_tokenizer` spec (None: the default).
 
     Raises:
-        TypeError: ``tokenizer`` is neither a spec nor an object with the protocol's members.
+        TypeError: ``tokenizer`` is neither a spec nor an object with the protocol's members; its
+            ``vocab_size`` is not an int (``bool`` included) or its ``name`` not a ``str``.
+        ValueError: its ``vocab_size`` is < 1.
         Whatever :func:`load_tokenizer` raises for a spec.
     """
     if tokenizer is None or isinstance(tokenizer, (str, os.PathLike)):
@@ -436,4 +508,8 @@ def resolve_tokenizer(tokenizer: object) -> Tokenizer:
             "tokenizer must have name, vocab_size, encode, encode_batch and decode "
             f"(see attn_gym_lite.data.Tokenizer), got {type(tokenizer).__name__}"
         )
+    # The protocol checks only that the members exist; the loader uses these two as values.
+    check_int("tokenizer.vocab_size", tokenizer.vocab_size, minimum=1)
+    if not isinstance(tokenizer.name, str):
+        raise TypeError(f"tokenizer.name must be a str, got {type(tokenizer.name).__name__}: {tokenizer.name!r:.40}")
     return tokenizer
