@@ -17,7 +17,7 @@ from __future__ import annotations
 import math
 import numbers
 import os
-from collections.abc import Collection
+from collections.abc import Collection, Mapping
 from pathlib import Path
 
 import torch
@@ -46,6 +46,7 @@ __all__ = [
     "check_path",
     "check_qkv",
     "check_real",
+    "check_subset",
     "check_tensor",
 ]
 
@@ -173,7 +174,8 @@ def check_int_sequence(argument: str, values: object, *, minimum: int | None = N
     names the entry, e.g. ``capacities[1]``). A 1-D integer tensor or array is accepted.
 
     Raises:
-        TypeError: ``values`` is not a sequence (a string is not), or an entry is not an int.
+        TypeError: ``values`` is not a sequence (a string is not, nor a dict: its keys are not
+            taken), or an entry is not an int.
         ValueError: it is empty, or an entry is out of range.
     """
     if isinstance(values, Tensor):
@@ -184,6 +186,9 @@ def check_int_sequence(argument: str, values: object, *, minimum: int | None = N
         values = values.tolist()
     if isinstance(values, (str, bytes)):
         raise TypeError(f"{argument} must be a sequence of ints, got the string {values!r}")
+    if isinstance(values, Mapping):  # iterating it would silently take its keys
+        raise TypeError(f"{argument} must be a sequence of ints, got a {type(values).__name__}: {values!r:.60} "
+                        "(pass list(...) of the keys or values meant)")
     if not isinstance(values, (list, tuple, range)):
         try:
             values = list(values)  # any other iterable, e.g. a generator of samples
@@ -255,6 +260,31 @@ def check_choices(argument: str, values: object, choices: Collection[object]) ->
     if not values:
         raise ValueError(f"{argument} must name at least one of {tuple(choices)}, got none")
     return tuple(check_choice(f"{argument}[{i}]", value, choices) for i, value in enumerate(values))
+
+
+def check_subset(argument: str, values: object, choices: Collection[str]) -> frozenset:
+    """``values`` as a frozenset: a list, tuple, set or frozenset (empty allowed) of names from
+    ``choices``, for switches such as a block's ``masks``.
+
+    A dict is refused, not read as its keys: ``{"input": False}`` would switch on what it meant
+    to switch off.
+
+    Raises:
+        TypeError: ``values`` is a string, a dict or another type; an entry is not a string.
+        ValueError: an entry is not one of ``choices`` (the message lists the unknown ones).
+    """
+    expectation = f"a list, tuple or set of names from {tuple(choices)}"
+    if isinstance(values, (str, bytes)):
+        raise TypeError(f"{argument} must be {expectation}, got the string {values!r}")
+    if not isinstance(values, (list, tuple, set, frozenset)):
+        raise TypeError(f"{argument} must be {expectation}, got {type(values).__name__}: {values!r:.60}")
+    for value in values:
+        if not isinstance(value, str):
+            raise TypeError(f"{argument} must be {expectation}, got an entry {type(value).__name__}: {value!r:.40}")
+    unknown = sorted(set(values) - set(choices))
+    if unknown:
+        raise ValueError(f"{argument} must be {expectation}, got unknown {unknown}")
+    return frozenset(values)
 
 
 def check_keys(argument: str, value: object, required: Collection[str]) -> dict:

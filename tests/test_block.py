@@ -106,10 +106,21 @@ def test_output_rows_past_L_are_zero():
 def test_bad_configuration_is_named():
     with pytest.raises(ValueError, match="dim must be a positive multiple of num_heads, got dim=10, num_heads=4"):
         ShortConvAttentionBlock(10, 4)
-    with pytest.raises(ValueError, match=r"masks must be names from .*got unknown \['output'\]"):
+    expected = r"ShortConvAttentionBlock: masks must be a list, tuple or set of names from \('input', 'qkv_grad', 'attention_output'\), "
+    with pytest.raises(ValueError, match="^" + expected + r"got unknown \['output'\]"):
         ShortConvAttentionBlock(8, 2, masks=["input", "output"])
-    with pytest.raises(TypeError, match="masks must be a collection of names.*got the string 'input'"):
+    with pytest.raises(TypeError, match="^" + expected + "got the string 'input'"):
         ShortConvAttentionBlock(8, 2, masks="input")
+    # Break-it (reliability tail). Before: a dict was read as its keys, so {"input": False} switched
+    # the input mask on; None, 5 and [["input"]] gave bare "not iterable" / "unhashable" errors.
+    for masks, got in [({"input": False}, r"dict: \{'input': False\}"), (None, "NoneType: None"), (5, "int: 5"),
+                       ([["input"]], r"an entry list: \['input'\]")]:
+        with pytest.raises(TypeError, match="^" + expected + "got " + got):
+            ShortConvAttentionBlock(8, 2, masks=masks)
+    # Every accepted form means the same set; an empty one means no masks.
+    for masks in (["input"], ("input",), {"input"}, frozenset({"input"})):
+        assert ShortConvAttentionBlock(8, 2, masks=masks).masks == {"input"}
+    assert ShortConvAttentionBlock(8, 2, masks=()).masks == frozenset()
 
 
 # ---------------------------------------------------------------------------------------------

@@ -71,6 +71,9 @@ def test_plan_buckets_errors():
         plan_buckets([100, 300], True)
     with pytest.raises(TypeError, match="active_token_samples must be a sequence of ints, got the string '100'"):
         plan_buckets("100", 1)
+    # A dict is refused, not read as its keys (reliability tail: {100: 1, 200: 2} planned for 100, 200).
+    with pytest.raises(TypeError, match=r"^active_token_samples must be a sequence of ints, got a dict: \{100: 1, 200: 2\}"):
+        plan_buckets({100: 1, 200: 2}, 2)
     # A tensor of samples and a generator are fine.
     assert plan_buckets(torch.tensor([100, 300]), 2) == plan_buckets((s for s in [100, 300]), 2)
 

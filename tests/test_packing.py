@@ -227,6 +227,8 @@ def test_numpy_lengths_are_accepted():
         (lambda: InOrder().batches(None, 8), TypeError, r"lengths must be an iterable of ints, got NoneType"),
         (lambda: BestFit(2).batches(5, 8), TypeError, r"lengths must be an iterable of ints, got int"),
         (lambda: FirstFit(2).batches("12", 8), TypeError, r"lengths must be an iterable of ints, got the string '12'"),
+        # Before (reliability tail): a dict was packed as its keys.
+        (lambda: InOrder().batches({3: 1, 1: 2}, 4), TypeError, r"^lengths must be an iterable of ints, got a dict: \{3: 1, 1: 2\}"),
     ],
 )
 def test_bad_arguments_fail_when_called(call, error, match):

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import operator
 from abc import ABC, abstractmethod
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from itertools import islice
 
@@ -121,13 +121,15 @@ class PackingPolicy(ABC):
 
         Raises:
             TypeError, ValueError: ``T`` or ``N`` is not an int >= 1, or ``lengths`` is not an
-                iterable (a string is not one) (when called); a length is not an int (a ``bool``
+                iterable (a string is not one, nor a dict: its keys are not taken) (when called); a length is not an int (a ``bool``
                 or a float included), or outside ``1..T`` (when it is reached).
         """
         token_capacity = check_int("token_capacity", token_capacity, minimum=1)
         slots = self.sequence_bound(token_capacity, sequence_capacity)
         if isinstance(lengths, (str, bytes)):
             raise TypeError(f"lengths must be an iterable of ints, got the string {lengths!r}")
+        if isinstance(lengths, Mapping):  # iterating it would silently take its keys
+            raise TypeError(f"lengths must be an iterable of ints, got a {type(lengths).__name__}: {lengths!r:.60}")
         try:
             lengths = iter(lengths)  # now, not at the first batch: a non-iterable is named at the call
         except TypeError:

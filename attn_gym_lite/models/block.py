@@ -45,7 +45,7 @@ from collections.abc import Iterable
 import torch
 from torch import nn
 
-from ..checks import check_choice, check_factory, check_features
+from ..checks import check_choice, check_factory, check_features, check_subset
 from ..ops.attention import IMPLEMENTATIONS, needs_max_seqlen, varlen_attention
 from ..ops.masking import active_token_mask, mask_inactive_token_gradients, mask_inactive_tokens
 from ..ops.short_conv import ShortConv
@@ -84,7 +84,8 @@ class ShortConvAttentionBlock(nn.Module):
             gives a head dim not in 16, 32, 64, 128), or ``masks`` names a site not in
             :data:`MASK_SITES`; a ``device`` torch does not parse or this host does not have
             (:func:`~attn_gym_lite.checks.check_device`).
-        TypeError: ``masks`` is a string rather than a collection of site names; ``device`` not a
+        TypeError: ``masks`` is not a list, tuple or set of site names (a string or a dict is
+            refused, :func:`~attn_gym_lite.checks.check_subset`); ``device`` not a
             str, int or ``torch.device``; ``dtype`` not a floating ``torch.dtype``.
         TypeError / ValueError: in ``forward``, ``x`` not a ``[T, dim]`` tensor in the parameters'
             dtype and on their device (:func:`~attn_gym_lite.checks.check_features`; metadata
@@ -108,17 +109,7 @@ class ShortConvAttentionBlock(nn.Module):
     ) -> None:
         super().__init__()
         check_heads("ShortConvAttentionBlock", dim, num_heads, impl)
-        if isinstance(masks, str):
-            raise TypeError(
-                f"ShortConvAttentionBlock: masks must be a collection of names from {MASK_SITES}, "
-                f"got the string {masks!r}"
-            )
-        masks = frozenset(masks)
-        unknown = sorted(masks - set(MASK_SITES))
-        if unknown:
-            raise ValueError(
-                f"ShortConvAttentionBlock: masks must be names from {MASK_SITES}, got unknown {unknown}"
-            )
+        masks = check_subset("ShortConvAttentionBlock: masks", masks, MASK_SITES)
         self.dim, self.num_heads, self.head_dim = dim, num_heads, dim // num_heads
         self.masks = masks
         self.impl = check_choice("impl", impl, ("auto", *IMPLEMENTATIONS))

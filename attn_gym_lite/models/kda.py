@@ -237,8 +237,8 @@ class KDAAttention(nn.Module):
 
     Raises:
         TypeError / ValueError: a size that is not an int >= 1, an ``impl`` outside
-            :data:`KDA_IMPLEMENTATIONS`, ``masks`` given as a string or naming a site not in
-            :data:`KDA_MASK_SITES`, a ``dtype`` that is not floating, a ``device`` refused by
+            :data:`KDA_IMPLEMENTATIONS`, ``masks`` not a list, tuple or set of sites from
+            :data:`KDA_MASK_SITES` (a string or a dict is refused), a ``dtype`` that is not floating, a ``device`` refused by
             :func:`~attn_gym_lite.checks.check_device` (``"cuda"`` without a GPU); in ``forward``, ``x`` not
             ``[T, hidden_size]`` in the parameters' dtype and device, or a ``cu_seqlens`` of the
             wrong layout (1-D int32 ``[N + 1 >= 2]`` on ``x``'s device). The values of
@@ -289,14 +289,7 @@ class KDAAttention(nn.Module):
         self.norm_eps = checks.check_real("norm_eps", norm_eps, above=0.0)
         self.impl = checks.check_choice("impl", impl, KDA_IMPLEMENTATIONS)
         self.chunk_size = chunk_size  # the core checks it (and the recurrent core ignores it)
-        if isinstance(masks, str):
-            raise TypeError(f"masks must be a collection of names from {KDA_MASK_SITES}, got the string {masks!r}")
-        if not isinstance(masks, Iterable):
-            raise TypeError(f"masks must be a collection of names from {KDA_MASK_SITES}, got {type(masks).__name__}")
-        self.masks = frozenset(masks)
-        unknown = sorted(self.masks - set(KDA_MASK_SITES))
-        if unknown:
-            raise ValueError(f"masks must be names from {KDA_MASK_SITES}, got unknown {unknown}")
+        self.masks = checks.check_subset("masks", masks, KDA_MASK_SITES)
         factory = checks.check_factory(device, dtype)
         device = factory["device"]
         self.hidden_size, self.num_heads, self.head_dim, self.head_v_dim = hidden_size, H, K, V
