@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import random
+import re
 import sys
 import sysconfig
 from dataclasses import FrozenInstanceError
@@ -347,10 +348,15 @@ def test_text_files_errors(tmp_path):
         text_files(TINY_CORPUS / "a.txt")
     with pytest.raises(FileNotFoundError, match=r"matches pattern='\*\*/\*.rst'"):
         text_files(TINY_CORPUS, pattern="**/*.rst")
-    with pytest.raises(
-        ValueError, match=r"pattern must be a non-empty relative glob pattern, got ''"
-    ):
-        text_files(TINY_CORPUS, pattern="")
+    # Before (reliability tail): "../*" read the files beside folder, "." raised a bare IndexError.
+    (tmp_path / "outside.txt").write_text("not in the folder")
+    (tmp_path / "inside" / "nested").mkdir(parents=True)
+    (tmp_path / "inside" / "nested" / "in.txt").write_text("in the folder")
+    for pattern in ("", "../*", "../*.txt", "nested/../../*.txt", ".", "./"):
+        with pytest.raises(ValueError, match=r"^pattern must be a non-empty relative glob pattern of files inside folder "
+                                             rf"\(no '..' part\), got {re.escape(repr(pattern))}$"):
+            text_files(tmp_path / "inside", pattern=pattern)
+    assert list(text_files(tmp_path / "inside")) == list(text_files(tmp_path / "inside", "./**/*.txt")) == ["in the folder"]
     with pytest.raises(TypeError, match=r"folder must be a str or os.PathLike, got int"):
         text_files(3)
     (tmp_path / "latin1.txt").write_bytes("caf\xe9".encode("latin-1"))

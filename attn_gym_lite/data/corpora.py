@@ -133,14 +133,20 @@ def text_files(folder: str | os.PathLike[str], pattern: str = "**/*.txt") -> Ite
     Raises:
         FileNotFoundError: ``folder`` does not exist or is a file (the message says which), or
             no file matches ``pattern``.
-        ValueError: ``pattern`` is empty or absolute; a file is not valid UTF-8 (when reached).
+        ValueError: ``pattern`` is empty, absolute, has a ``..`` part (it would read files outside
+            ``folder``) or is ``"."``; a file is not valid UTF-8 (when reached).
         TypeError: ``folder`` is not a path or ``pattern`` not a str.
     """
     root = check_folder("folder", folder)
     if not isinstance(pattern, str):
         raise TypeError(f"pattern must be a str, got {type(pattern).__name__}")
-    if not pattern or Path(pattern).is_absolute():
-        raise ValueError(f"pattern must be a non-empty relative glob pattern, got {pattern!r}")
+    # Inside folder only: ".." would climb out of it (the glob follows it), and "." alone, or a
+    # pattern ending in a separator, matches folders, which pathlib refuses with a bare IndexError
+    # on some versions.
+    parts = Path(pattern).parts
+    if not pattern or Path(pattern).is_absolute() or ".." in parts or not parts or parts[-1] in (".", ""):
+        raise ValueError(f"pattern must be a non-empty relative glob pattern of files inside folder "
+                         f"(no '..' part), got {pattern!r}")
     paths = sorted(
         (path for path in root.glob(pattern) if path.is_file()),
         key=lambda path: path.relative_to(root).as_posix(),
