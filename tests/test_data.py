@@ -847,3 +847,28 @@ def test_tokenizer_methods_refuse_what_they_cannot_encode_or_decode(small_bpe):
     ]:
         with pytest.raises(error, match="^" + message):
             call(argument)
+
+
+def test_packed_batch_refuses_mixed_devices_negative_ids_and_more_slots_than_tokens():
+    """Break-it (reliability tail). Before: labels or loss_mask on another device (meta, say) were
+    accepted and failed only when a trainer copied them; a negative input id was accepted (the
+    embedding reads every row); a batch of T=1 with N=4 slots was accepted, though
+    check_capacities asks N <= T of every capacity pair."""
+    batch = _batch_5_4_7()
+    for name in ("labels", "loss_mask"):
+        with pytest.raises(ValueError, match=rf"^PackedBatch.{name} must be on input_ids' device cpu, got meta$"):
+            dataclasses.replace(batch, **{name: getattr(batch, name).to("meta")})
+    ids = batch.input_ids.clone()
+    ids[14], ids[15] = -1, -7  # rows of the third sequence
+    with pytest.raises(ValueError, match=r"^PackedBatch.input_ids must be token ids >= 0 on every row \(padding included: "
+                                         r"the model embeds all T rows\), got input_ids\[14\] = -1 \(2 such rows\)$"):
+        dataclasses.replace(batch, input_ids=ids, labels=torch.roll(ids, -1) * batch.loss_mask)
+    with pytest.raises(ValueError, match=r"^PackedBatch.cu_seqlens must describe at most T=1 sequences \(N <= T\), got N=4$"):
+        PackedBatch(torch.zeros(1, dtype=torch.int64), torch.zeros(1, dtype=torch.int64), torch.zeros(1, dtype=torch.bool),
+                    torch.zeros(5, dtype=torch.int32), 0, 0, 0)
+    # The edge that stays legal: N = T (every slot may hold one token), and T = 0 with one slot.
+    one_each = batch_from_pieces([[3], [4]], 2, 2)
+    assert one_each.sequence_capacity == one_each.token_capacity == 2
+    empty = PackedBatch(torch.zeros(0, dtype=torch.int64), torch.zeros(0, dtype=torch.int64),
+                        torch.zeros(0, dtype=torch.bool), torch.zeros(2, dtype=torch.int32), 0, 0, 0)
+    assert empty.active_tokens == 0

@@ -63,8 +63,10 @@ class PackedBatch:
 
     Raises:
         TypeError: a field has the wrong type or dtype.
-        ValueError: a field has the wrong shape or an out-of-range size; ``cu_seqlens`` not
-            contiguous or not on ``input_ids``' device (the layout rules of
+        ValueError: a field has the wrong shape or an out-of-range size; ``labels``,
+            ``loss_mask`` or ``cu_seqlens`` not on ``input_ids``' device; more sequence slots than
+            tokens (``N > T``, with ``T >= 1``); for CPU ``input_ids``, a negative id on any row;
+            ``cu_seqlens`` not contiguous (the layout rules of
             :func:`attn_gym_lite.checks.check_cu_seqlens`); for a CPU ``cu_seqlens``, a value rule
             broken (``cu_seqlens[0] != 0``, a decrease, ``L > T``) or an ``active_tokens``,
             ``active_sequences`` or ``max_seqlen`` that is not what ``cu_seqlens`` says; for a CPU
@@ -111,6 +113,20 @@ class PackedBatch:
                     f"PackedBatch.{name} must have T={token_capacity} rows like input_ids, "
                     f"got {getattr(self, name).shape[0]}"
                 )
+            # One device for the four tensors (cu_seqlens is checked above): a trainer copies them
+            # into static buffers together, and a meta or other-device field failed only there.
+            if getattr(self, name).device != self.input_ids.device:
+                raise ValueError(
+                    f"PackedBatch.{name} must be on input_ids' device {self.input_ids.device}, "
+                    f"got {getattr(self, name).device}"
+                )
+        # N <= T, as check_capacities asks of every capacity pair (more slots than tokens is a
+        # layout no loader makes and no graph is captured for).
+        if self.sequence_capacity > max(token_capacity, 1):
+            raise ValueError(
+                f"PackedBatch.cu_seqlens must describe at most T={token_capacity} sequences (N <= T), "
+                f"got N={self.sequence_capacity}"
+            )
         check_int(
             "PackedBatch.active_tokens", self.active_tokens, minimum=0, maximum=token_capacity
         )
@@ -127,12 +143,25 @@ class PackedBatch:
         if self.cu_seqlens.device.type == "cpu":
             self._check_against_cu_seqlens()
         check_int("PackedBatch.max_seqlen", self.max_seqlen, minimum=0, maximum=self.active_tokens)
+        if self.input_ids.device.type == "cpu":
+            self._check_ids_not_negative()
         if self.loss_mask.device.type == "cpu":
             self._check_padding_not_counted()
         if self.labels.device.type == "cpu" and self.loss_mask.device.type == "cpu":
             self._check_counted_labels()
             if self.input_ids.device.type == "cpu" and self.cu_seqlens.device.type == "cpu":
                 self._check_next_token_targets()
+
+    def _check_ids_not_negative(self) -> None:
+        """No negative token id on any row, padding included: the embedding reads all ``T`` rows
+        (CPU values; on CUDA a negative id is a device-side assert in the first step)."""
+        rows = np.flatnonzero(self.input_ids.numpy() < 0)
+        if rows.size:
+            row = int(rows[0])
+            raise ValueError(
+                f"PackedBatch.input_ids must be token ids >= 0 on every row (padding included: the model "
+                f"embeds all T rows), got input_ids[{row}] = {int(self.input_ids[row])} ({rows.size} such rows)"
+            )
 
     def _check_padding_not_counted(self) -> None:
         """``loss_mask`` False on the padding rows ``L..T-1`` (CPU values; see the class docstring)."""
