@@ -184,7 +184,10 @@ def test_triton_models_refuse_an_unsupported_head_dim_where_they_are_built(dim, 
         ShortConvAttentionBlock(dim, num_heads, impl="triton")
     # "auto" builds (it falls back to the reference path) and so does "reference"; a supported
     # head dim builds with "triton".
-    assert PackedTransformer(100, dim, num_heads, 1, impl="auto").blocks[0].attention.head_dim == head_dim
+    # (PackedTransformer's attention is rotary: an odd head dim, 25, is refused there, see below.)
+    if head_dim % 2 == 0:
+        assert PackedTransformer(100, dim, num_heads, 1, impl="auto").blocks[0].attention.head_dim == head_dim
+    assert PackedLM(100, dim, num_heads, impl="auto").attention.head_dim == head_dim
     assert VarLenAttention(dim, num_heads, impl="reference").head_dim == head_dim
     assert VarLenAttention(32, 2, impl="triton").head_dim == 16
 
@@ -378,3 +381,23 @@ def test_loss_refuses_a_cpu_mask_past_the_active_rows(build):
     logits = model(ids, cu)
     expected = sum(F.cross_entropy(logits[r:r + 1], labels[r:r + 1]) for r in (0, 2, 3, 4)) / 4
     torch.testing.assert_close(model.loss(ids, labels, mask, cu), expected)
+
+
+def test_models_refuse_a_head_dim_rotary_cannot_use_and_a_float_dim_when_built():
+    """Break-it (reliability tail). Before: PackedTransformer(100, 6, 2, 1), TransformerBlock(6, 2, ...)
+    and VarLenAttention(6, 2, rotary=True) (head dim 3) were built and failed at the first forward
+    with "head_dim must be an even int >= 2, got 3", naming neither dim nor num_heads;
+    PackedLM(100, 32.0, 2) failed inside nn.Embedding ("empty(): argument 'size' ...")."""
+    from attn_gym_lite.models import PackedLM, PackedTransformer, TransformerBlock, VarLenAttention
+
+    odd = (r"^VarLenAttention: rotary position embeddings need an even head dim dim // num_heads, "
+           r"got dim=6, num_heads=2: head dim 3$")
+    for build in (lambda: PackedTransformer(100, 6, 2, 1), lambda: VarLenAttention(6, 2, rotary=True),
+                  lambda: TransformerBlock(6, 2, 16, impl="auto", schedule="auto")):
+        with pytest.raises(ValueError, match=odd):
+            build()
+    # Without rotary an odd head dim is fine (the reference attention takes any), and so is
+    # PackedLM, whose attention has no rotary.
+    assert VarLenAttention(6, 2).head_dim == 3 and PackedLM(100, 6, 2).attention.head_dim == 3
+    with pytest.raises(TypeError, match=r"^VarLenAttention: dim must be an int, got float 32.0$"):
+        PackedLM(100, 32.0, 2)

@@ -21,11 +21,13 @@ from ..schedule import SCHEDULES
 Tensor = torch.Tensor
 
 
-def check_heads(owner: str, dim: object, num_heads: object, impl: str | None = None) -> tuple[int, int]:
-    """``(dim, num_heads)`` with ``dim`` a positive multiple of ``num_heads``, and for
+def check_heads(owner: str, dim: object, num_heads: object, impl: str | None = None, *,
+                rotary: bool = False) -> tuple[int, int]:
+    """``(dim, num_heads)`` with ``dim`` a positive multiple of ``num_heads``, for
     ``impl="triton"`` a head dim ``dim // num_heads`` the kernels support
-    (:data:`~attn_gym_lite.ops.attention.TRITON_HEAD_DIMS`), so a model is refused where it is
-    built rather than at its first forward.
+    (:data:`~attn_gym_lite.ops.attention.TRITON_HEAD_DIMS`), and with ``rotary`` an even head dim
+    (RoPE rotates channel pairs), so a model is refused where it is built rather than at its
+    first forward.
 
     Raises:
         TypeError / ValueError: naming ``owner`` and both values (and the head dim they give).
@@ -38,6 +40,11 @@ def check_heads(owner: str, dim: object, num_heads: object, impl: str | None = N
     if impl == "triton" and dim // num_heads not in TRITON_HEAD_DIMS:
         raise ValueError(
             f"{owner}: impl='triton' needs a head dim dim // num_heads in {TRITON_HEAD_DIMS}, got dim={dim}, "
+            f"num_heads={num_heads}: head dim {dim // num_heads}"
+        )
+    if rotary and (dim // num_heads) % 2:
+        raise ValueError(
+            f"{owner}: rotary position embeddings need an even head dim dim // num_heads, got dim={dim}, "
             f"num_heads={num_heads}: head dim {dim // num_heads}"
         )
     return dim, num_heads
@@ -84,8 +91,8 @@ class VarLenAttention(nn.Module):
 
     Raises:
         ValueError: ``dim`` is not a positive multiple of ``num_heads``; ``impl="triton"`` with a
-            head dim ``dim // num_heads`` not in 16, 32, 64, 128 (the message names ``dim``,
-            ``num_heads`` and the head dim); ``impl`` or ``schedule`` unknown; ``rope_base`` not
+            head dim ``dim // num_heads`` not in 16, 32, 64, 128, or ``rotary`` with an odd one
+            (the message names ``dim``, ``num_heads`` and the head dim); ``impl`` or ``schedule`` unknown; ``rope_base`` not
             a finite number ``> 1`` (the check :func:`~attn_gym_lite.ops.rotary.rotary_tables`
             makes, here at construction rather than at the first forward); a ``device`` that
             torch does not parse or this host does not have (``"cuda"`` without a GPU; see
@@ -115,13 +122,13 @@ class VarLenAttention(nn.Module):
     ) -> None:
         super().__init__()
         self.impl = check_choice("impl", impl, ("auto", *IMPLEMENTATIONS))
-        self.dim, self.num_heads = check_heads("VarLenAttention", dim, num_heads, impl)
+        self.rotary = check_bool("rotary", rotary)
+        self.dim, self.num_heads = check_heads("VarLenAttention", dim, num_heads, impl, rotary=self.rotary)
         self.head_dim = dim // num_heads
         self.causal = check_bool("causal", causal)
         self.mask_inactive_capacity = check_bool("mask_inactive_capacity", mask_inactive_capacity)
         self.schedule = check_choice("schedule", schedule, SCHEDULES)
         # Checked here even when rotary is False: a bad base is a slip whether or not it is used.
-        self.rotary = check_bool("rotary", rotary)
         self.rope_base = check_base("rope_base", rope_base)
         factory = check_factory(device, dtype)
         self.qkv = nn.Linear(dim, 3 * dim, bias=False, **factory)

@@ -238,6 +238,7 @@ class PackedLM(_PackedLanguageModel):
 
     Raises:
         TypeError / ValueError: ``vocab_size`` not an int ``>= 1`` (as :class:`PackedTransformer`).
+        TypeError: ``dim`` or ``num_heads`` not an int (checked before ``dim`` sizes a layer).
         ValueError: ``dim`` not a positive multiple of ``num_heads``, or ``impl="triton"`` with a
             head dim not in 16, 32, 64, 128; ``impl`` or ``schedule`` unknown.
         TypeError / ValueError: ``device`` or ``dtype`` refused by
@@ -249,6 +250,8 @@ class PackedLM(_PackedLanguageModel):
                  device: torch.device | str | None = None, dtype: torch.dtype | None = None) -> None:
         super().__init__()
         check_int("vocab_size", vocab_size, minimum=1)
+        # dim and num_heads before the embedding uses dim (a float dim failed inside nn.Embedding).
+        check_heads("VarLenAttention", dim, num_heads, impl)
         factory = check_factory(device, dtype)
         self.embedding = nn.Embedding(vocab_size, dim, **factory)
         self.norm_in = nn.RMSNorm(dim, **factory)
@@ -289,7 +292,8 @@ class TransformerBlock(nn.Module):
     Raises:
         ValueError: ``dim`` or ``num_heads`` is not a positive int or ``dim`` is not a multiple of
             ``num_heads`` (a wrong type too), or ``impl="triton"`` with a head dim not in 16, 32,
-            64, 128 (the message names ``VarLenAttention``, ``dim`` and ``num_heads``); ``hidden``
+            64, 128, or an odd head dim (the block's attention is rotary) (the message names
+            ``VarLenAttention``, ``dim`` and ``num_heads``); ``hidden``
             < 1; ``impl`` or ``schedule`` not one of their choices.
         TypeError: ``hidden`` is not an int.
         TypeError / ValueError: ``device`` or ``dtype`` refused by
@@ -340,8 +344,9 @@ class PackedTransformer(_PackedLanguageModel):
 
     Raises:
         TypeError / ValueError: a size is not a positive int, ``dim`` not a multiple of
-            ``num_heads``, or ``impl="triton"`` with a head dim not in 16, 32, 64, 128 (the message
-            names ``dim``, ``num_heads`` and the head dim); ``mlp_ratio`` not a finite real number
+            ``num_heads``, or ``impl="triton"`` with a head dim not in 16, 32, 64, 128, or an odd
+            head dim (its attention is rotary) (the message names ``dim``, ``num_heads`` and the
+            head dim); ``mlp_ratio`` not a finite real number
             ``> 0``, or so small that the hidden width ``int(mlp_ratio * dim)`` is 0; ``device``
             or ``dtype`` refused by :func:`~attn_gym_lite.checks.check_factory` (a string torch
             does not parse, ``"cuda"`` without a GPU, a non-floating ``dtype``).
@@ -356,7 +361,7 @@ class PackedTransformer(_PackedLanguageModel):
         check_int("num_layers", num_layers, minimum=1)
         # dim first (VarLenAttention's own check, so its message is the one every model gives):
         # the hidden width is computed from it.
-        check_heads("VarLenAttention", dim, num_heads, impl)
+        check_heads("VarLenAttention", dim, num_heads, impl, rotary=True)
         mlp_ratio = check_real("mlp_ratio", mlp_ratio, minimum=0)
         if int(mlp_ratio * dim) < 1:
             raise ValueError(
