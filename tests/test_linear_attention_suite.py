@@ -66,6 +66,18 @@ def test_error_stats_edge_cases():
         error_stats(torch.zeros(2, 1), torch.zeros(2))
     with pytest.raises(TypeError, match="reference must be a torch.Tensor"):
         error_stats(torch.zeros(2), [0.0, 0.0])
+    # Reliability tail. Before: tensors on two devices gave torch's bare "Tensor on device meta is
+    # not on the expected device cpu!", meta ones "item() cannot be called on meta tensors", and
+    # integers past 2**53 compared equal after widening to float64.
+    for ours, ref, got in [(torch.zeros(2), torch.zeros(2, device="meta"), "cpu and meta"),
+                           (torch.zeros(2, device="meta"), torch.zeros(2, device="meta"), "meta and meta")]:
+        message = rf"^error_stats: ours and reference must be on one device with values \(not meta\), got {got}$"
+        with pytest.raises(ValueError, match=message):
+            error_stats(ours, ref)
+    big = error_stats(torch.tensor([2**62 + 1, 7]), torch.tensor([2**62, 7]))
+    assert big["max_abs_diff"] == 1.0 and big["max_abs_ref"] == float(2**62) and big["nonfinite"] == 0
+    assert error_stats(torch.tensor([1, 2], dtype=torch.int32), torch.tensor([1, 5]))["max_abs_diff"] == 3.0
+    assert error_stats(torch.zeros(0, dtype=torch.int64), torch.zeros(0, dtype=torch.int64))["max_abs_diff"] == 0.0
 
 
 def test_kda_inputs_are_reproducible_and_nan_past_L():

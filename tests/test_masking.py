@@ -250,6 +250,8 @@ def test_capacity_loss_is_the_inner_product_over_active_rows():
         (y, torch.ones(4, 2, dtype=torch.int32), TypeError, r"capacity_loss: target must have dtype .*got torch.int32"),
         (y, [[1.0, 0.5]] * 4, TypeError, r"capacity_loss: target must be a torch.Tensor of shape \[T, D\], got list"),
         (y, torch.ones(4, 2, 1), ValueError, r"capacity_loss: target must have shape \[T, D\], got shape \(4, 2, 1\)"),
+        # Before: "active must be on x's device meta, got cpu", blaming active.
+        (y, torch.ones(4, 2, device="meta"), ValueError, r"capacity_loss: target must be on device cpu, got meta"),
     ]:
         with pytest.raises(error, match="^" + message):
             capacity_loss(bad_y, bad_target, active)

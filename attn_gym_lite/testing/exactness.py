@@ -58,13 +58,13 @@ def capacity_loss(y: Tensor, target: Tensor, active: Tensor) -> Tensor:
 
     Raises:
         TypeError: ``y`` or ``target`` is not a tensor, or not float16/bfloat16/float32/float64.
-        ValueError: ``y`` or ``target`` is not 2-D, or ``target``'s shape differs from ``y``'s;
+        ValueError: ``y`` or ``target`` is not 2-D, or ``target``'s shape or device differs from ``y``'s;
             and the errors of :func:`~attn_gym_lite.ops.masking.mask_inactive_tokens` (``active``).
     """
     # Floating both (an integer or complex y would give a loss with no gradient, or a complex
     # "loss"), 2-D, before y.dtype is read.
     check_tensor("capacity_loss: y", y, ndim=2, shape="[T, D]", dtypes=FLOATING_DTYPES)
-    check_tensor("capacity_loss: target", target, ndim=2, shape="[T, D]", dtypes=FLOATING_DTYPES)
+    check_tensor("capacity_loss: target", target, ndim=2, shape="[T, D]", dtypes=FLOATING_DTYPES, device=y.device)
     if target.shape != y.shape:
         raise ValueError(f"capacity_loss: target must have y's shape {tuple(y.shape)}, got {tuple(target.shape)}")
     accumulate = torch.promote_types(y.dtype, torch.float32)
@@ -183,8 +183,10 @@ def error_stats(ours: Tensor, reference: Tensor) -> dict:
 
     Raises:
         TypeError: an argument is not a tensor.
-        ValueError: the shapes differ (broadcasting would compare other entries).
+        ValueError: the shapes differ (broadcasting would compare other entries); the devices
+            differ, or the tensors are meta (no values to compare).
 
+    Integer inputs are subtracted in int64 before widening, so ids past 2**53 still differ by 1.
     Eager only (reads values on the host).
     """
     for name, x in (("ours", ours), ("reference", reference)):
@@ -193,6 +195,17 @@ def error_stats(ours: Tensor, reference: Tensor) -> dict:
     if ours.shape != reference.shape:
         raise ValueError(f"error_stats: ours and reference must have one shape, got {tuple(ours.shape)} and "
                          f"{tuple(reference.shape)}")
+    if ours.device != reference.device or ours.device.type == "meta":
+        raise ValueError(f"error_stats: ours and reference must be on one device with values (not meta), got "
+                         f"{ours.device} and {reference.device}")
+    # Integers past 2**53 lose their low bits in float64 (2**62 + 1 and 2**62 compared equal):
+    # their difference is taken exactly in int64 first, where the inputs allow it.
+    if not (ours.is_floating_point() or ours.is_complex() or reference.is_floating_point() or reference.is_complex()):
+        exact = ours.detach().to(torch.int64) - reference.detach().to(torch.int64)
+        diff = float(exact.abs().max()) if exact.numel() else 0.0
+        max_ref = float(reference.detach().to(torch.float64).abs().max()) if reference.numel() else 0.0
+        return {"nonfinite": 0, "max_abs_diff": diff, "max_abs_ref": max_ref,
+                "rel_err": diff / max(max_ref, 1e-12)}
     # .double() of a complex tensor drops the imaginary part: |1 - 1j| came out as 1, not sqrt(2).
     wide = torch.complex128 if ours.is_complex() or reference.is_complex() else torch.float64
     ours, reference = ours.detach().to(wide), reference.detach().to(wide)
