@@ -356,6 +356,11 @@ def test_batch_from_pieces_names_an_id_that_is_not_a_token():
         ([torch.tensor([1.5, 2.0])], TypeError, r"pieces\[0\] must be a sequence of ints, got a torch.float32 tensor"),
         (["abc"], TypeError, r"pieces\[0\] must be a sequence of token ids \(ints\), got str: 'abc'"),
         (5, TypeError, r"pieces must be a sequence of token-id sequences, got int"),
+        # Reliability tail. Before: "len() of a 0-d tensor", "object of type 'numpy.int64' has no
+        # len()", and a bytearray taken as ids while bytes was refused.
+        ([torch.tensor(3)], TypeError, r"^pieces\[0\] must be a sequence of token ids \(ints\), got Tensor: tensor\(3\)$"),
+        ([7, 8], TypeError, r"^pieces\[0\] must be a sequence of token ids \(ints\), got int: 7$"),
+        ([bytearray(b"ab")], TypeError, r"^pieces\[0\] must be a sequence of token ids \(ints\), got bytearray"),
     ]
     for pieces, error, match in cases:
         with pytest.raises(error, match=match):

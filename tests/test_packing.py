@@ -15,6 +15,7 @@ import itertools
 
 import numpy as np
 import pytest
+import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -53,6 +54,19 @@ def test_segment_rejects_bad_sizes():
         segment_lengths(5, 2.0)
     with pytest.raises(ValueError, match=r"length must be an int >= 0, got -1"):
         segment_lengths(-1, 4)
+
+
+def test_segment_takes_sequences_and_1d_tensors_and_refuses_the_rest():
+    """Reliability tail. Before: segment("abcdef", 2) returned ['ab', 'cd', 'ef'], segment({0: 1}, 2)
+    raised "unhashable type: 'slice'", None / 5 / a set / a 0-d tensor bare len() or subscript errors."""
+    assert segment((1, 2, 3), 2) == [(1, 2), (3,)]
+    assert [p.tolist() for p in segment(torch.arange(5), 2)] == [[0, 1], [2, 3], [4]]
+    assert [p.tolist() for p in segment(np.arange(3), 2)] == [[0, 1], [2]]
+    for ids, got in [("abcdef", "str: 'abcdef'"), ({0: 1}, r"dict: \{0: 1\}"), (None, "NoneType: None"), (5, "int: 5"),
+                     ({1, 2}, r"set: \{1, 2\}"), (torch.tensor(3), r"Tensor: tensor\(3\)")]:
+        with pytest.raises(TypeError, match=r"^ids must be a sliceable sequence of token ids \(a list, tuple or 1-D tensor "
+                                            rf"or array\), got {got}$"):
+            segment(ids, 2)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -361,7 +361,9 @@ def batch_from_pieces(
     if isinstance(pieces, (str, bytes, Tensor)) or not isinstance(pieces, Sequence):
         raise TypeError(f"pieces must be a sequence of token-id sequences, got {type(pieces).__name__}")
     for index, piece in enumerate(pieces):
-        if isinstance(piece, (str, bytes)) or not (isinstance(piece, Sequence) or hasattr(piece, "tolist")):
+        # A sequence, or a 1-D tensor or array (a 0-d one has tolist but no length); bytearray is
+        # bytes too.
+        if isinstance(piece, (str, bytes, bytearray)) or not (isinstance(piece, Sequence) or getattr(piece, "ndim", None) == 1):
             raise TypeError(
                 f"pieces[{index}] must be a sequence of token ids (ints), got {type(piece).__name__}: {piece!r:.40}"
             )

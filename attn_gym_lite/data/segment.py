@@ -37,8 +37,14 @@ def segment(ids: Ids, max_piece_tokens: int) -> list[Ids]:
 
     Raises:
         TypeError, ValueError: ``max_piece_tokens`` is not an int >= 1.
+        TypeError: ``ids`` is not a sliceable sequence of ids (a string, a dict, a set, ``None``,
+            a 0-d tensor or array), named ``ids``.
     """
     size = check_int("max_piece_tokens", max_piece_tokens, minimum=1)
+    # A sequence or a 1-D tensor/array; a string would be cut into substrings, a dict sliced.
+    if isinstance(ids, (str, bytes)) or not (isinstance(ids, Sequence) or getattr(ids, "ndim", None) == 1):
+        raise TypeError(f"ids must be a sliceable sequence of token ids (a list, tuple or 1-D tensor or array), got "
+                        f"{type(ids).__name__}: {ids!r:.60}")
     return [ids[start : start + size] for start in range(0, len(ids), size)]
 
 
