@@ -56,16 +56,16 @@ def test_plan_buckets_hand_example():
 def test_plan_buckets_errors():
     with pytest.raises(ValueError, match="active_token_samples must hold at least one int, got none"):
         plan_buckets([], 2)
-    with pytest.raises(ValueError, match=r"active_token_samples\[1\] must be an int >= 0, got -3"):
+    with pytest.raises(ValueError, match=r"active_token_samples\[1\] must be an int in \[0, 2147483647\], got -3"):
         plan_buckets([4, -3], 2)
     with pytest.raises(ValueError, match="k must be an int >= 1, got 0"):
         plan_buckets([4], 0)
-    with pytest.raises(ValueError, match="align must be an int >= 1, got 0"):
+    with pytest.raises(ValueError, match=r"align must be an int in \[1, 2147483647\], got 0"):
         plan_buckets([4], 1, align=0)
     # Never truncated, parsed or coerced (the reliability issue's examples).
-    with pytest.raises(TypeError, match=r"active_token_samples\[0\] must be an int >= 0, got 100.9"):
+    with pytest.raises(TypeError, match=r"active_token_samples\[0\] must be an int in \[0, 2147483647\], got 100.9"):
         plan_buckets([100.9, 250.7], 2)
-    with pytest.raises(TypeError, match=r"active_token_samples\[0\] must be an int >= 0, got '100'"):
+    with pytest.raises(TypeError, match=r"active_token_samples\[0\] must be an int in \[0, 2147483647\], got '100'"):
         plan_buckets(["100", "300"], 2)
     with pytest.raises(TypeError, match="k must be an int >= 1, got True"):
         plan_buckets([100, 300], True)
@@ -74,6 +74,15 @@ def test_plan_buckets_errors():
     # A dict is refused, not read as its keys (reliability tail: {100: 1, 200: 2} planned for 100, 200).
     with pytest.raises(TypeError, match=r"^active_token_samples must be a sequence of ints, got a dict: \{100: 1, 200: 2\}"):
         plan_buckets({100: 1, 200: 2}, 2)
+    # Reliability tail. Before: 2**63 raised numpy's bare OverflowError; 2**63 - 1 overflowed in the
+    # rounding and was refused as "expected_padded_rows must be ... >= 0, got -9.2e18", a field the
+    # caller never passed. A sample near int32's largest no longer rounds past what cu_seqlens holds.
+    for sample in (2**63, 2**63 - 1, 2**31):
+        with pytest.raises(ValueError, match=rf"^active_token_samples\[0\] must be an int in \[0, 2147483647\], got {sample}$"):
+            plan_buckets([sample], 1)
+    with pytest.raises(ValueError, match=r"^align must be an int in \[1, 2147483647\], got 9223372036854775808$"):
+        plan_buckets([5], 1, align=2**63)
+    assert plan_buckets([2**31 - 1, 5], 2).capacities == (128, 2**31 - 1)
     # A tensor of samples and a generator are fine.
     assert plan_buckets(torch.tensor([100, 300]), 2) == plan_buckets((s for s in [100, 300]), 2)
 
@@ -89,9 +98,9 @@ def test_plan_buckets_caps_capacities_at_token_capacity():
     with pytest.raises(ValueError, match=r"active_token_samples\[3\] must be at most token_capacity T = 960 "
                                          r"\(a batch holds at most T tokens\), got 1000"):
         plan_buckets([100, 200, 900, 1000], 2, token_capacity=960)
-    with pytest.raises(ValueError, match="token_capacity must be an int >= 1, got 0"):
+    with pytest.raises(ValueError, match="token_capacity must be an int in \\[1, 2147483647\\], got 0"):
         plan_buckets([0], 1, token_capacity=0)
-    with pytest.raises(TypeError, match="token_capacity must be an int >= 1, got 16.0"):
+    with pytest.raises(TypeError, match=r"token_capacity must be an int in \[1, 2147483647\], got 16.0"):
         plan_buckets([1], 1, token_capacity=16.0)
 
 

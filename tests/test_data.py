@@ -16,6 +16,7 @@ from dataclasses import FrozenInstanceError
 from itertools import chain, pairwise
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from helpers import ByteTokenizer, assert_batch_invariants, sequences_of
@@ -315,7 +316,7 @@ def test_synthetic_loader_single_batch_is_full():
         ((0, 64, 10, 4), {}, ValueError, r"num_batches must be an int >= 1, got 0"),
         ((2, 0, 10, 4), {}, ValueError, r"token_capacity must be an int >= 1, got 0"),
         ((2, 64, 10, 65), {}, ValueError, r"sequence_capacity must be an int in \[1, 64\], got 65"),
-        ((2, 64, 0, 4), {}, ValueError, r"vocab_size must be an int >= 1, got 0"),
+        ((2, 64, 0, 4), {}, ValueError, r"vocab_size must be an int in \[1, 9223372036854775807\], got 0"),
         ((2, 64.0, 10, 4), {}, TypeError, r"token_capacity must be an int >= 1, got 64.0"),
         ((2, 64, 10, True), {}, TypeError, r"sequence_capacity must be an int in \[1, 64\], got True"),
         ((2, 64, 10, 4), {"seed": -1}, ValueError, r"seed must be an int >= 0, got -1"),
@@ -713,10 +714,18 @@ def test_fixed_count_loader_names_tokens_that_are_not_ids():
         (None, TypeError, expected + ", got NoneType"),
         ([3] * 299 + [-2], ValueError, r"tokens must hold ids >= 0, got tokens\[299\] = -2"),
         (torch.arange(300, device="meta"), ValueError, r"tokens must hold values"),
+        # Reliability tail. Before: 2**64 - 1 in a uint64 array wrapped to -1 and was reported as
+        # "got tokens[0] = -1", a value the caller never gave.
+        (np.array([5] * 299 + [2**64 - 1], dtype=np.uint64), ValueError,
+         r"^tokens must hold ids in \[0, 2\*\*63\), got tokens\[299\] = 18446744073709551615$"),
     ]
     for tokens, error, match in cases:
         with pytest.raises(error, match=match):
             fixed_count_loader(tokens, 2, 256, 4)
+    assert next(fixed_count_loader(np.arange(300, dtype=np.uint64), 1, 256, 4)).input_ids.dtype == torch.int64
+    # packed_batch_loader's vocab_size: torch.randint needs an int64 bound (2**63 failed at the first batch).
+    with pytest.raises(ValueError, match=r"^vocab_size must be an int in \[1, 9223372036854775807\], got 9223372036854775808$"):
+        packed_batch_loader(3, 64, 2**63, 4)
     ids = list(range(300))
     assert torch.equal(next(fixed_count_loader(ids, 1, 256, 4)).input_ids,
                        next(fixed_count_loader(torch.tensor(ids, dtype=torch.int32), 1, 256, 4)).input_ids)

@@ -11,6 +11,7 @@ import math
 import random
 
 import matplotlib
+import numpy as np
 import pytest
 from helpers import ByteTokenizer
 
@@ -205,6 +206,11 @@ def test_recommend_never_plans_a_bucket_above_T():
         ({"buffer_sizes": [4, 0]}, ValueError, r"buffer_sizes\[1\] must be an int >= 1, got 0"),
         ({"max_buckets": 1}, ValueError, r"max_buckets must be an int >= 2, got 1"),
         ({"min_document_tokens": 10**6}, ValueError, r"lengths has no document of at least 1000000 tokens"),
+        # Reliability tail. Before: "'<' not supported between 'int' and 'NoneType'" (min() ran
+        # before the check) and numpy's "truth value of an array is ambiguous".
+        ({"max_piece_tokens": None}, TypeError, r"^max_piece_tokens must be an int >= 1, got None$"),
+        ({"max_piece_tokens": "8"}, TypeError, r"^max_piece_tokens must be an int >= 1, got '8'$"),
+        ({"rule": np.array([1])}, TypeError, r"^rule must be FirstFit or BestFit, got array\(\[1\]\)$"),
     ],
 )
 def test_recommend_rejects_bad_arguments(kwargs, error, match):

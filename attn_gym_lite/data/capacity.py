@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..checks import check_int, check_int_sequence, check_real
+from ..checks import INT32_MAX, check_int, check_int_sequence, check_real
 
 __all__ = ["BucketPlan", "plan_buckets", "select_bucket"]
 
@@ -100,15 +100,18 @@ def plan_buckets(active_token_samples: Sequence[int], k: int, *, align: int = 12
     Raises:
         TypeError: a sample, ``k``, ``align`` or ``token_capacity`` is not an int (floats are not
             truncated, strings not parsed, ``True`` is not 1).
-        ValueError: no samples, a negative one, ``k < 1``, ``align < 1``, ``token_capacity < 1``,
-            or a sample above ``token_capacity`` (the message names the sample and ``T``).
+        ValueError: no samples, a negative one or one above ``2**31 - 1`` (``cu_seqlens`` is
+            int32), ``k < 1``, ``align`` or ``token_capacity`` outside ``[1, 2**31 - 1]``, or a sample above
+            ``token_capacity`` (the message names the sample and ``T``).
     """
-    values = check_int_sequence("active_token_samples", active_token_samples, minimum=0)
+    # At most int32's largest (cu_seqlens is int32, so no batch holds more): past int64 numpy
+    # raised a bare OverflowError, near it the rounding below overflowed into negative padding.
+    values = check_int_sequence("active_token_samples", active_token_samples, minimum=0, maximum=INT32_MAX)
     samples = np.asarray(values, dtype=np.int64)
     k = check_int("k", k, minimum=1)
-    align = check_int("align", align, minimum=1)
+    align = check_int("align", align, minimum=1, maximum=INT32_MAX)
     if token_capacity is not None:
-        token_capacity = check_int("token_capacity", token_capacity, minimum=1)
+        token_capacity = check_int("token_capacity", token_capacity, minimum=1, maximum=INT32_MAX)
         above = np.flatnonzero(samples > token_capacity)
         if above.size:
             i = int(above[0])
@@ -119,8 +122,8 @@ def plan_buckets(active_token_samples: Sequence[int], k: int, *, align: int = 12
 
     # A batch with L = 0 still needs a graph to replay: round it up to one tile.
     rounded = np.maximum(-(-samples // align) * align, align)
-    if token_capacity is not None:
-        rounded = np.minimum(rounded, token_capacity)
+    # Never past T, nor past int32 (a sample near 2**31 rounds up beyond what cu_seqlens holds).
+    rounded = np.minimum(rounded, token_capacity if token_capacity is not None else INT32_MAX)
     candidates, counts = np.unique(rounded, return_counts=True)
     sums = np.array([samples[rounded == c].sum() for c in candidates])
     # Padding if candidates i..j (inclusive) are all served by candidate j:

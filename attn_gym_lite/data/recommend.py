@@ -134,8 +134,10 @@ def recommend(
     padding_budget = check_real("padding_budget", padding_budget, minimum=0.0)
     if padding_budget >= 1:
         raise ValueError(f"padding_budget must be a fraction of T in [0, 1), got {padding_budget!r}")
-    if rule not in (FirstFit, BestFit):
-        raise TypeError(f"rule must be FirstFit or BestFit, got {rule!r}")
+    if not (rule is FirstFit or rule is BestFit):  # identity: `in` compares, and an array answers with an array
+        raise TypeError(f"rule must be FirstFit or BestFit, got {rule!r:.60}")
+    # Checked here, before min() below compares it with T (None gave "'<' not supported").
+    max_piece_tokens = check_int("max_piece_tokens", max_piece_tokens, minimum=1)
     sizes = sorted(set(check_int_sequence("buffer_sizes", buffer_sizes, minimum=1)))
     max_buckets = check_int("max_buckets", max_buckets, minimum=2)
     bucket_align = check_int("bucket_align", bucket_align, minimum=1)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterator, Sequence
 
+import numpy as np
 import torch
 
 from ..checks import check_capacities, check_int, check_real, host_values
@@ -57,7 +58,8 @@ def packed_batch_loader(
     """
     num_batches = check_int("num_batches", num_batches, minimum=1)
     token_capacity, sequence_capacity = check_capacities(token_capacity, sequence_capacity)
-    vocab_size = check_int("vocab_size", vocab_size, minimum=1)
+    # torch.randint draws below an int64 bound; a larger one failed at the first batch.
+    vocab_size = check_int("vocab_size", vocab_size, minimum=1, maximum=torch.iinfo(torch.int64).max)
     seed = check_int("seed", seed, minimum=0)
 
     smallest = max(sequence_capacity, token_capacity // 8)
@@ -100,6 +102,14 @@ def _token_stream(tokens: object) -> torch.Tensor:
             raise TypeError(f"tokens must be {expected}, got {type(tokens).__name__}: {error}") from None
         if stream.dtype == torch.bool or stream.is_floating_point() or stream.is_complex():
             raise TypeError(f"tokens must be {expected}, got {stream.dtype} values (from {type(tokens).__name__})")
+        if stream.dtype == torch.uint64 and stream.numel():
+            # Past int64's largest, the cast below would wrap a huge id into a negative one (and
+            # the message would name a value the caller never gave): name the real one.
+            values = stream.flatten().numpy()
+            too_big = (values > np.uint64(torch.iinfo(torch.int64).max)).nonzero()[0]
+            if too_big.size:
+                position = int(too_big[0])
+                raise ValueError(f"tokens must hold ids in [0, 2**63), got tokens[{position}] = {int(values[position])}")
         stream = stream.to(torch.int64).flatten()
     if stream.numel() and int(stream.min()) < 0:
         position = int(torch.nonzero(stream < 0)[0])
@@ -145,7 +155,8 @@ def fixed_count_loader(
             than ``T`` tokens.
         TypeError: ``tokens`` is not a sequence, tensor or array of ints (float ids, ``True``, a
             bool or float tensor, a string).
-        ValueError: ``tokens`` holds a negative id, or is a meta tensor (no values).
+        ValueError: ``tokens`` holds a negative id or one past int64 (a uint64 array), or is a meta
+            tensor (no values).
 
     Source: the seed article's synthetic loader (prompt/response loss mask), on real text.
     """
