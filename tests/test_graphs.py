@@ -39,6 +39,13 @@ def test_static_inputs_reject_new_shapes_and_copy_nothing():
         static.copy_({"a": torch.ones(4)})
     with pytest.raises(ValueError, match="dtype torch.float32.*got shape \\(4,\\) and dtype torch.float64"):
         static.copy_({"a": torch.ones(4, dtype=torch.float64), "b": torch.ones(2)})
+    # A missing buffer by either spelling names what there is (reliability tail: ["foo"] was a bare
+    # KeyError: 'foo').
+    with pytest.raises(AttributeError, match=r"^StaticInputs has no buffer 'foo'; it has \['a', 'b'\]$"):
+        _ = static.foo
+    with pytest.raises(KeyError, match=r"StaticInputs has no buffer 'foo'; it has \['a', 'b'\]"):
+        static["foo"]
+    assert static["a"] is static.a
 
 
 def test_static_inputs_refuse_a_meta_field_and_copy_nothing():

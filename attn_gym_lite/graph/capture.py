@@ -172,6 +172,8 @@ class StaticInputs:
             without a GPU) or ``"meta"`` (buffers that hold no values;
             :func:`~attn_gym_lite.checks.check_device`).
         TypeError: ``device`` is not a str, int or ``torch.device``.
+        AttributeError / KeyError: ``static.name`` / ``static["name"]`` names no buffer (the
+            message lists the buffers).
 
     Source: the seed article, "A More Realistic Training Loop" (static buffers filled from
     pinned batches).
@@ -215,6 +217,8 @@ class StaticInputs:
             buffer.copy_(fields[name], non_blocking=True)
 
     def __getitem__(self, name: str) -> Tensor:
+        if name not in self._buffers:  # the attribute form's message, not a bare KeyError
+            raise KeyError(f"StaticInputs has no buffer {name!r}; it has {sorted(self._buffers)}")
         return self._buffers[name]
 
     def __getattr__(self, name: str) -> Tensor:
