@@ -49,6 +49,9 @@ def test_errors(tmp_path):
         hf_dataset_texts("json", data_files=str(TINY_JSONL), streaming=False)
     with pytest.raises(TypeError, match=r"field must be a str, got int"):
         hf_dataset_texts("json", data_files=str(TINY_JSONL), field=3)
+    # Reliability tail. Before: "argument of type 'int' is not iterable" from inside datasets.
+    with pytest.raises(TypeError, match=r"^name must be a str \(a dataset configuration\) or None, got int: 5$"):
+        hf_dataset_texts("json", 5, data_files=str(TINY_JSONL))
     numbers = tmp_path / "numbers.jsonl"
     numbers.write_text(json.dumps({"text": 7}) + "\n")
     with pytest.raises(TypeError, match=r"field='text' of record 0 must be a string, got int"):

@@ -343,7 +343,8 @@ def hf_dataset_texts(
 
     Raises:
         ImportError: the optional ``datasets`` package is not installed.
-        TypeError: ``path``, ``split`` or ``field`` is not a str; a record's field is neither a
+        TypeError: ``path``, ``split`` or ``field`` is not a str, ``name`` neither a str nor
+            ``None`` (checked before ``datasets`` is imported); a record's field is neither a
             string nor null (later records: when reached).
         ValueError: ``streaming`` was passed, or the first record lacks ``field`` (the message
             lists the keys found).
@@ -355,6 +356,8 @@ def hf_dataset_texts(
     for argument, value in (("path", path), ("split", split), ("field", field)):
         if not isinstance(value, str):
             raise TypeError(f"{argument} must be a str, got {type(value).__name__}")
+    if name is not None and not isinstance(name, str):  # else datasets' "argument of type 'int' is not iterable"
+        raise TypeError(f"name must be a str (a dataset configuration) or None, got {type(name).__name__}: {name!r:.40}")
     if "streaming" in load_kwargs:
         raise ValueError(
             f"hf_dataset_texts always streams; do not pass streaming={load_kwargs['streaming']!r}"
