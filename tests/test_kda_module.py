@@ -238,6 +238,10 @@ def test_layer_argument_errors():
     # 0 would turn the zero rows past L into NaN (0 / sqrt(0)) in the output norm.
     (dict(norm_eps=0.0), ValueError, r"norm_eps must be a finite real number > 0.0, got 0.0"),
     (dict(norm_eps=-1e-5), ValueError, r"norm_eps must be a finite real number > 0.0, got -1e-05"),
+    # Reliability tail. Before: accepted, and refused only at the first forward (never with the
+    # recurrent core, which ignores chunk_size).
+    (dict(chunk_size="x"), TypeError, r"^chunk_size must be an int >= 1, got 'x'$"),
+    (dict(chunk_size=0, impl="recurrent"), ValueError, r"^chunk_size must be an int >= 1, got 0$"),
 ])
 def test_layer_configuration_errors_name_the_argument(options, error, match):
     arguments = {"hidden_size": 16, "num_heads": 2, "head_dim": 16, "chunk_size": 16, "impl": "triton", **options}

@@ -222,8 +222,8 @@ class KDAAttention(nn.Module):
         impl: the KDA core: ``"triton"`` (default; :func:`attn_gym_lite.ops.kda.kda_triton`, no
             host read, capturable), ``"chunked"`` or ``"recurrent"`` (the eager references; they
             read ``cu_seqlens`` on the host, so a captured graph cannot hold them).
-        chunk_size: ``C`` of the chunked cores (64, fla's and the kernel's default), passed to
-            the core, which checks it (the recurrent core ignores it).
+        chunk_size: ``C`` of the chunked cores (64, fla's and the kernel's default), an int >= 1
+            (checked here); the core checks the sizes it supports (the recurrent core ignores it).
         masks: which of :data:`KDA_MASK_SITES` to apply. All of them (default) is what training
             at padded capacity needs; leave sites out only to see what each one prevents.
         device, dtype: of the parameters. ``A_log`` and ``dt_bias`` are kept in at least float32
@@ -288,7 +288,9 @@ class KDAAttention(nn.Module):
         conv_size = checks.check_int("conv_size", conv_size, minimum=1)
         self.norm_eps = checks.check_real("norm_eps", norm_eps, above=0.0)
         self.impl = checks.check_choice("impl", impl, KDA_IMPLEMENTATIONS)
-        self.chunk_size = chunk_size  # the core checks it (and the recurrent core ignores it)
+        # Its type and sign here, for every core (the recurrent one ignores it, so chunk_size="x"
+        # was never refused there); which sizes a core supports, the core says at the first forward.
+        self.chunk_size = checks.check_int("chunk_size", chunk_size, minimum=1)
         self.masks = checks.check_subset("masks", masks, KDA_MASK_SITES)
         factory = checks.check_factory(device, dtype)
         device = factory["device"]
