@@ -269,7 +269,11 @@ def test_exact_gradients_of_no_tokens_are_zero_and_comparisons_name_mismatches()
         compare_gradients((loss, grads), (loss, {"input": grads["input"]}))
     with pytest.raises(TypeError, match="gradients_at_capacity: module must be a torch.nn.Module, got builtin_"):
         gradients_at_capacity(print, x, target, cu_seqlens_from_lengths([5]), 5)
-    with pytest.raises(ValueError, match=r"exact_gradients: x must be a floating tensor of shape \[T, D\], got torch.int64"):
+    # A wrong dtype is a TypeError (it was a ValueError: reliability tail), a wrong shape a ValueError.
+    one_d = r"exact_gradients: x must be a floating tensor of shape \[T, D\], got torch.float64 of shape \(5,\)"
+    with pytest.raises(ValueError, match=one_d):
+        exact_gradients(module, torch.zeros(5, dtype=torch.float64), target, cu_seqlens_from_lengths([5]))
+    with pytest.raises(TypeError, match=r"exact_gradients: x must be a floating tensor of shape \[T, D\], got torch.int64"):
         exact_gradients(module, torch.zeros(5, 4, dtype=torch.int64), target, cu_seqlens_from_lengths([5]))
 
 

@@ -80,7 +80,12 @@ def _differentiable_inputs(
         raise TypeError(f"{function}: module must be a torch.nn.Module, got {type(module).__name__}")
     if not isinstance(x, Tensor):
         raise TypeError(f"{function}: x must be a floating torch.Tensor of shape [T, D], got {type(x).__name__}")
-    if x.ndim != 2 or not x.dtype.is_floating_point:
+    # The package's rule: a wrong dtype is a TypeError, a wrong shape a ValueError.
+    if not x.dtype.is_floating_point:
+        raise TypeError(
+            f"{function}: x must be a floating tensor of shape [T, D], got {x.dtype} of shape {tuple(x.shape)}"
+        )
+    if x.ndim != 2:
         raise ValueError(
             f"{function}: x must be a floating tensor of shape [T, D], got {x.dtype} of shape {tuple(x.shape)}"
         )
@@ -106,9 +111,9 @@ def gradients_at_capacity(
         reach get a zero gradient.
 
     Raises:
-        TypeError: ``module`` is not an ``nn.Module``; ``max_seqlen`` is not an integer (a bool
-            included).
-        ValueError: ``x`` is not a floating 2-D tensor; ``max_seqlen`` < 0; the errors of
+        TypeError: ``module`` is not an ``nn.Module``; ``x`` is not a tensor or not floating;
+            ``max_seqlen`` is not an integer (a bool included).
+        ValueError: ``x`` is not 2-D; ``max_seqlen`` < 0; the errors of
             :func:`capacity_loss`.
 
     Capturable: no host reads (the loss selects rows with a device mask), so a CUDA graph of this
