@@ -133,7 +133,13 @@ def cu_seqlens_from_lengths(
     if negative.numel() > 0:
         i = int(negative[0])
         raise ValueError(f"lengths must be >= 0, got lengths[{i}] = {int(lengths64[i])}")
-    ends = lengths64.cumsum(0)
+    # Each length within int32 first: a running sum of int64 lengths near 2**62 wraps (to 0, or
+    # negative) and would pass the total's check below ([2**62, 2**62] gave [0, 0, 0]).
+    too_long = torch.nonzero(lengths64 > _INT32_MAX).flatten()
+    if too_long.numel() > 0:
+        i = int(too_long[0])
+        raise ValueError(f"lengths[{i}] must be an int in [0, {_INT32_MAX}] (cu_seqlens is int32), got {int(lengths64[i])}")
+    ends = lengths64.cumsum(0)  # now at most M * (2**31 - 1): no wrap for any M that fits in memory
     if int(ends[-1]) > _INT32_MAX:
         raise ValueError(
             f"sum of lengths must fit in int32 (<= {_INT32_MAX}), the cu_seqlens dtype, "

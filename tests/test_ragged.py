@@ -87,7 +87,13 @@ def test_cu_seqlens_and_lengths_round_trip(lengths):
         ([1, 2.5], TypeError, "lengths[1] must be an int, got 2.5"),
         ([True], TypeError, "lengths[0] must be an int, got True"),
         ("12", TypeError, "lengths must be a 1-D integer tensor or a sequence of ints, got str"),
-        ([2**31, 0], ValueError, "sum of lengths must fit in int32"),
+        ([2**31, 0], ValueError, "lengths[0] must be an int in [0, 2147483647] (cu_seqlens is int32), got 2147483648"),
+        ([2**30, 2**30], ValueError, "sum of lengths must fit in int32 (<= 2147483647), the cu_seqlens dtype, got 2147483648"),
+        # Reliability tail. Before: the int64 running sum wrapped and passed the total's check:
+        # [2**62, 2**62] gave cu_seqlens [0, 0, 0], [2**63 - 1, 1] gave [0, -1, 0].
+        ([2**62, 2**62], ValueError, "lengths[0] must be an int in [0, 2147483647] (cu_seqlens is int32), got 4611686018427387904"),
+        ([5, 2**63 - 1, 1], ValueError, "lengths[1] must be an int in [0, 2147483647] (cu_seqlens is int32)"),
+        (torch.tensor([2**62] * 4), ValueError, "lengths[0] must be an int in [0, 2147483647] (cu_seqlens is int32)"),
     ],
 )
 def test_cu_seqlens_from_lengths_errors(lengths, error, match):
