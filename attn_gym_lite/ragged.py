@@ -186,13 +186,17 @@ def pad_cu_seqlens(cu_seqlens: Tensor, sequence_capacity: int) -> Tensor:
     Raises:
         TypeError: ``cu_seqlens`` is not an int32 tensor, or ``sequence_capacity`` not an int.
         ValueError: ``cu_seqlens`` is not 1-D with at least 2 entries, or it already has
-            more than ``N + 1`` entries.
+            more than ``N + 1`` entries; a CPU ``cu_seqlens`` (its values read for free) not
+            starting at 0 or decreasing.
 
     Capture-safe: the tail is copied from the device value ``cu_seqlens[-1]``. Source:
     seed article, sections "Terminology time" and "A More Realistic Training Loop".
     """
     check_cu_seqlens(cu_seqlens)
     capacity = check_int("sequence_capacity", sequence_capacity, minimum=1)
+    # A CPU cu_seqlens has its value rules checked for free (as active_token_mask does); before,
+    # [3, 1] was padded to [3, 1, 1, 1].
+    check_host_cu_seqlens_values(cu_seqlens)
     if cu_seqlens.numel() > capacity + 1:
         raise ValueError(
             f"cu_seqlens must have at most sequence_capacity + 1 = {capacity + 1} entries, "
@@ -449,7 +453,8 @@ def packed_to_padded(
     Raises:
         TypeError / ValueError: ``packed`` is not a tensor with a token dimension,
             ``padding_value`` is not a number, is complex for a real ``packed``, is outside
-            ``packed.dtype``'s range or (for an integer or bool dtype) not integral, or the errors of
+            ``packed.dtype``'s range or (for an integer or bool dtype) not integral, ``max_seqlen``
+            not an int in ``[0, 2**31 - 1]``, or the errors of
             ``validate_cu_seqlens(cu_seqlens, T, max_seqlen=max_seqlen, device=packed.device)``.
 
     Eager only (reads ``cu_seqlens`` on the host). Source: the padded layout that the
@@ -457,6 +462,8 @@ def packed_to_padded(
     """
     _require_token_tensor("packed", packed)
     check_fill("padding_value", padding_value, packed.dtype)
+    if max_seqlen is not None:  # a width, in int32 like every length here (2**62 overflowed the allocation)
+        max_seqlen = check_int("max_seqlen", max_seqlen, minimum=0, maximum=_INT32_MAX)
     _validate_against(cu_seqlens, packed, max_seqlen=max_seqlen)
 
     lengths = lengths_from_cu_seqlens(cu_seqlens)
@@ -544,7 +551,7 @@ def active_token_mask(x_or_token_capacity: Tensor | int, cu_seqlens: Tensor) -> 
     Raises:
         TypeError: ``x_or_token_capacity`` is neither a tensor nor an int, or
             ``cu_seqlens`` is not an int32 tensor.
-        ValueError: ``x_or_token_capacity`` is a 0-d tensor, a negative int, or on a
+        ValueError: ``x_or_token_capacity`` is a 0-d tensor, an int outside ``[0, 2**31 - 1]``, or on a
             different device than ``cu_seqlens``; ``cu_seqlens`` is not 1-D with at
             least 2 entries; a CPU ``cu_seqlens`` not starting at 0, decreasing, or with
             ``L > T``.
@@ -556,7 +563,9 @@ def active_token_mask(x_or_token_capacity: Tensor | int, cu_seqlens: Tensor) -> 
         token_capacity = x_or_token_capacity.shape[0]
         check_cu_seqlens(cu_seqlens, device=x_or_token_capacity.device)
     elif isinstance(x_or_token_capacity, numbers.Integral):
-        token_capacity = check_int("x_or_token_capacity", x_or_token_capacity, minimum=0)
+        # At most int32's largest: the rows are numbered in cu_seqlens' int32, and past it they
+        # would wrap negative (and be marked active).
+        token_capacity = check_int("x_or_token_capacity", x_or_token_capacity, minimum=0, maximum=_INT32_MAX)
         check_cu_seqlens(cu_seqlens)
     else:
         raise TypeError(
@@ -592,7 +601,8 @@ def positions_in_sequence(cu_seqlens: Tensor, token_capacity: int) -> Tensor:
     training scripts (positions reset per document).
     """
     check_cu_seqlens(cu_seqlens)
-    token_capacity = check_int("token_capacity", token_capacity, minimum=0)
+    # int32 rows: past 2**31 - 1 they would wrap negative.
+    token_capacity = check_int("token_capacity", token_capacity, minimum=0, maximum=_INT32_MAX)
     check_host_cu_seqlens_values(cu_seqlens, token_capacity=token_capacity)
     rows = torch.arange(token_capacity, device=cu_seqlens.device, dtype=torch.int32)
     sequence = torch.searchsorted(cu_seqlens, rows, right=True) - 1

@@ -28,7 +28,15 @@ from collections.abc import Sequence
 
 import torch
 
-from .checks import INT32_MAX, check_choice, check_cu_seqlens, check_device, check_int, check_int_sequence
+from .checks import (
+    INT32_MAX,
+    check_choice,
+    check_cu_seqlens,
+    check_device,
+    check_host_cu_seqlens_values,
+    check_int,
+    check_int_sequence,
+)
 
 Tensor = torch.Tensor
 
@@ -268,12 +276,16 @@ def chunk_offsets(cu_seqlens: Tensor, C: int) -> Tensor:
 
     Raises:
         TypeError / ValueError: ``cu_seqlens`` is not a 1-D int32 tensor of at least 2 entries,
-            or ``C`` is not an int ``>= 1``.
+            or ``C`` is not an int ``>= 1``; a CPU ``cu_seqlens`` (its values read for free) not
+            starting at 0 or decreasing.
 
     Source: seed article, "Scheduling without max_seqlen".
     """
     check_cu_seqlens(cu_seqlens)
     C = check_int("C", C, minimum=1)
+    # A CPU cu_seqlens is checked for free (a CUDA one is not read: capture-safe). Before, [0, 65, 1]
+    # gave offsets [0, 2, 1] and one starting at 5 was taken.
+    check_host_cu_seqlens_values(cu_seqlens)
     # Prepending cu_seqlens[0] makes the first "length" 0, so the cumsum starts at 0 and no
     # separate concatenation is needed.
     # In int64: `lengths + (C - 1)` wraps in int32 once C nears 2**31. A C past INT32_MAX covers
@@ -305,8 +317,9 @@ def decode_chunk(chunk_offsets: Sequence[int] | Tensor, cu_seqlens: Sequence[int
         TypeError: ``chunk_offsets`` or ``cu_seqlens`` is not a sequence of ints or an integer
             tensor (a float tensor is refused), or ``flat_chunk`` or ``C`` is not an int
             (``True``, ``0.5``, ``"0"``).
-        ValueError: either prefix sum is empty, they differ in length, ``C < 1``, or
-            ``flat_chunk`` is outside ``[0, G_active)``.
+        ValueError: either prefix sum is empty, they differ in length, ``C < 1``, ``cu_seqlens``
+            does not start at 0 or decreases, ``chunk_offsets`` is not the offsets of
+            ``cu_seqlens`` at ``C``, or ``flat_chunk`` is outside ``[0, G_active)``.
 
     Source: seed article, "Scheduling without max_seqlen" (``search_first_greater``).
     """
@@ -318,6 +331,16 @@ def decode_chunk(chunk_offsets: Sequence[int] | Tensor, cu_seqlens: Sequence[int
         raise ValueError(
             f"chunk_offsets must have as many entries as cu_seqlens ({len(bounds)}), got {len(offsets)}"
         )
+    # An oracle must not answer for offsets that are not the ones chunk_offsets(cu_seqlens, C)
+    # gives (before: [0, 5, 6] against [0, 65, 128] returned token start 256, past L = 128). The
+    # rule restated on the host ints, as the docstring states it: each slot adds ceil(s_i / C).
+    if bounds[0] != 0 or any(b < a for a, b in zip(bounds, bounds[1:])):
+        raise ValueError(f"cu_seqlens must start at 0 and never decrease, got {bounds}")
+    expected = [0]
+    for start, end in zip(bounds, bounds[1:]):
+        expected.append(expected[-1] + -(-(end - start) // C))
+    if offsets != expected:
+        raise ValueError(f"chunk_offsets must be chunk_offsets(cu_seqlens, C={C}) = {expected}, got {offsets}")
     active = offsets[-1]
     if not 0 <= flat_chunk < active:
         raise ValueError(f"flat_chunk must be in [0, G_active = {active}), got {flat_chunk}")

@@ -511,7 +511,7 @@ def test_active_token_mask_hand_example():
     [
         (torch.tensor(3.0), cu([0, 1]), ValueError, "x_or_token_capacity must have a token dimension"),
         ("8", cu([0, 1]), TypeError, "x_or_token_capacity must be a tensor of shape [T, ...] or an int T >= 0, got '8'"),
-        (-1, cu([0, 1]), ValueError, "x_or_token_capacity must be an int >= 0, got -1"),
+        (-1, cu([0, 1]), ValueError, "x_or_token_capacity must be an int in [0, 2147483647], got -1"),
         (torch.empty(4, device="meta"), cu([0, 1]), ValueError, "cu_seqlens must be on device meta, got cpu"),
         (4, torch.tensor([0, 1]), TypeError, "cu_seqlens must have dtype torch.int32"),
         (4, cu([1]), ValueError, "cu_seqlens must have at least 2 entries"),
@@ -565,3 +565,24 @@ def test_lengths_are_read_on_the_host_whatever_their_device():
     lengths = torch.tensor([3, 0, 5], dtype=torch.int16)
     assert cu_seqlens_from_lengths(lengths).tolist() == [0, 3, 3, 8]
     assert cu_seqlens_from_lengths(lengths).dtype == torch.int32
+
+
+def test_int32_bounds_and_host_value_rules_where_they_were_missing():
+    """Reliability tail, round 2. Before: pad_cu_seqlens padded a CPU [3, 1] to [3, 1, 1, 1];
+    packed_to_padded(max_seqlen=2**62) failed with "Storage size calculation overflowed";
+    active_token_mask(2**40, cu) and positions_in_sequence(cu, 2**40) tried to allocate (a bare
+    allocator error), and past 2**31 their int32 rows would wrap negative."""
+    from attn_gym_lite.ragged import positions_in_sequence
+
+    with pytest.raises(ValueError, match=r"^cu_seqlens\[0\] must be 0, got 3"):
+        pad_cu_seqlens(cu([3, 1]), 3)
+    with pytest.raises(ValueError, match=r"^cu_seqlens must be non-decreasing, but cu_seqlens\[2\] = 1 < cu_seqlens\[1\] = 3"):
+        pad_cu_seqlens(cu([0, 3, 1]), 3)
+    assert pad_cu_seqlens(cu([0, 2, 4]), 4).tolist() == [0, 2, 4, 4, 4]
+    with pytest.raises(ValueError, match=r"^max_seqlen must be an int in \[0, 2147483647\], got 4611686018427387904$"):
+        packed_to_padded(torch.arange(5.0), cu([0, 2, 4]), max_seqlen=2**62)
+    assert packed_to_padded(torch.arange(5.0), cu([0, 2, 4]), max_seqlen=3).tolist() == [[0.0, 1.0, 0.0], [2.0, 3.0, 0.0]]
+    with pytest.raises(ValueError, match=r"^x_or_token_capacity must be an int in \[0, 2147483647\], got 1099511627776$"):
+        active_token_mask(2**40, cu([0, 2]))
+    with pytest.raises(ValueError, match=r"^token_capacity must be an int in \[0, 2147483647\], got 2147483648$"):
+        positions_in_sequence(cu([0, 2]), 2**31)

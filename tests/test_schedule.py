@@ -284,3 +284,21 @@ def test_launch_grid_checks_every_count_for_every_schedule():
         launch_grid("flat", **{**sizes, "ctas_per_sm": 0})
     with pytest.raises(ValueError, match=r"schedule must be one of \('rect', 'flat', 'persistent', 'dynamic'\), got 'auto'"):
         launch_grid("auto", **sizes)
+
+
+def test_chunk_offsets_and_decode_chunk_refuse_layouts_they_cannot_describe():
+    """Reliability tail, round 2. Before: chunk_offsets of a CPU [0, 65, 1] gave [0, 2, 1]; the
+    oracle decode_chunk answered (0, 4, 256), a token start past L = 128, for offsets [0, 5, 6] that
+    are not those of [0, 65, 128], and took decreasing offsets [0, 3, 2]."""
+    with pytest.raises(ValueError, match=r"^cu_seqlens must be non-decreasing, but cu_seqlens\[2\] = 1 < cu_seqlens\[1\] = 65"):
+        chunk_offsets(torch.tensor([0, 65, 1], dtype=torch.int32), 64)
+    with pytest.raises(ValueError, match=r"^cu_seqlens\[0\] must be 0, got 5"):
+        chunk_offsets(torch.tensor([5, 65], dtype=torch.int32), 64)
+    for offsets in ([0, 5, 6], [0, 3, 2]):
+        with pytest.raises(ValueError, match=rf"^chunk_offsets must be chunk_offsets\(cu_seqlens, C=64\) = \[0, 2, 3\], "
+                                             rf"got \[{offsets[0]}, {offsets[1]}, {offsets[2]}\]$"):
+            decode_chunk(offsets, [0, 65, 128], 1, 64)
+    with pytest.raises(ValueError, match=r"^cu_seqlens must start at 0 and never decrease, got \[0, 65, 1\]$"):
+        decode_chunk([0, 2, 3], [0, 65, 1], 1, 64)
+    # An empty slot between them decodes past it, as the kernels do.
+    assert decode_chunk([0, 2, 2, 3], [0, 65, 65, 128], 2, 64) == (2, 0, 65)
