@@ -154,8 +154,28 @@ def test_a_max_seqlen_below_the_longest_sequence_is_refused_outside_a_capture():
     if device == "cuda":
         with pytest.raises(ValueError, match=message):
             varlen_attention(q, q, q, cu, impl="varlen_attn", max_seqlen=13)
-    # A bound the schedule does not use is not checked (nor needed): it reads cu_seqlens on the device.
-    varlen_attention(q, q, q, cu, impl="triton", max_seqlen=13)
+    # A bound the schedule does not use is checked where the values are read anyway (a CPU
+    # cu_seqlens, the interpreter), and not on CUDA, where reading them would cost a sync.
+    if device == "cuda":
+        varlen_attention(q, q, q, cu, impl="triton", max_seqlen=13)
+    else:
+        with pytest.raises(ValueError, match=message):
+            varlen_attention(q, q, q, cu, impl="triton", max_seqlen=13)
+
+
+def test_the_reference_checks_a_max_seqlen_it_is_given():
+    """Reliability tail, round 2. Before: the reference (and "auto"'s fallback to it on CPU)
+    ignored max_seqlen, so a bound too short for the batch passed in CPU tests and was refused
+    only on the GPU paths that use it."""
+    cu = torch.tensor([0, 40, 48, 48], dtype=torch.int32)
+    q = torch.randn(48, 2, 16, dtype=torch.float64)
+    message = r"^max_seqlen must be >= the longest sequence, got max_seqlen = 13 but sequence 0 has length 40$"
+    for impl in ("reference", "auto"):
+        with pytest.raises(ValueError, match=message):
+            varlen_attention(q, q, q, cu, impl=impl, max_seqlen=13)
+    # A sufficient bound changes nothing: the output is the reference's without one.
+    assert torch.equal(varlen_attention(q, q, q, cu, impl="reference", max_seqlen=40),
+                       varlen_attention(q, q, q, cu, impl="reference"))
 
 
 @pytest.mark.gpu

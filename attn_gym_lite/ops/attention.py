@@ -129,8 +129,10 @@ def varlen_attention(
         max_seqlen: an upper bound on the longest sequence (tokens). Required by
             ``"varlen_attn"`` and the Triton ``schedule="rect"`` (they size their grid by it; under
             a graph it is fixed at capture, so pass the worst case, e.g. ``T``), and by ``"sdpa"``
-            (the padded rows' length ``S``); ignored by the other Triton schedules and by
-            ``"reference"``, which find the work in ``cu_seqlens``.
+            (the padded rows' length ``S``); not needed by the other Triton schedules and by
+            ``"reference"``, which find the work in ``cu_seqlens``, but checked against the longest
+            sequence there too when given and the values are read anyway (``"reference"``, a CPU
+            ``cu_seqlens``).
         schedule: the Triton kernels' schedule (one of :data:`attn_gym_lite.schedule.SCHEDULES`);
             ignored by ``"reference"`` and ``"sdpa"``, refused by ``"varlen_attn"`` unless ``"auto"``.
         zero_inactive: write zeros to rows ``L..T-1`` of the output and of the q/k/v gradients
@@ -198,13 +200,19 @@ def varlen_attention(
     if impl == "reference":
         if q.is_cuda and torch.cuda.is_current_stream_capturing():
             raise _reference_in_capture(requested, q)
-        # It reads cu_seqlens on the host and checks every value rule itself.
+        # It reads cu_seqlens on the host and checks every value rule itself. A max_seqlen it does
+        # not need is still checked when given (one comparison on values read anyway): a bound too
+        # short for the batch is the caller's bug, refused here as it is on the GPU paths, not
+        # found only when the same code reaches a kernel that uses it.
+        if max_seqlen is not None and validate and not capturing:
+            checks.check_cu_seqlens_values(cu_seqlens, token_capacity=q.shape[0], max_seqlen=max_seqlen)
         return varlen_attention_reference(q, k, v, cu_seqlens, causal=causal)
     # A CPU cu_seqlens (the interpreter) costs no device sync to read: check every value rule there,
-    # as the reference path does; a CUDA one only where a bound must be checked (one sync).
+    # as the reference path does, and a given max_seqlen with them; a CUDA one only where a bound
+    # must be checked (one sync).
     if validate and (reads_bound or not cu_seqlens.is_cuda) and not capturing:
         checks.check_cu_seqlens_values(cu_seqlens, token_capacity=q.shape[0],
-                                       max_seqlen=max_seqlen if reads_bound else None)
+                                       max_seqlen=max_seqlen if reads_bound or not cu_seqlens.is_cuda else None)
     if impl == "sdpa":
         return _padded_sdpa(q, k, v, cu_seqlens, max_seqlen, causal, validate and not capturing)
     if impl == "triton":
