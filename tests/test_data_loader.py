@@ -233,11 +233,11 @@ def test_load_state_dict_checks_every_field():
     state = loader.state_dict()
     assert state["source_position"] == 20 and state["epoch"] == 0
     cases = [
-        ({"source_position": -5}, ValueError, r"state\['source_position'\] must be an int >= 0, got -5"),
+        ({"source_position": -5}, ValueError, r"state\['source_position'\] must be an int in \[0, 9223372036854775807\], got -5"),
         ({"source_position": 10**6}, ValueError,
          r"state\['source_position'\] must be at most the corpus's 20 documents, got 1000000: "
          r"was the state saved with another corpus\?"),
-        ({"source_position": 2.0}, TypeError, r"state\['source_position'\] must be an int >= 0, got 2.0"),
+        ({"source_position": 2.0}, TypeError, r"state\['source_position'\] must be an int in \[0, 9223372036854775807\], got 2.0"),
         ({"batches": "x"}, TypeError, r"state\['batches'\] must be an int >= 0, got 'x'"),
         ({"epoch": 7}, ValueError, r"state\['epoch'\] must be below this loader's epochs = 1 \(epochs count from 0\), got 7"),
         ({"epoch": True}, TypeError, r"state\['epoch'\] must be an int >= 0, got True"),
@@ -251,6 +251,21 @@ def test_load_state_dict_checks_every_field():
         ({"pending": [[1, 5, 3]]}, ValueError, r"state\['pending'\]\[0\]\[2\] \(stop\) must be an int in \[6, 29\], got 3"),
         ({"pending": [[-1, 0, 3]]}, ValueError, r"state\['pending'\]\[0\]\[0\] \(document\) must be an int >= 0, got -1"),
         ({"rng": 5}, ValueError, r"state\['rng'\] must be a random.Random state as state_dict\(\) writes it"),
+        # Reliability tail, round 2. Before: a negative word raised a bare OverflowError, words of
+        # 2**32 or more were truncated silently, version 2 and a string gauss_next were taken; a
+        # source_position past sys.maxsize failed inside islice; an extra key (a sharded loader's
+        # "shard") was ignored.
+        ({"rng": [3, [-1] + state["rng"][1][1:], None]}, ValueError,
+         r"internal state entry 0 must be an int in \[0, 4294967296\), got -1"),
+        ({"rng": [3, state["rng"][1][:3] + [2**33] + state["rng"][1][4:], None]}, ValueError,
+         r"internal state entry 3 must be an int in \[0, 4294967296\), got 8589934592"),
+        ({"rng": [2, state["rng"][1], None]}, ValueError, r"version must be 3 \(random.Random's\), got 2"),
+        ({"rng": [3, state["rng"][1], "x"]}, ValueError, r"gauss_next must be None or a finite float, got 'x'"),
+        ({"source_position": 2**63}, ValueError,
+         r"state\['source_position'\] must be an int in \[0, 9223372036854775807\], got 9223372036854775808"),
+        ({"shard": {"rank": 0, "world_size": 1}}, ValueError,
+         r"state has keys this loader does not read \['shard'\] \(a ShardedPackedLoader's state: .*\); expected"),
+        ({"note": "mine"}, ValueError, r"state has keys this loader does not read \['note'\]; expected"),
     ]
     for change, error, match in cases:
         with pytest.raises(error, match=match):

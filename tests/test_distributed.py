@@ -433,6 +433,10 @@ def test_each_rank_packs_its_own_shard_and_resumes_from_its_own_state():
         loader(0).load_state_dict(state)
     with pytest.raises(ValueError, match="got shard None"):
         loader(1).load_state_dict({k: v for k, v in state.items() if k != "shard"})
+    # Reliability tail, round 2: False == 0, so rank False passed for rank 0.
+    with pytest.raises(ValueError, match=r"state must be saved by the shard \{'rank': 0, 'world_size': 2\}, got shard "
+                                         r"\{'rank': False, 'world_size': 2\}"):
+        loader(0).load_state_dict(state | {"shard": {"rank": False, "world_size": 2}})
     with pytest.raises(TypeError, match="state must be a dict"):
         loader(1).load_state_dict([])
 

@@ -13,9 +13,11 @@ import atexit
 import copy
 import hashlib
 import itertools
+import math
 import os
 import queue
 import random
+import sys
 import threading
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import TypeVar
@@ -109,7 +111,22 @@ def _rng_state_to_json(state: tuple) -> list:
 
 
 def _rng_state_from_json(state: list) -> tuple:
+    """The ``random.Random`` state ``state_dict()`` wrote, checked entry by entry: ``setstate``
+    itself truncates words of 2**32 or more silently, raises OverflowError for negative ones, and
+    takes a version or ``gauss_next`` of the wrong kind."""
+    if not isinstance(state, (list, tuple)) or len(state) != 3:
+        raise ValueError("not a [version, [625 ints], gauss_next] triple")
     version, internal, gauss_next = state
+    if type(version) is not int or version != 3:
+        raise ValueError(f"version must be 3 (random.Random's), got {version!r:.20}")
+    if not isinstance(internal, (list, tuple)) or len(internal) != 625:
+        raise ValueError("the internal state must be a list of 625 ints")
+    for i, word in enumerate(internal):
+        bound = 625 if i == 624 else 2**32  # 624 Mersenne Twister words, then the position
+        if type(word) is not int or not 0 <= word < bound:
+            raise ValueError(f"internal state entry {i} must be an int in [0, {bound}), got {word!r:.30}")
+    if gauss_next is not None and (type(gauss_next) is not float or not math.isfinite(gauss_next)):
+        raise ValueError(f"gauss_next must be None or a finite float, got {gauss_next!r:.30}")
     return (version, tuple(internal), gauss_next)
 
 
@@ -519,7 +536,8 @@ class PackedLoader:
             TypeError: ``state`` is not a dict; ``state["config"]`` is not a dict; a field of the
                 wrong type (the message names it, e.g. ``state['batches']``;
                 ``state['corpus_digest']`` not a hex digest string).
-            ValueError: keys are missing; ``state["config"]`` differs from this loader's
+            ValueError: keys are missing or unknown (a ``ShardedPackedLoader``'s ``"shard"``
+                included); ``state["config"]`` differs from this loader's
                 arguments (the message names the first difference; ``tokenizer_fingerprint``
                 for another tokenizer under the same name); a field out of range,
                 e.g. ``state['epoch']`` not below ``epochs`` or ``state['source_position']``
@@ -532,6 +550,13 @@ class PackedLoader:
             raise ValueError(
                 f"state is missing keys {sorted(missing)}; expected {sorted(_STATE_KEYS)}"
             )
+        # Nothing else either: a key this loader does not read is a state of another kind (a
+        # ShardedPackedLoader's "shard") or a hand edit, and resuming would ignore it.
+        if unknown := set(state) - _STATE_KEYS:
+            hint = " (a ShardedPackedLoader's state: load it into the same rank's ShardedPackedLoader)" \
+                if "shard" in unknown else ""
+            raise ValueError(f"state has keys this loader does not read {sorted(map(str, unknown))}{hint}; "
+                             f"expected {sorted(_STATE_KEYS)}")
         if not isinstance(state["config"], dict):
             raise TypeError(f"state['config'] must be a dict of the loader's arguments, got {type(state['config']).__name__}")
         for key, value in self._config().items():
@@ -551,7 +576,8 @@ class PackedLoader:
             raise ValueError(
                 f"state['epoch'] must be below this loader's epochs = {self.epochs} (epochs count from 0), got {epoch}"
             )
-        source_position = check_int("state['source_position']", state["source_position"], minimum=0)
+        # At most sys.maxsize: the corpus is read up to it with islice (past it, a bare ValueError).
+        source_position = check_int("state['source_position']", state["source_position"], minimum=0, maximum=sys.maxsize)
         check_int("state['batches']", state["batches"], minimum=0)
         shuffle = _check_list("state['shuffle']", state["shuffle"])
         if len(shuffle) > self.shuffle_buffer:

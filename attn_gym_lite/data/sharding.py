@@ -129,7 +129,9 @@ class ShardedPackedLoader(PackedLoader):
         if not isinstance(state, dict):
             raise TypeError(f"state must be a dict from state_dict(), got {type(state).__name__}")
         expected = {"rank": self.rank, "world_size": self.world_size}
-        if state.get("shard") != expected:
+        shard = state.get("shard")
+        # Compared with the types too: {"rank": False} equals {"rank": 0} under ==.
+        if not (isinstance(shard, dict) and all(type(shard.get(key)) is int for key in expected) and shard == expected):
             raise ValueError(f"state must be saved by the shard {expected}, got shard {state.get('shard')!r}")
         super().load_state_dict({key: value for key, value in state.items() if key != "shard"})
 
