@@ -139,6 +139,18 @@ def _check_list(argument: str, value: object) -> list:
         raise TypeError(f"{argument} must be a list, got {type(value).__name__}: {value!r:.60}")
     return list(value)
 _STATE_KEYS = {"config", "epoch", "source_position", "corpus_digest", "shuffle", "rng", "pending", "batches"}
+#: Written by state_dict() and checked where present (a state saved before it existed has none).
+_OPTIONAL_STATE_KEYS = {"pending_digest"}
+
+
+def _pending_digest(pieces: Iterable[tuple[int, int, Sequence[int]]]) -> str:
+    """BLAKE2b of the unpacked pieces' token ids, in stream order. ``corpus_digest`` covers the
+    documents read this epoch; after an epoch boundary, pieces of the previous epoch may come from
+    documents past ``source_position``, which it does not cover: this does."""
+    digest = hashlib.blake2b(digest_size=16)
+    for doc, start, ids in pieces:
+        digest.update(f"{doc},{start}:".encode() + ",".join(map(str, ids)).encode() + b";")
+    return digest.hexdigest()
 
 #: The corpus digest of no document: the value at the start of every epoch.
 _EMPTY_DIGEST = hashlib.blake2b(digest_size=16).hexdigest()
@@ -204,6 +216,14 @@ class _PieceStream:
                     "was the state saved with another corpus or tokenizer?"
                 )
             self._add(doc, start, ids)
+        saved = state.get("pending_digest")
+        if saved is not None and saved != _pending_digest(self.store.values()):
+            raise ValueError(
+                "state['pending'] pieces do not match the corpus: their tokens differ from those saved "
+                "(pieces left over from the previous epoch may come from documents past "
+                "state['source_position'], which state['corpus_digest'] does not cover): was the state "
+                "saved with another corpus or tokenizer?"
+            )
         self.source: Iterator[object] | None = itertools.islice(
             self._open(), self.source_position, None
         )
@@ -306,6 +326,7 @@ class _PieceStream:
             "shuffle": [doc for doc, _ in self.shuffle],
             "rng": _rng_state_to_json(self.rng.getstate()),
             "pending": [[doc, start, start + len(ids)] for doc, start, ids in self.store.values()],
+            "pending_digest": _pending_digest(self.store.values()),
             "batches": self.batches,
         }
 
@@ -424,6 +445,7 @@ class PackedLoader:
         self.tokenizer = resolve_tokenizer(tokenizer)
         self._tokenizer_fingerprint = _tokenizer_fingerprint(self.tokenizer)
         self._state = self._initial_state()
+        self._generation = 0  # see __iter__: which iteration owns the state
 
     @staticmethod
     def _corpus_function(corpus: object) -> Callable[[], Iterable[object]]:
@@ -464,6 +486,7 @@ class PackedLoader:
             "shuffle": [],
             "rng": _rng_state_to_json(random.Random(self.seed).getstate()),
             "pending": [],
+            "pending_digest": _pending_digest(()),
             "batches": 0,
         }
 
@@ -482,6 +505,11 @@ class PackedLoader:
             yield batch, stream.state()
 
     def __iter__(self) -> Iterator[PackedBatch]:
+        # One live iteration owns the loader's state. A later iteration, or load_state_dict,
+        # supersedes it: before, the older iterator kept running from its own copy and wrote its
+        # position back over the loaded state at its next batch (the load was silently lost).
+        self._generation += 1
+        generation = self._generation
         from_start = self._state["batches"] == 0
         produced = self._produce(self._state)
         if self.prefetch:
@@ -489,6 +517,12 @@ class PackedLoader:
         count = 0
         try:
             for batch, state in produced:
+                if self._generation != generation:
+                    raise RuntimeError(
+                        "this iteration of the loader was superseded: load_state_dict() was called, or another "
+                        "iteration started, while it was live. Its batches would no longer follow the loader's "
+                        "state; start a new iteration (iter(loader)), which continues from that state."
+                    )
                 self._state = state
                 count += 1
                 yield batch
@@ -501,7 +535,8 @@ class PackedLoader:
             # Stop (and join) the prefetch worker now when the consumer stops early, rather than
             # whenever the garbage collector finalizes the inner generator.
             produced.close()
-        self._state = self._initial_state()
+        if self._generation == generation:  # a superseded iteration must not reset the new state
+            self._state = self._initial_state()
 
     def state_dict(self) -> dict:
         """The position after the last batch handed out (JSON-ready; a fresh copy).
@@ -511,13 +546,19 @@ class PackedLoader:
         ``source_position`` (documents read from the corpus this epoch), ``corpus_digest`` (a
         chained BLAKE2b digest of those documents), ``shuffle`` (corpus indices in the shuffle
         buffer), ``rng`` (the shuffle's generator state), ``pending`` (unpacked pieces as
-        ``[document index, start, stop]`` token ranges, in stream order) and ``batches``
-        (batches handed out so far).
+        ``[document index, start, stop]`` token ranges, in stream order), ``pending_digest`` (a
+        BLAKE2b digest of those pieces' token ids: pieces left from the previous epoch may come
+        from documents past ``source_position``, which ``corpus_digest`` does not cover) and
+        ``batches`` (batches handed out so far).
         """
         return copy.deepcopy(self._state)
 
     def load_state_dict(self, state: dict) -> None:
         """Continue from a :meth:`state_dict` at the next iteration.
+
+        The next iteration is the next ``iter(loader)``: an iterator live when this is called is
+        superseded, and raises a RuntimeError at its next batch instead of continuing from its
+        own position (as does an older iterator when a new iteration starts).
 
         Every field is checked here, against this loader's arguments, so a damaged or foreign
         state fails now rather than part-way through the next iteration: ``epoch`` an int in
@@ -552,7 +593,7 @@ class PackedLoader:
             )
         # Nothing else either: a key this loader does not read is a state of another kind (a
         # ShardedPackedLoader's "shard") or a hand edit, and resuming would ignore it.
-        if unknown := set(state) - _STATE_KEYS:
+        if unknown := set(state) - _STATE_KEYS - _OPTIONAL_STATE_KEYS:
             hint = " (a ShardedPackedLoader's state: load it into the same rank's ShardedPackedLoader)" \
                 if "shard" in unknown else ""
             raise ValueError(f"state has keys this loader does not read {sorted(map(str, unknown))}{hint}; "
@@ -567,6 +608,7 @@ class PackedLoader:
                 )
         self._check_state_fields(state)
         self._state = copy.deepcopy(state)
+        self._generation += 1  # a live iteration is superseded (it raises at its next batch)
 
     def _check_state_fields(self, state: dict) -> None:
         """The range and type of each field of a state whose config matches (see
@@ -608,13 +650,15 @@ class PackedLoader:
                 "state['rng'] must be a random.Random state as state_dict() writes it "
                 f"([version, [625 ints], gauss_next]), got {state['rng']!r:.60}: {error}"
             ) from None
+        for key in ("corpus_digest", "pending_digest"):
+            saved_digest = state.get(key, _EMPTY_DIGEST)  # pending_digest is optional
+            if not (isinstance(saved_digest, str) and len(saved_digest) == len(_EMPTY_DIGEST)
+                    and all(c in "0123456789abcdef" for c in saved_digest)):
+                raise TypeError(
+                    f"state['{key}'] must be a {len(_EMPTY_DIGEST)}-character hex digest as state_dict() writes "
+                    f"it, got {saved_digest!r:.60}"
+                )
         saved_digest = state["corpus_digest"]
-        if not (isinstance(saved_digest, str) and len(saved_digest) == len(_EMPTY_DIGEST)
-                and all(c in "0123456789abcdef" for c in saved_digest)):
-            raise TypeError(
-                f"state['corpus_digest'] must be a {len(_EMPTY_DIGEST)}-character hex digest as state_dict() writes "
-                f"it, got {saved_digest!r:.60}"
-            )
         # Re-read the documents this epoch had read (not tokenized): a corpus that has fewer, or
         # other documents up to that position, would resume at the wrong place.
         read, digest = 0, _EMPTY_DIGEST
