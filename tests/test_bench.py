@@ -107,11 +107,40 @@ def test_load_result_names_what_exists(tmp_path):
     # The bench CLI's --out is a GPU folder; given as root, the message says how to load it instead.
     mine = tmp_path / "my-gpu"
     mine.mkdir()
-    (mine / "packing_study.json").write_text("{}")
+    minimal = {"suite": "packing-study", "provenance": {"gpu": None, "date": "2026-12-02", "command": "x", "commit": None}}
+    (mine / "packing_study.json").write_text(json.dumps(minimal))
     with pytest.raises(FileNotFoundError, match=r"GPU folders under root: \[\]; .*itself holds packing_study.json.*"
                                                  r"gpu='my-gpu'"):
         load_result("packing-study", root=mine)
-    assert load_result("packing-study", gpu="my-gpu", root=tmp_path) == {}
+    assert load_result("packing-study", gpu="my-gpu", root=tmp_path) == minimal
+    # Reliability tail, round 2. Before: load_result(3) raised AttributeError ('int' object has no
+    # attribute 'replace'), gpu=None a TypeError from pathlib, "../h200/x" left the GPU folder, a
+    # file of broken JSON a bare JSONDecodeError naming no path, and "[1, 2]" came back as a record.
+    with pytest.raises(TypeError, match=r"^load_result: suite must be a str, got int: 3$"):
+        load_result(3)
+    with pytest.raises(TypeError, match=r"^load_result: gpu must be a str, got NoneType: None$"):
+        load_result("hello-world", gpu=None)
+    with pytest.raises(ValueError, match=r"^load_result: suite must be a name \(no path separator, not '.' or '..'\), got '../h200/x'$"):
+        load_result("../h200/x")
+    (mine / "broken.json").write_text("{not json")
+    (mine / "listed.json").write_text("[1, 2]")
+    with pytest.raises(ValueError, match=r"^load_result: '.*broken.json' is not a recording \(JSON as the bench CLI writes it\)"):
+        load_result("broken", gpu="my-gpu", root=tmp_path)
+    with pytest.raises(ValueError, match=r"^load_result: '.*listed.json' is not a recording: a JSON object with a 'provenance' "
+                                         r"object was expected, got list$"):
+        load_result("listed", gpu="my-gpu", root=tmp_path)
+    # banner checks the record before printing (KeyError, 'NoneType' not subscriptable and
+    # "'str' object has no attribute 'get'" before).
+    recorded = load_result("hello-world")
+    for record, message in [
+        ({}, r"record must be a recording \(a dict with a 'provenance' dict, as load_result returns\), got dict"),
+        ([], r"record must be a recording .*got list"),
+        ({"provenance": {**recorded["provenance"], "gpu": "H200"}},
+         r"record\['provenance'\]\['gpu'\] must be dict or NoneType, got str: 'H200'"),
+        ({"provenance": {**recorded["provenance"], "date": 2024}}, r"record\['provenance'\]\['date'\] must be str, got int: 2024"),
+    ]:
+        with pytest.raises(TypeError, match="^" + message):
+            banner(record, "x")
     with pytest.raises(FileNotFoundError, match="is not a folder"):
         load_result("packing-study", root=tmp_path / "missing")
 

@@ -51,11 +51,22 @@ def load_result(suite: str, gpu: str = "h200", root: Path | str | None = None) -
     ``"declared_stale"`` (added in memory, never written), which :func:`banner` prints.
 
     Raises:
+        TypeError: ``suite`` or ``gpu`` is not a str, ``root`` not a path or ``None``.
+        ValueError: ``suite`` or ``gpu`` is a path rather than a name (a separator, ``".."``); the
+            file is not JSON, or not an object with a ``provenance`` object.
         FileNotFoundError: no such recording; the message lists the suites recorded for ``gpu`` and
             the GPU folders under ``root``, says when ``root`` does not exist, and when ``root`` is
             itself a GPU folder (what ``python -m attn_gym_lite.bench SUITE --out DIR`` writes to:
             pass its parent as ``root`` and its name as ``gpu``).
     """
+    # Names, not paths: "../h200/x" would leave the GPU folder, an int failed on .replace.
+    for argument, value in (("suite", suite), ("gpu", gpu)):
+        if not isinstance(value, str):
+            raise TypeError(f"load_result: {argument} must be a str, got {type(value).__name__}: {value!r:.40}")
+        if not value or value in (".", "..") or "/" in value or "\\" in value:
+            raise ValueError(f"load_result: {argument} must be a name (no path separator, not '.' or '..'), got {value!r}")
+    if root is not None and not isinstance(root, (str, Path)):
+        raise TypeError(f"load_result: root must be a path (str or Path) or None, got {type(root).__name__}")
     base = Path(root or RESULTS_ROOT)
     folder = base / gpu
     name = f"{suite.replace('-', '_')}.json"
@@ -71,7 +82,13 @@ def load_result(suite: str, gpu: str = "h200", root: Path | str | None = None) -
                     f"with root={str(base.parent)!r}, gpu={base.name!r}")
         raise FileNotFoundError(f"load_result: no recording {path}; recorded for {gpu!r}: {known}; "
                                 f"GPU folders under root: {gpus}{hint}")
-    record = json.loads(path.read_text())
+    try:
+        record = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as error:
+        raise ValueError(f"load_result: {str(path)!r} is not a recording (JSON as the bench CLI writes it): {error}") from None
+    if not isinstance(record, dict) or not isinstance(record.get("provenance"), dict):
+        raise ValueError(f"load_result: {str(path)!r} is not a recording: a JSON object with a 'provenance' object "
+                         f"was expected, got {type(record).__name__}")
     reason = declared_stale(root).get(f"{gpu}/{path.name}")
     if reason:
         record["declared_stale"] = reason
@@ -79,8 +96,23 @@ def load_result(suite: str, gpu: str = "h200", root: Path | str | None = None) -
 
 
 def provenance_line(record: dict) -> str:
-    """One line naming GPU, versions, date, commit and command of a recorded result (plain text)."""
+    """One line naming GPU, versions, date, commit and command of a recorded result (plain text).
+
+    Raises:
+        TypeError: ``record`` is not a dict with a ``provenance`` dict whose ``gpu`` is a dict or
+            ``None`` and whose ``date``, ``command`` and ``commit`` (when set) are strings (as the
+            bench CLI writes them; the message names the field).
+    """
+    if not isinstance(record, dict) or not isinstance(record.get("provenance"), dict):
+        raise TypeError(f"record must be a recording (a dict with a 'provenance' dict, as load_result returns), "
+                        f"got {type(record).__name__}" + (f" with provenance {record.get('provenance')!r:.40}"
+                                                          if isinstance(record, dict) else ""))
     p = record["provenance"]
+    expected = {"gpu": (dict, type(None)), "date": (str,), "command": (str,), "commit": (str, type(None))}
+    for field, types in expected.items():
+        if not isinstance(p.get(field), types):
+            raise TypeError(f"record['provenance']['{field}'] must be {' or '.join(t.__name__ for t in types)}, "
+                            f"got {type(p.get(field)).__name__}: {p.get(field)!r:.40}")
     gpu = p["gpu"]
     commit = (p.get("commit") or "unknown")[:12]
     # A CPU-only suite (packing-study) recorded where there is no GPU has no GPU, driver or CUDA.
@@ -113,12 +145,19 @@ def banner(record: dict, not_run: str) -> str:
         Lines of plain text: on a CPU, ``"CPU mode: no CUDA device here, so <not_run> did not run."``,
         then the recording's :func:`provenance_line`, indented, and for a recording listed in
         :data:`DECLARED_STALE` why it is older than the package.
+
+    Raises:
+        TypeError: ``record`` is not a recording (:func:`provenance_line`'s checks), or
+            ``not_run`` not a str.
     """
+    if not isinstance(not_run, str):
+        raise TypeError(f"not_run must be a str (what this machine did not run), got {type(not_run).__name__}")
+    line = provenance_line(record)  # checks record before anything is printed
     if torch.cuda.is_available():
         head = [f"Live run on {torch.cuda.get_device_name()}, beside the recording from:"]
     else:
         head = [f"CPU mode: no CUDA device here, so {not_run} did not run.", "Showing the recording from:"]
-    lines = [*(_wrap(line) for line in head), _wrap(provenance_line(record), indent="  ")]
+    lines = [*(_wrap(text) for text in head), _wrap(line, indent="  ")]
     if record.get("declared_stale"):
         lines.append(_wrap(f"Older than this package: {record['declared_stale']}"))
     return "\n".join(lines)
