@@ -67,6 +67,9 @@ BAD_TRACES = [
     ("dur negative", trace_with(kernel(dur=-2)), ValueError, r"\[4\]\['dur'\] must be a finite real number >= 0.0, got -2.0"),
     ("dur infinite", trace_with(kernel(dur=float("inf"))), ValueError, r"\['dur'\] must be a finite real number >= 0.0, got inf"),
     ("args a string", trace_with(kernel(args="stream 7")), TypeError, r"\[4\]\['args'\] must be a dict, got str 'stream 7'"),
+    # Reliability tail, round 2: a list cat or ph raised "unhashable type: 'list'" in every reader.
+    ("cat a list", trace_with(kernel(cat=["kernel"])), TypeError, r"\[4\]\['cat'\] must be a str, got list \['kernel'\]"),
+    ("ph a list", trace_with(kernel(ph=["X"])), TypeError, r"\[4\]\['ph'\] must be a str, got list \['X'\]"),
 ]
 
 

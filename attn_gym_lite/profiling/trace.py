@@ -430,7 +430,8 @@ def check_slices(trace: Trace, categories: Collection[str] | None, where: str) -
     an error.
 
     Raises:
-        TypeError: an event is not a dict; a ``ts`` or ``dur`` that is not a real number
+        TypeError: an event is not a dict; its ``cat`` or ``ph``, where present, not a string;
+            a ``ts`` or ``dur`` that is not a real number
             (``None``, a string, a ``bool``); ``args`` that is not a dict. Messages name the event
             by its index, ``trace['traceEvents'][i]``.
         ValueError: a NaN or infinite ``ts``; a negative, NaN or infinite ``dur``.
@@ -439,6 +440,10 @@ def check_slices(trace: Trace, categories: Collection[str] | None, where: str) -
         name = f"{where}: trace['traceEvents'][{index}]"
         if not isinstance(event, dict):
             raise TypeError(f"{name} must be a dict (a trace event), got {type(event).__name__} {event!r:.60}")
+        # cat and ph are looked up in sets by every reader: a list there raised "unhashable type".
+        for key in ("cat", "ph"):
+            if key in event and not isinstance(event[key], str):
+                raise TypeError(f"{name}['{key}'] must be a str, got {type(event[key]).__name__} {event[key]!r:.40}")
         if event.get("ph") != "X" or (categories is not None and event.get("cat") not in categories) or (
                 "ts" not in event or "dur" not in event):
             continue
