@@ -76,13 +76,23 @@ class ProcessRun:
 # imports nothing from the package (and so not torch).
 
 
+#: The longest wait a timeout may ask for (seconds, about 31 years): well inside what
+#: ``Popen.communicate`` and ``wait`` can convert (1e10 raised OverflowError there, after the child
+#: had started, and left its process group running).
+MAX_SECONDS = 1e9
+
+
 def _check_seconds(name: str, value: object) -> float:
     # Any real number (numpy's float32 and int64 included: a timeout read from an array), not a bool.
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise TypeError(f"{name} must be a number of seconds, got {type(value).__name__}: {value!r}")
-    if not (value > 0 and math.isfinite(value)):
-        raise ValueError(f"{name} must be a finite number of seconds > 0, got {value!r}")
-    return float(value)
+        raise TypeError(f"{name} must be a number of seconds, got {type(value).__name__}: {value!r:.40}")
+    try:
+        seconds = float(value)
+    except OverflowError:  # an int past float's range (10**400)
+        seconds = math.inf
+    if not (seconds > 0 and seconds <= MAX_SECONDS):
+        raise ValueError(f"{name} must be a finite number of seconds > 0 and <= {MAX_SECONDS:.0f}, got {value!r:.40}")
+    return seconds
 
 
 def _check_callable(name: str, value: object) -> None:
@@ -98,6 +108,11 @@ def _check_env(env: object) -> dict[str, str] | None:
     bad = [(key, value) for key, value in env.items() if not (isinstance(key, str) and isinstance(value, str))]
     if bad:
         raise TypeError(f"env must be a mapping of str to str or None, got {bad[0][0]!r}: {bad[0][1]!r:.60}")
+    # What the OS cannot hold (Popen's bare "illegal environment variable name" / "embedded null byte").
+    bad = [(key, value) for key, value in env.items() if not key or "=" in key or "\0" in key or "\0" in value]
+    if bad:
+        raise ValueError(f"env must map variable names (non-empty, no '=' or NUL) to values without NUL, got "
+                         f"{bad[0][0]!r}: {bad[0][1]!r:.60}")
     return dict(env)
 
 
@@ -107,6 +122,8 @@ def _check_log(log: object) -> str | os.PathLike | None:
     if not isinstance(log, (str, os.PathLike)):
         raise TypeError(f"log must be a str or os.PathLike or None, got {type(log).__name__}")
     path = os.fspath(log)
+    if not path:  # open("") raised a bare FileNotFoundError: ''
+        raise ValueError("log must be a file path or None, got an empty path ''")
     if os.path.isdir(path):
         raise FileNotFoundError(f"log={str(path)!r} is a directory, expected a file")
     folder = os.path.dirname(path) or "."
@@ -148,12 +165,14 @@ def _end_group(process: subprocess.Popen, grace_s: float) -> tuple[str | None, s
     # The leader's pid names its group (start_new_session). The group outlives the leader while any
     # member lives, so the SIGKILL below still reaches a grandchild after the leader has exited.
     _signal_group(process.pid, signal.SIGTERM)
+    drained = False
     try:
         out, err = process.communicate(timeout=grace_s)
         drained = True
     except subprocess.TimeoutExpired:  # the leader, or a member holding its pipes, is still there
-        drained = False
-    _signal_group(process.pid, signal.SIGKILL)  # members that ignored SIGTERM or outlived the leader
+        pass
+    finally:  # whatever happened while waiting, nothing of the group is left running
+        _signal_group(process.pid, signal.SIGKILL)  # members that ignored SIGTERM or outlived the leader
     if not drained:  # communicate keeps what it read so far: this returns all of the output
         out, err = process.communicate(timeout=grace_s)
     return out, err
@@ -179,10 +198,12 @@ def run_process_group(command: Sequence[str], *, timeout_s: float, env: Mapping[
     Raises:
         TypeError: ``command`` is not a non-empty list of str (or path) arguments: a single string
             (``"python -c ..."``) is refused, not split into letters.
-        TypeError, ValueError: ``timeout_s`` or ``grace_s`` is not a finite real number > 0 (a
+        TypeError, ValueError: ``timeout_s`` or ``grace_s`` is not a real number in ``(0, 1e9]`` (a
             bool is refused; numpy numbers are taken).
         TypeError: ``env`` is not ``None`` or a mapping of str to str; ``log`` is not ``None``,
             a str or an ``os.PathLike``.
+        ValueError: a ``command`` argument holds a NUL character; an ``env`` name is empty or holds
+            ``=`` or NUL, or a value holds NUL; ``log`` is an empty path.
         FileNotFoundError: ``log`` is a directory, or its folder does not exist.
         OSError: the command could not be started (e.g. ``FileNotFoundError``).
         subprocess.TimeoutExpired: the leader did not exit even ``grace_s`` after ``SIGKILL`` (a
@@ -192,6 +213,9 @@ def run_process_group(command: Sequence[str], *, timeout_s: float, env: Mapping[
     if isinstance(command, (str, bytes)) or not isinstance(command, Sequence) or not command or not all(
             isinstance(part, (str, os.PathLike)) for part in command):
         raise TypeError(f"command must be a non-empty list of str arguments (the program first, no shell), got {command!r:.80}")
+    nul = [i for i, part in enumerate(command) if "\0" in os.fsdecode(part)]
+    if nul:  # Popen's bare "embedded null byte"
+        raise ValueError(f"command[{nul[0]}] must not contain a NUL character, got {command[nul[0]]!r:.60}")
     timeout_s, grace_s = _check_seconds("timeout_s", timeout_s), _check_seconds("grace_s", grace_s)
     env, log = _check_env(env), _check_log(log)
     began = time.perf_counter()
@@ -238,7 +262,9 @@ def run_isolated(function: Callable[..., Any], *args: Any, timeout_s: float = 60
             after <timeout_s> s``) or printed no result.
     """
     module, name = getattr(function, "__module__", None), getattr(function, "__qualname__", "")
-    if not callable(function) or module is None or "." in name or "<" in name:
+    # No name (a functools.partial, a callable instance): the child could not import it, and
+    # failed with "module 'functools' has no attribute ''" after it had started.
+    if not callable(function) or module is None or not name or "." in name or "<" in name:
         raise TypeError(f"function must be a module-level function, got {function!r}")
     if module == "__main__":
         raise TypeError(f"function must live in an importable module, not __main__, got {name}")

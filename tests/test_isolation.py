@@ -105,7 +105,7 @@ def test_run_process_group_reports_a_timeout_and_a_signal(tmp_path):
                             timeout_s=30, log=log)
     assert (run.returncode, run.timed_out, run.stdout, run.stderr) == (3, False, None, None)
     assert sorted(log.read_text().split()) == ["err", "out"]
-    with pytest.raises(ValueError, match="timeout_s must be a finite number of seconds > 0, got 0"):
+    with pytest.raises(ValueError, match="timeout_s must be a finite number of seconds > 0 and <= 1000000000, got 0"):
         run_process_group(["true"], timeout_s=0)
     with pytest.raises(TypeError, match="grace_s must be a number of seconds, got str"):
         run_process_group(["true"], timeout_s=1, grace_s="1")
@@ -144,7 +144,7 @@ def test_parts_share_a_budget_and_a_failure_is_a_message():
 
     with pytest.raises(ValueError, match=r"timeout_s must give a limit for every part, got none for \['y'\]"):
         run_within_budget({"x": part(1.0), "y": part(1.0)}, timeout_s={"x": 1.0}, budget_s=None)
-    with pytest.raises(ValueError, match="budget_s must be a finite number of seconds > 0, got -1"):
+    with pytest.raises(ValueError, match="budget_s must be a finite number of seconds > 0 and <= 1000000000, got -1"):
         run_within_budget({}, timeout_s=1.0, budget_s=-1)
 
 
@@ -202,14 +202,28 @@ def test_times_may_be_numpy_numbers():
     ("value", "error", "message"),
     [
         (True, TypeError, r"timeout_s must be a number of seconds, got bool: True"),
-        (float("nan"), ValueError, r"timeout_s must be a finite number of seconds > 0, got nan"),
-        (math.inf, ValueError, r"timeout_s must be a finite number of seconds > 0, got inf"),
+        (float("nan"), ValueError, r"timeout_s must be a finite number of seconds > 0 and <= 1000000000, got nan"),
+        (math.inf, ValueError, r"timeout_s must be a finite number of seconds > 0 and <= 1000000000, got inf"),
         (1j, TypeError, r"timeout_s must be a number of seconds, got complex"),
+        # Reliability tail, round 3: past what Popen.communicate converts (OverflowError after the
+        # child had started), and an int past float's range (OverflowError in the check itself).
+        (1e10, ValueError, r"timeout_s must be a finite number of seconds > 0 and <= 1000000000, got 10000000000.0"),
+        (10**400, ValueError, r"timeout_s must be a finite number of seconds > 0 and <= 1000000000, got 1000"),
     ],
 )
 def test_times_refused(value, error, message):
     with pytest.raises(error, match=message):
         run_process_group(["true"], timeout_s=value)
+
+
+def test_a_huge_grace_is_refused_before_anything_starts(tmp_path):
+    """Reliability tail, round 3. Before: grace_s=1e10 passed the check; at the timeout,
+    communicate(timeout=1e10) raised OverflowError before the SIGKILL, and the group (a shell that
+    ignores SIGTERM and its sleep) kept running."""
+    marker = tmp_path / "started"
+    with pytest.raises(ValueError, match=r"^grace_s must be a finite number of seconds > 0 and <= 1000000000, got 10000000000.0$"):
+        run_process_group(["sh", "-c", f"touch {marker}; trap '' TERM; sleep 30"], timeout_s=0.3, grace_s=1e10)
+    assert not marker.exists()  # refused before the command started
 
 
 def test_run_within_budget_refuses_parts_that_are_not_a_mapping_of_callables():
@@ -268,3 +282,23 @@ def test_run_process_group_checks_env_and_log(tmp_path):
         run_process_group(["true"], timeout_s=5, log=tmp_path / "missing" / "x.log")
     with pytest.raises(TypeError, match=r"log must be a str or os.PathLike or None, got int"):
         run_process_group(["true"], timeout_s=5, log=3)
+
+
+def test_what_the_os_cannot_take_is_named_before_anything_starts(tmp_path):
+    """Reliability tail, round 3. Before: Popen's bare "illegal environment variable name" and
+    "embedded null byte", open("")'s bare FileNotFoundError, and for a functools.partial the child
+    failed after it had started ("module 'functools' has no attribute ''")."""
+    import functools
+
+    for kwargs, message in [
+        ({"env": {"A=B": "1"}}, r"^env must map variable names \(non-empty, no '=' or NUL\) to values without NUL, got 'A=B': '1'$"),
+        ({"env": {"A": "1\0"}}, r"^env must map variable names .*got 'A': '1\\x00'$"),
+        ({"env": {"": "1"}}, r"^env must map variable names .*got '': '1'$"),
+        ({"log": ""}, r"^log must be a file path or None, got an empty path ''$"),
+    ]:
+        with pytest.raises(ValueError, match=message):
+            run_process_group(["true"], timeout_s=5, **kwargs)
+    with pytest.raises(ValueError, match=r"^command\[1\] must not contain a NUL character, got 'a\\x00b'$"):
+        run_process_group(["echo", "a\0b"], timeout_s=5)
+    with pytest.raises(TypeError, match=r"^function must be a module-level function, got functools.partial"):
+        run_isolated(functools.partial(math.factorial, 3))
