@@ -196,6 +196,10 @@ def choose_schedule(T: int, N: int, C: int, heads: int, num_sms: int, ctas_per_s
     return "flat" if tasks <= resident else "dynamic"
 
 
+#: CUDA's limit on a grid's y and z dimensions (blocks).
+_GRID_YZ_MAX = 65535
+
+
 def launch_grid(
     schedule: str,
     *,
@@ -226,19 +230,26 @@ def launch_grid(
             ``"rect"`` or given to another schedule.
         TypeError / ValueError: a count is not an int in range: each of ``T, N, C, heads,
             num_sms, ctas_per_sm`` is checked for every schedule, also where its grid does not
-            read it.
+            read it (``T <= 2**31 - 1``, the range of ``cu_seqlens``; ``N`` and ``heads`` at most
+            65,535, CUDA's grid y and z limit); ``max_seqlen`` above ``max(T, 1)``.
     """
     check_choice("schedule", schedule, ("rect", "flat", "persistent", "dynamic"))
     # Every count is checked whichever schedule uses it: a bad one is a slip in the caller's code
     # even where this schedule's grid does not read it.
-    T, N, C = check_int("T", T, minimum=0), check_int("N", N, minimum=1), check_int("C", C, minimum=1)
-    heads = check_int("heads", heads, minimum=1)
+    # T within int32 (cu_seqlens' type); N and heads within CUDA's grid y/z limit (65,535), where
+    # the rect grid puts them (the flat one puts heads on y). Before, T=2**40 or N=2**20 gave grids
+    # no launch accepts, and max_seqlen > T a rect grid for rows no batch holds.
+    T = check_int("T", T, minimum=0, maximum=INT32_MAX)
+    N = check_int("N", N, minimum=1, maximum=_GRID_YZ_MAX)
+    C = check_int("C", C, minimum=1)
+    heads = check_int("heads", heads, minimum=1, maximum=_GRID_YZ_MAX)
     num_sms = check_int("num_sms", num_sms, minimum=1)
     ctas_per_sm = check_int("ctas_per_sm", ctas_per_sm, minimum=1)
     if schedule == "rect":
         if max_seqlen is None:
             raise ValueError("max_seqlen must be an int >= 1 for schedule='rect', got None")
-        return (-(-check_int("max_seqlen", max_seqlen, minimum=1) // C), N, heads)
+        # At most T (a sequence cannot be longer than the batch; 1 for an empty batch's grid).
+        return (-(-check_int("max_seqlen", max_seqlen, minimum=1, maximum=max(T, 1)) // C), N, heads)
     if max_seqlen is not None:
         raise ValueError(
             f"max_seqlen is only used by schedule='rect'; schedule={schedule!r} reads the work "

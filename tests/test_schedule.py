@@ -276,7 +276,7 @@ def test_chunk_offsets_of_a_huge_chunk_do_not_wrap():
 
 def test_launch_grid_checks_every_count_for_every_schedule():
     sizes = dict(T=8, N=2, C=4, heads=1, num_sms=1, ctas_per_sm=1)
-    with pytest.raises(TypeError, match="T must be an int >= 0, got 'x'"):
+    with pytest.raises(TypeError, match=r"T must be an int in \[0, 2147483647\], got 'x'"):
         launch_grid("rect", **{**sizes, "T": "x"}, max_seqlen=3)
     with pytest.raises(TypeError, match="num_sms must be an int >= 1, got None"):
         launch_grid("rect", **{**sizes, "num_sms": None}, max_seqlen=3)
@@ -284,6 +284,16 @@ def test_launch_grid_checks_every_count_for_every_schedule():
         launch_grid("flat", **{**sizes, "ctas_per_sm": 0})
     with pytest.raises(ValueError, match=r"schedule must be one of \('rect', 'flat', 'persistent', 'dynamic'\), got 'auto'"):
         launch_grid("auto", **sizes)
+    # Reliability tail, round 3. Before: grids no launch accepts, or for rows no batch holds.
+    for schedule, change, message in [
+        ("rect", {"max_seqlen": 100}, r"^max_seqlen must be an int in \[1, 8\], got 100$"),
+        ("flat", {"T": 2**40}, r"^T must be an int in \[0, 2147483647\], got 1099511627776$"),
+        ("rect", {"N": 2**20, "max_seqlen": 3}, r"^N must be an int in \[1, 65535\], got 1048576$"),
+        ("flat", {"heads": 2**20}, r"^heads must be an int in \[1, 65535\], got 1048576$"),
+    ]:
+        with pytest.raises(ValueError, match=message):
+            launch_grid(schedule, **{**sizes, **change})
+    assert launch_grid("rect", **{**sizes, "T": 0}, max_seqlen=1) == (1, 2, 1)  # an empty batch's grid
 
 
 def test_chunk_offsets_and_decode_chunk_refuse_layouts_they_cannot_describe():
