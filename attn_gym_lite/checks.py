@@ -18,6 +18,7 @@ import math
 import numbers
 import os
 from collections.abc import Collection, Mapping
+from collections.abc import Set as AbstractSet
 from pathlib import Path
 
 import torch
@@ -175,9 +176,12 @@ def check_int_sequence(argument: str, values: object, *, minimum: int | None = N
 
     Raises:
         TypeError: ``values`` is not a sequence (a string is not, nor a dict: its keys are not
-            taken), or an entry is not an int.
-        ValueError: it is empty, or an entry is out of range.
+            taken, nor a set: it has no order and merges equal entries), or an entry is not an int.
+        ValueError: it is empty, a tensor or array that is not 1-D, or an entry is out of range.
     """
+    if getattr(values, "ndim", 1) != 1 and (isinstance(values, Tensor) or hasattr(values, "tolist")):
+        # A (0, 3) tensor was reported as holding no int, a (2, 3) one as holding lists.
+        raise ValueError(f"{argument} must be a 1-D sequence of ints, got shape {tuple(values.shape)}")
     if isinstance(values, Tensor):
         if values.is_floating_point() or values.is_complex() or values.dtype == torch.bool:
             raise TypeError(f"{argument} must be a sequence of ints, got a {values.dtype} tensor")
@@ -189,6 +193,9 @@ def check_int_sequence(argument: str, values: object, *, minimum: int | None = N
     if isinstance(values, Mapping):  # iterating it would silently take its keys
         raise TypeError(f"{argument} must be a sequence of ints, got a {type(values).__name__}: {values!r:.60} "
                         "(pass list(...) of the keys or values meant)")
+    if isinstance(values, AbstractSet):  # no order, and equal entries merged: {4, 4} is {4}
+        raise TypeError(f"{argument} must be a sequence of ints, got a {type(values).__name__}: {values!r:.60} "
+                        "(a set has no order and merges equal entries)")
     if not isinstance(values, (list, tuple, range)):
         try:
             values = list(values)  # any other iterable, e.g. a generator of samples

@@ -312,3 +312,18 @@ def test_chunk_offsets_and_decode_chunk_refuse_layouts_they_cannot_describe():
         decode_chunk([0, 2, 3], [0, 65, 1], 1, 64)
     # An empty slot between them decodes past it, as the kernels do.
     assert decode_chunk([0, 2, 2, 3], [0, 65, 65, 128], 2, 64) == (2, 0, 65)
+
+
+def test_g_active_takes_any_empty_container_and_refuses_a_set():
+    """Reliability tail, round 3. Before: G_active({4, 4}, 2) gave 2 (the set merged the two
+    sequences) where [4, 4] gives 4; [] and () gave 0 but an empty array or iterator were refused
+    as holding no int; a (0, 3) tensor was reported as empty rather than as not 1-D."""
+    assert G_active([4, 4], 2) == G_active((s for s in [4, 4]), 2) == G_active(np.array([4, 4]), 2) == 4
+    for empty in ([], (), range(0), iter([]), np.array([], dtype=np.int64), torch.zeros(0, dtype=torch.int32)):
+        assert G_active(empty, 2) == 0
+    with pytest.raises(TypeError, match=r"^lengths must be a sequence of ints, got a set: \{4\} \(a set has no order"):
+        G_active({4}, 2)
+    with pytest.raises(ValueError, match=r"^lengths must be a 1-D sequence of ints, got shape \(0, 3\)$"):
+        G_active(torch.zeros(0, 3, dtype=torch.int64), 2)
+    with pytest.raises(TypeError, match=r"^lengths must be a sequence of ints, got an empty float32 ndarray$"):
+        G_active(np.array([], dtype=np.float32), 2)
