@@ -322,3 +322,33 @@ def test_private_pool_bytes_checks_the_handle():
     if not torch.cuda.is_available():
         with pytest.raises(RuntimeError, match=r"private_pool_bytes reads torch.cuda.memory_snapshot\(\), but CUDA"):
             private_pool_bytes((0, 1))
+
+
+def test_graph_buckets_checks_its_arguments_before_anything_runs(monkeypatch):
+    """Reliability tail, round 3. Before: copy_out="no" and debug="no" were stored as they were and
+    acted as True, copy_out=True silently dropped debug=True, a list of token inputs raised
+    AttributeError ('items'), and a bad warmup or token_outputs was found only after fn had run.
+    The checks come after the CUDA check, so here CUDA is reported present: none of them touches
+    the device, and fn must never be called."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+
+    def fn(inputs):
+        raise AssertionError("fn ran before the arguments were checked")
+
+    good = {"token_inputs": {"x": torch.zeros(8, 2)}}
+    for change, error, message in [
+        ({"copy_out": "no"}, TypeError, r"^copy_out must be a bool, got 'no'"),
+        ({"debug": 1}, TypeError, r"^debug must be a bool, got 1"),
+        ({"copy_out": True, "debug": True}, ValueError, r"^GraphBuckets: copy_out and debug are alternatives"),
+        ({"token_inputs": [torch.zeros(8, 2)]}, TypeError,
+         r"^GraphBuckets: token_inputs must be a non-empty mapping of name \(str\) to tensor, got list"),
+        ({"token_inputs": {}}, TypeError, r"^GraphBuckets: token_inputs must be a non-empty mapping"),
+        ({"token_inputs": {"x": 5}}, TypeError, r"^GraphBuckets: token_inputs must map names \(str\) to tensors, got 'x': int"),
+        ({"fixed_inputs": {"w": [1.0]}}, TypeError, r"^GraphBuckets: fixed_inputs must map names \(str\) to tensors, got 'w': list"),
+        ({"warmup": -1}, ValueError, r"^warmup must be an int >= 0, got -1"),
+        ({"token_outputs": "yes"}, TypeError, r"^GraphBuckets: token_outputs must be None or a sequence of bools, got 'yes'"),
+    ]:
+        with pytest.raises(error, match=message):
+            GraphBuckets(fn, [4, 8], **{**good, **change})
+    with pytest.raises(TypeError, match=r"^GraphBuckets: fn must be callable, got int"):
+        GraphBuckets(3, [4, 8], **good)

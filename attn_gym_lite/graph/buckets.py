@@ -27,7 +27,7 @@ from collections.abc import Callable, Mapping, Sequence
 
 import torch
 
-from ..checks import check_int, check_int_sequence
+from ..checks import check_bool, check_int, check_int_sequence
 from ..data.capacity import select_bucket
 from .capture import capture_graph
 
@@ -100,7 +100,12 @@ class GraphBuckets:
 
     Raises:
         ValueError: bad capacities, a token input whose first dimension is not the largest
-            capacity, or outputs whose shapes differ between buckets in another way.
+            capacity, or outputs whose shapes differ between buckets in another way; ``copy_out``
+            and ``debug`` both True; ``warmup`` < 0.
+        TypeError: ``fn`` not callable; ``token_inputs`` not a non-empty mapping of str to
+            tensors, ``fixed_inputs`` neither ``None`` nor such a mapping; ``copy_out`` or
+            ``debug`` not a bool; ``warmup`` not an int; ``token_outputs`` neither ``None`` nor
+            a sequence of bools. All checked before anything is allocated or ``fn`` runs.
         RuntimeError: CUDA is not available.
     """
 
@@ -121,6 +126,29 @@ class GraphBuckets:
             raise RuntimeError("GraphBuckets: CUDA graphs need a CUDA device; none is available")
         self.capacities = _check_capacities(capacities)
         largest = self.capacities[-1]
+        # Every argument before anything is allocated or fn runs. Before: copy_out="no" acted as
+        # True, copy_out=True silently dropped debug=True, a list of token inputs raised
+        # AttributeError ('items'), and warmup and token_outputs were checked only after fn had run.
+        if not callable(fn):
+            raise TypeError(f"GraphBuckets: fn must be callable, got {type(fn).__name__}")
+        for argument, mapping, required in (("token_inputs", token_inputs, True), ("fixed_inputs", fixed_inputs, False)):
+            if mapping is None and not required:
+                continue
+            if not isinstance(mapping, Mapping) or (required and not mapping):
+                raise TypeError(f"GraphBuckets: {argument} must be a {'non-empty ' if required else ''}mapping of "
+                                f"name (str) to tensor, got {type(mapping).__name__}: {mapping!r:.60}")
+            for name, tensor in mapping.items():
+                if not isinstance(name, str) or not isinstance(tensor, Tensor):
+                    raise TypeError(f"GraphBuckets: {argument} must map names (str) to tensors, got {name!r}: "
+                                    f"{type(tensor).__name__}")
+        copy_out, debug = check_bool("copy_out", copy_out), check_bool("debug", debug)
+        if copy_out and debug:
+            raise ValueError("GraphBuckets: copy_out and debug are alternatives (owned clones, or guarded views "
+                             "of the shared buffers), got both True")
+        warmup = check_int("warmup", warmup, minimum=0)
+        if token_outputs is not None and (isinstance(token_outputs, (str, bytes)) or not isinstance(token_outputs, Sequence)
+                                          or not all(isinstance(flag, bool) for flag in token_outputs)):
+            raise TypeError(f"GraphBuckets: token_outputs must be None or a sequence of bools, got {token_outputs!r:.60}")
         for name, template in token_inputs.items():
             if template.dim() == 0 or template.shape[0] != largest:
                 raise ValueError(
