@@ -77,6 +77,35 @@ def test_a_model_without_loss_is_refused():
         FixedCapacityTrainer(torch.nn.Linear(2, 2), _batches(1)[0], use_graph=False)
 
 
+def test_a_loss_that_is_not_a_scalar_and_a_meta_batch_are_named():
+    """Reliability tail, round 3. Before: a model.loss returning a vector raised autograd's "grad
+    can be implicitly created only for scalar outputs", one returning None "'NoneType' object is
+    not iterable"; a batch on the meta device was accepted and failed inside the copy ("Cannot
+    copy out of meta tensor")."""
+    import dataclasses
+
+    batch = _batches(1)[0]
+
+    class Vector(PackedLM):
+        def loss(self, *args):
+            return super().loss(*args).repeat(3)
+
+    class Nothing(PackedLM):
+        def loss(self, *args):
+            return None
+
+    for model, got in ((Vector(97, 16, 2), r"a torch.float32 tensor of shape \(3,\)"), (Nothing(97, 16, 2), "NoneType")):
+        trainer = FixedCapacityTrainer(model, batch, use_graph=False)
+        with pytest.raises(TypeError, match=rf"^model.loss must return a floating scalar tensor \(one element\), got {got}$"):
+            trainer.step(batch)
+    meta = dataclasses.replace(batch, **{f: getattr(batch, f).to("meta") for f in ("input_ids", "labels", "loss_mask", "cu_seqlens")})
+    with pytest.raises(ValueError, match=r"^first_batch must hold values \(a batch on the meta device has none to train on\)$"):
+        FixedCapacityTrainer(PackedLM(97, 16, 2), meta, use_graph=False)
+    trainer = FixedCapacityTrainer(PackedLM(97, 16, 2), batch, use_graph=False)
+    with pytest.raises(ValueError, match=r"^batch must hold values \(a batch on the meta device has none to train on\)$"):
+        trainer.step(meta)
+
+
 @pytest.mark.gpu
 def test_the_graph_key_holds_max_seqlen_only_where_the_attention_needs_it():
     # The first batch is full (L = T) with Zipf lengths; later ones are shorter. Capture with a

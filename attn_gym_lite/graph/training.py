@@ -91,7 +91,8 @@ class FixedCapacityTrainer:
         TypeError: ``model`` is not an ``nn.Module`` with a ``loss`` method; ``first_batch`` is not
             a :class:`PackedBatch`; a flag not a bool.
         ValueError: ``model`` has no parameter that requires a gradient, or its parameters are
-            on a meta device or on several devices; ``use_graph`` on a non-CUDA device;
+            on a meta device or on several devices; ``first_batch`` on the meta device;
+            ``use_graph`` on a non-CUDA device;
             ``max_seqlen`` outside ``[1, T]``; ``capacities`` without ``use_graph``, or whose
             largest is not ``T``.
 
@@ -114,6 +115,8 @@ class FixedCapacityTrainer:
             raise TypeError(f"model must be an nn.Module with a loss(...) method, got {type(model).__name__}")
         if not isinstance(first_batch, PackedBatch):
             raise TypeError(f"first_batch must be a PackedBatch, got {type(first_batch).__name__}")
+        if first_batch.input_ids.is_meta:
+            raise ValueError("first_batch must hold values (a batch on the meta device has none to train on)")
         device = check_model_parameters(model)
         check_bool("use_graph", use_graph)
         if use_graph and device.type != "cuda":
@@ -173,6 +176,11 @@ class FixedCapacityTrainer:
         """
         loss = self.model.loss(inputs["input_ids"], inputs["labels"], inputs["loss_mask"], inputs["cu_seqlens"],
                                max_seqlen)
+        # A model of one's own: autograd's "grad can be implicitly created only for scalar outputs"
+        # or "'NoneType' object is not iterable" named neither model.loss nor what it must return.
+        if not isinstance(loss, Tensor) or loss.numel() != 1 or not loss.dtype.is_floating_point:
+            got = f"a {loss.dtype} tensor of shape {tuple(loss.shape)}" if isinstance(loss, Tensor) else type(loss).__name__
+            raise TypeError(f"model.loss must return a floating scalar tensor (one element), got {got}")
         # The seed gradient (a fill of ones) is launched here, outside the model's regions;
         # autograd's own kernels get "<region> backward" labels from the regions that made them.
         with mark_kernels("backward"):
@@ -202,13 +210,17 @@ class FixedCapacityTrainer:
         state, a momentum-only update after earlier steps), so every mode advances alike.
 
         Raises:
-            TypeError: ``batch`` is not a :class:`PackedBatch`.
-            ValueError: the batch does not have the capacity ``(T, N)`` of ``first_batch`` (in
+            TypeError: ``batch`` is not a :class:`PackedBatch`; ``model.loss`` returned something
+                other than a floating one-element tensor (eager steps; a graph's is checked when
+                it is captured).
+            ValueError: ``batch`` is on the meta device; the batch does not have the capacity ``(T, N)`` of ``first_batch`` (in
                 every mode: eager steps refuse it like graph replays), or (where the model needs
                 a ``max_seqlen``) its longest sequence exceeds the one the graphs were captured with.
         """
         if not isinstance(batch, PackedBatch):
             raise TypeError(f"batch must be a PackedBatch, got {type(batch).__name__}")
+        if batch.input_ids.is_meta:  # "Cannot copy out of meta tensor" from inside the copy before
+            raise ValueError("batch must hold values (a batch on the meta device has none to train on)")
         if (batch.token_capacity, batch.sequence_capacity) != (self.token_capacity, self.sequence_capacity):
             raise ValueError(
                 f"batch must have the trainer's capacity T = {self.token_capacity} token rows and "
