@@ -346,7 +346,8 @@ def run_within_budget(parts: Mapping[str, Callable[[float], Any]], *, timeout_s:
             and so is a part that cannot be called: before any part runs), or ``clock`` or
             ``describe`` cannot be called.
         TypeError, ValueError: a time that is not a finite real number > 0 (not a bool; numpy
-            numbers are taken); ``timeout_s`` a mapping that does not name every part.
+            numbers are taken); ``timeout_s`` a mapping that does not name every part, or names
+            one that is not in ``parts``; ``budget_s`` below ``min_part_s``.
     """
     if not isinstance(parts, Mapping):
         raise TypeError(f"parts must be a mapping of part name (str) to a function of its limit (s), "
@@ -364,11 +365,20 @@ def run_within_budget(parts: Mapping[str, Callable[[float], Any]], *, timeout_s:
     missing = [name for name in parts if name not in limits]
     if missing:
         raise ValueError(f"timeout_s must give a limit for every part, got none for {missing}")
+    # A limit for no part is a misspelt name (its part then runs with no limit of its own).
+    unknown = [name for name in limits if name not in parts]
+    if unknown:
+        raise ValueError(f"timeout_s must name parts of parts {list(parts)}, got limits for {unknown}")
     for name in parts:
         _check_seconds(f"timeout_s[{name!r}]" if isinstance(timeout_s, Mapping) else "timeout_s", limits[name])
     if budget_s is not None:
         _check_seconds("budget_s", budget_s)
     _check_seconds("min_part_s", min_part_s)
+    # A budget smaller than the least time worth starting a part runs nothing, and each part's
+    # record would blame "the parts before it".
+    if budget_s is not None and budget_s < min_part_s:
+        raise ValueError(f"budget_s must be at least min_part_s = {min_part_s:g} s (else no part is started), "
+                         f"got {budget_s:g}")
     results: dict[str, Any] = {}
     errors: dict[str, str] = {}
     for name, part in parts.items():
