@@ -198,7 +198,8 @@ class FixedCapacityTrainer:
         return (loss, *grads)
 
     def step(self, batch: PackedBatch) -> Tensor:
-        """Train on one batch; returns its loss as a float32 device scalar (a fresh copy).
+        """Train on one batch; returns its loss as a device scalar in the dtype model.loss gives (float32 for
+        the package's models below float64; a fresh copy).
 
         No host synchronisation: the copy from pinned memory, the replay and the optimizer step
         are all queued on the current stream. The batch's ``L`` and longest sequence are host ints
