@@ -17,7 +17,7 @@ from __future__ import annotations
 import math
 import numbers
 import os
-from collections.abc import Collection, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from collections.abc import Set as AbstractSet
 from pathlib import Path
 
@@ -170,13 +170,14 @@ def host_values(argument: str, value: Tensor) -> Tensor:
 
 
 def check_int_sequence(argument: str, values: object, *, minimum: int | None = None,
-                       maximum: int | None = None) -> list[int]:
+                       maximum: int | None = None, allow_set: bool = True) -> list[int]:
     """``values`` as a non-empty list of ints, each checked like :func:`check_int` (the message
     names the entry, e.g. ``capacities[1]``). A 1-D integer tensor or array is accepted.
 
     Raises:
         TypeError: ``values`` is not a sequence (a string is not, nor a dict: its keys are not
-            taken, nor a set: it has no order and merges equal entries), or an entry is not an int.
+            taken; nor, with ``allow_set=False``, for values whose order or repeats count, a set:
+            it has no order and merges equal entries), or an entry is not an int.
         ValueError: it is empty, a tensor or array that is not 1-D, or an entry is out of range.
     """
     if getattr(values, "ndim", 1) != 1 and (isinstance(values, Tensor) or hasattr(values, "tolist")):
@@ -193,7 +194,9 @@ def check_int_sequence(argument: str, values: object, *, minimum: int | None = N
     if isinstance(values, Mapping):  # iterating it would silently take its keys
         raise TypeError(f"{argument} must be a sequence of ints, got a {type(values).__name__}: {values!r:.60} "
                         "(pass list(...) of the keys or values meant)")
-    if isinstance(values, AbstractSet):  # no order, and equal entries merged: {4, 4} is {4}
+    # allow_set=False where order or repeats count (lengths, samples): a set has no order and
+    # merges equal entries ({4, 4} is {4}). Sizes a caller sorts and de-duplicates take one.
+    if not allow_set and isinstance(values, AbstractSet):
         raise TypeError(f"{argument} must be a sequence of ints, got a {type(values).__name__}: {values!r:.60} "
                         "(a set has no order and merges equal entries)")
     if not isinstance(values, (list, tuple, range)):
@@ -270,21 +273,22 @@ def check_choices(argument: str, values: object, choices: Collection[object]) ->
 
 
 def check_subset(argument: str, values: object, choices: Collection[str]) -> frozenset:
-    """``values`` as a frozenset: a list, tuple, set or frozenset (empty allowed) of names from
-    ``choices``, for switches such as a block's ``masks``.
+    """``values`` as a frozenset: any iterable of names from ``choices`` (empty allowed; a list, a
+    set, a generator, ``dict.keys()``), for switches such as a block's ``masks``.
 
-    A dict is refused, not read as its keys: ``{"input": False}`` would switch on what it meant
-    to switch off.
+    A string is refused (it would be read letter by letter), and so is a dict: it would be read
+    as its keys, so ``{"input": False}`` would switch on what it meant to switch off.
 
     Raises:
-        TypeError: ``values`` is a string, a dict or another type; an entry is not a string.
+        TypeError: ``values`` is a string, a dict or not iterable; an entry is not a string.
         ValueError: an entry is not one of ``choices`` (the message lists the unknown ones).
     """
-    expectation = f"a list, tuple or set of names from {tuple(choices)}"
+    expectation = f"an iterable of names from {tuple(choices)} (a list, a tuple, a set; not a dict)"
     if isinstance(values, (str, bytes)):
         raise TypeError(f"{argument} must be {expectation}, got the string {values!r}")
-    if not isinstance(values, (list, tuple, set, frozenset)):
+    if isinstance(values, Mapping) or not isinstance(values, Iterable):
         raise TypeError(f"{argument} must be {expectation}, got {type(values).__name__}: {values!r:.60}")
+    values = list(values)  # once: a generator is read here only
     for value in values:
         if not isinstance(value, str):
             raise TypeError(f"{argument} must be {expectation}, got an entry {type(value).__name__}: {value!r:.40}")

@@ -71,7 +71,7 @@ def _lengths(lengths: Tensor | Sequence[int]) -> list[int]:
         return []
     if isinstance(lengths, (list, tuple, range)) and len(lengths) == 0:
         return []
-    return check_int_sequence("lengths", lengths, minimum=0)
+    return check_int_sequence("lengths", lengths, minimum=0, allow_set=False)
 
 
 def _integral_dtype(values: object) -> None:
@@ -243,26 +243,28 @@ def launch_grid(
             ``"rect"`` or given to another schedule.
         TypeError / ValueError: a count is not an int in range: each of ``T, N, C, heads,
             num_sms, ctas_per_sm`` is checked for every schedule, also where its grid does not
-            read it (``T <= 2**31 - 1``, the range of ``cu_seqlens``; ``N`` and ``heads`` at most
-            65,535, CUDA's grid y and z limit); ``max_seqlen`` above ``max(T, 1)``.
+            read it (``T <= 2**31 - 1``, the range of ``cu_seqlens``; where the grid puts them on
+            its y or z axis, ``N`` and ``heads`` at most 65,535, CUDA's limit there: both for
+            ``"rect"``, ``heads`` for ``"flat"``); ``max_seqlen`` above ``2**31 - 1``.
     """
     check_choice("schedule", schedule, ("rect", "flat", "persistent", "dynamic"))
     # Every count is checked whichever schedule uses it: a bad one is a slip in the caller's code
     # even where this schedule's grid does not read it.
-    # T within int32 (cu_seqlens' type); N and heads within CUDA's grid y/z limit (65,535), where
-    # the rect grid puts them (the flat one puts heads on y). Before, T=2**40 or N=2**20 gave grids
-    # no launch accepts, and max_seqlen > T a rect grid for rows no batch holds.
+    # T within int32 (cu_seqlens' type). N and heads within CUDA's grid y/z limit (65,535) only
+    # where this schedule's grid puts them: N and heads on rect's y and z, heads on flat's y; the
+    # persistent grids are 1-D. Before, T=2**40 or a rect N=2**20 gave grids no launch accepts.
     T = check_int("T", T, minimum=0, maximum=INT32_MAX)
-    N = check_int("N", N, minimum=1, maximum=_GRID_YZ_MAX)
+    N = check_int("N", N, minimum=1, maximum=_GRID_YZ_MAX if schedule == "rect" else None)
     C = check_int("C", C, minimum=1)
-    heads = check_int("heads", heads, minimum=1, maximum=_GRID_YZ_MAX)
+    heads = check_int("heads", heads, minimum=1, maximum=_GRID_YZ_MAX if schedule in ("rect", "flat") else None)
     num_sms = check_int("num_sms", num_sms, minimum=1)
     ctas_per_sm = check_int("ctas_per_sm", ctas_per_sm, minimum=1)
     if schedule == "rect":
         if max_seqlen is None:
             raise ValueError("max_seqlen must be an int >= 1 for schedule='rect', got None")
-        # At most T (a sequence cannot be longer than the batch; 1 for an empty batch's grid).
-        return (-(-check_int("max_seqlen", max_seqlen, minimum=1, maximum=max(T, 1)) // C), N, heads)
+        # Any upper bound on the longest sequence is valid, T or more (a shared captured bound);
+        # within int32, as every length here.
+        return (-(-check_int("max_seqlen", max_seqlen, minimum=1, maximum=INT32_MAX) // C), N, heads)
     if max_seqlen is not None:
         raise ValueError(
             f"max_seqlen is only used by schedule='rect'; schedule={schedule!r} reads the work "
@@ -347,8 +349,8 @@ def decode_chunk(chunk_offsets: Sequence[int] | Tensor, cu_seqlens: Sequence[int
 
     Source: seed article, "Scheduling without max_seqlen" (``search_first_greater``).
     """
-    offsets = check_int_sequence("chunk_offsets", chunk_offsets)
-    bounds = check_int_sequence("cu_seqlens", cu_seqlens)
+    offsets = check_int_sequence("chunk_offsets", chunk_offsets, allow_set=False)
+    bounds = check_int_sequence("cu_seqlens", cu_seqlens, allow_set=False)
     flat_chunk = check_int("flat_chunk", flat_chunk)
     C = check_int("C", C, minimum=1)
     if len(offsets) != len(bounds):

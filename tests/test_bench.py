@@ -113,6 +113,12 @@ def test_load_result_names_what_exists(tmp_path):
                                                  r"gpu='my-gpu'"):
         load_result("packing-study", root=mine)
     assert load_result("packing-study", gpu="my-gpu", root=tmp_path) == minimal
+
+    class Fspath:  # an os.PathLike that is not a pathlib.Path (py.path.local, say)
+        def __fspath__(self):
+            return str(tmp_path)
+
+    assert load_result("packing-study", gpu="my-gpu", root=Fspath()) == minimal
     # Reliability tail, round 2. Before: load_result(3) raised AttributeError ('int' object has no
     # attribute 'replace'), gpu=None a TypeError from pathlib, "../h200/x" left the GPU folder, a
     # file of broken JSON a bare JSONDecodeError naming no path, and "[1, 2]" came back as a record.

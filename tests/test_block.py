@@ -106,7 +106,8 @@ def test_output_rows_past_L_are_zero():
 def test_bad_configuration_is_named():
     with pytest.raises(ValueError, match="dim must be a positive multiple of num_heads, got dim=10, num_heads=4"):
         ShortConvAttentionBlock(10, 4)
-    expected = r"ShortConvAttentionBlock: masks must be a list, tuple or set of names from \('input', 'qkv_grad', 'attention_output'\), "
+    expected = (r"ShortConvAttentionBlock: masks must be an iterable of names from \('input', 'qkv_grad', 'attention_output'\) "
+                r"\(a list, a tuple, a set; not a dict\), ")
     with pytest.raises(ValueError, match="^" + expected + r"got unknown \['output'\]"):
         ShortConvAttentionBlock(8, 2, masks=["input", "output"])
     with pytest.raises(TypeError, match="^" + expected + "got the string 'input'"):
@@ -117,8 +118,9 @@ def test_bad_configuration_is_named():
                        ([["input"]], r"an entry list: \['input'\]")]:
         with pytest.raises(TypeError, match="^" + expected + "got " + got):
             ShortConvAttentionBlock(8, 2, masks=masks)
-    # Every accepted form means the same set; an empty one means no masks.
-    for masks in (["input"], ("input",), {"input"}, frozenset({"input"})):
+    # Every accepted form means the same set; an empty one means no masks. A generator or
+    # dict.keys() states the names as plainly as a list (the branch's first version refused them).
+    for masks in (["input"], ("input",), {"input"}, frozenset({"input"}), (m for m in ["input"]), {"input": 1}.keys()):
         assert ShortConvAttentionBlock(8, 2, masks=masks).masks == {"input"}
     assert ShortConvAttentionBlock(8, 2, masks=()).masks == frozenset()
 

@@ -71,6 +71,12 @@ def test_plan_buckets_errors():
         plan_buckets([100, 300], True)
     with pytest.raises(TypeError, match="active_token_samples must be a sequence of ints, got the string '100'"):
         plan_buckets("100", 1)
+    # A set of samples is refused (repeats weigh the plan); a set of sizes, where a caller sorts
+    # and de-duplicates, is taken (recommend's buffer_sizes, the trainer's capacities).
+    with pytest.raises(TypeError, match=r"^active_token_samples must be a sequence of ints, got a set"):
+        plan_buckets({100, 300}, 2)
+    from attn_gym_lite.data.study import study_policies
+    assert len(study_policies({8, 32})) == len(study_policies([8, 32]))
     # A dict is refused, not read as its keys (reliability tail: {100: 1, 200: 2} planned for 100, 200).
     with pytest.raises(TypeError, match=r"^active_token_samples must be a sequence of ints, got a dict: \{100: 1, 200: 2\}"):
         plan_buckets({100: 1, 200: 2}, 2)
@@ -352,3 +358,10 @@ def test_graph_buckets_checks_its_arguments_before_anything_runs(monkeypatch):
             GraphBuckets(fn, [4, 8], **{**good, **change})
     with pytest.raises(TypeError, match=r"^GraphBuckets: fn must be callable, got int"):
         GraphBuckets(3, [4, 8], **good)
+    # numpy's bools are bools (a false refusal in the branch's first version); 1/0 are not.
+    for flags in (np.array([True, False]), [np.bool_(True)]):
+        with pytest.raises(BaseException) as caught:  # past every check, the missing device (or fn) fails
+            GraphBuckets(fn, [4, 8], **good, token_outputs=flags)
+        assert "token_outputs" not in str(caught.value), caught.value
+    with pytest.raises(TypeError, match=r"^GraphBuckets: token_outputs must be None or a sequence of bools, got \[1, 0\]"):
+        GraphBuckets(fn, [4, 8], **good, token_outputs=[1, 0])

@@ -822,6 +822,9 @@ def test_tokenizer_methods_refuse_what_they_cannot_encode_or_decode(small_bpe):
     assert small_bpe.decode(torch.tensor(ids)) == small_bpe.decode(np.array(ids)) == text
     assert small_bpe.encode_batch(t for t in [text, "x"]) == [ids, small_bpe.encode("x")]
     assert small_bpe.decode([]) == "" and small_bpe.encode_batch([]) == []
+    # Anything an index can be: numpy ints, the 0-d tensors of list(tensor) (a false refusal in
+    # the branch's first version).
+    assert small_bpe.decode(list(torch.tensor(ids))) == small_bpe.decode([np.int64(i) for i in ids]) == text
     v = small_bpe.vocab_size
     for call, argument, error, message in [
         (small_bpe.encode, None, TypeError, r"HFTokenizer.encode: text must be a str, got NoneType: None"),

@@ -490,6 +490,13 @@ def test_a_custom_tokenizers_output_and_a_corpus_functions_result_are_checked():
         loader = PackedLoader(32, 4, corpus=corpus, tokenizer=custom, prefetch=0)
         with pytest.raises(error, match="^" + message):
             next(iter(loader))
+    # A 1-D array or tensor of ids per text is a list of ids (a false refusal in the branch's
+    # first version): the same batches as lists.
+    np = pytest.importorskip("numpy")
+    for convert in (np.array, torch.tensor):
+        arrays = tokenizer(lambda texts, convert=convert: [convert(list(t.encode("utf-8"))) for t in texts])
+        loader = PackedLoader(32, 4, corpus=["abc", "de"], tokenizer=arrays, prefetch=0)
+        assert sorted(sequences_of(next(iter(loader)))) == [[97, 98, 99], [100, 101]]
     for members, error, message in [
         ({"vocab_size": None}, TypeError, r"tokenizer.vocab_size must be an int >= 1, got None"),
         ({"vocab_size": True}, TypeError, r"tokenizer.vocab_size must be an int >= 1, got True"),

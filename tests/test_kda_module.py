@@ -225,10 +225,10 @@ def test_layer_argument_errors():
 
 
 @pytest.mark.parametrize(("options", "error", "match"), [
-    (dict(masks=None), TypeError, "masks must be a list, tuple or set of names from .* got NoneType"),
-    (dict(masks=5), TypeError, "masks must be a list, tuple or set of names from .* got int"),
+    (dict(masks=None), TypeError, "masks must be an iterable of names from .* got NoneType"),
+    (dict(masks=5), TypeError, "masks must be an iterable of names from .* got int"),
     # Before (reliability tail): a dict was read as its keys, [["input"]] gave "unhashable type: 'list'".
-    (dict(masks={"input": False}), TypeError, r"masks must be a list, tuple or set of names from .* got dict"),
+    (dict(masks={"input": False}), TypeError, r"masks must be an iterable of names from .* got dict"),
     (dict(masks=[["input"]]), TypeError, r"masks must be .* got an entry list: \['input'\]"),
     (dict(dtype=torch.int64), TypeError, "dtype must be a floating torch.dtype or None, got torch.int64"),
     (dict(dtype="float32"), TypeError, "dtype must be a floating torch.dtype or None, got 'float32'"),

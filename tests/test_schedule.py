@@ -284,15 +284,21 @@ def test_launch_grid_checks_every_count_for_every_schedule():
         launch_grid("flat", **{**sizes, "ctas_per_sm": 0})
     with pytest.raises(ValueError, match=r"schedule must be one of \('rect', 'flat', 'persistent', 'dynamic'\), got 'auto'"):
         launch_grid("auto", **sizes)
-    # Reliability tail, round 3. Before: grids no launch accepts, or for rows no batch holds.
+    # Reliability tail, round 3. Before: grids no launch accepts.
     for schedule, change, message in [
-        ("rect", {"max_seqlen": 100}, r"^max_seqlen must be an int in \[1, 8\], got 100$"),
         ("flat", {"T": 2**40}, r"^T must be an int in \[0, 2147483647\], got 1099511627776$"),
         ("rect", {"N": 2**20, "max_seqlen": 3}, r"^N must be an int in \[1, 65535\], got 1048576$"),
         ("flat", {"heads": 2**20}, r"^heads must be an int in \[1, 65535\], got 1048576$"),
+        ("rect", {"max_seqlen": 2**31}, r"^max_seqlen must be an int in \[1, 2147483647\], got 2147483648$"),
     ]:
         with pytest.raises(ValueError, match=message):
             launch_grid(schedule, **{**sizes, **change})
+    # The limits hold only on the axes that carry them: the flat grid has N on no axis, the
+    # persistent ones are 1-D (a false refusal on the branch's first version: 70,000 one-token
+    # sequences are a legal batch). A bound above T is a valid bound (a shared captured one).
+    assert launch_grid("flat", **{**sizes, "T": 70000, "N": 70000, "C": 64}) == (70000, 1)
+    assert len(launch_grid("dynamic", **{**sizes, "T": 70000, "N": 70000, "heads": 2**17})) == 1
+    assert launch_grid("rect", **sizes, max_seqlen=100) == (25, 2, 1)
     assert launch_grid("rect", **{**sizes, "T": 0}, max_seqlen=1) == (1, 2, 1)  # an empty batch's grid
 
 

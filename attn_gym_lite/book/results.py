@@ -10,6 +10,7 @@ data, so an installed wheel carries them as well as a checkout does); they are w
 from __future__ import annotations
 
 import json
+import os
 import re
 import textwrap
 from collections.abc import Sequence
@@ -51,7 +52,7 @@ def load_result(suite: str, gpu: str = "h200", root: Path | str | None = None) -
     ``"declared_stale"`` (added in memory, never written), which :func:`banner` prints.
 
     Raises:
-        TypeError: ``suite`` or ``gpu`` is not a str, ``root`` not a path or ``None``.
+        TypeError: ``suite`` or ``gpu`` is not a str, ``root`` not a str, ``os.PathLike`` or ``None``.
         ValueError: ``suite`` or ``gpu`` is a path rather than a name (a separator, ``".."``); the
             file is not JSON, or not an object with a ``provenance`` object.
         FileNotFoundError: no such recording; the message lists the suites recorded for ``gpu`` and
@@ -65,8 +66,8 @@ def load_result(suite: str, gpu: str = "h200", root: Path | str | None = None) -
             raise TypeError(f"load_result: {argument} must be a str, got {type(value).__name__}: {value!r:.40}")
         if not value or value in (".", "..") or "/" in value or "\\" in value:
             raise ValueError(f"load_result: {argument} must be a name (no path separator, not '.' or '..'), got {value!r}")
-    if root is not None and not isinstance(root, (str, Path)):
-        raise TypeError(f"load_result: root must be a path (str or Path) or None, got {type(root).__name__}")
+    if root is not None and not isinstance(root, (str, os.PathLike)):
+        raise TypeError(f"load_result: root must be a path (str or os.PathLike) or None, got {type(root).__name__}")
     base = Path(root or RESULTS_ROOT)
     folder = base / gpu
     name = f"{suite.replace('-', '_')}.json"

@@ -106,7 +106,8 @@ def plan_buckets(active_token_samples: Sequence[int], k: int, *, align: int = 12
     """
     # At most int32's largest (cu_seqlens is int32, so no batch holds more): past int64 numpy
     # raised a bare OverflowError, near it the rounding below overflowed into negative padding.
-    values = check_int_sequence("active_token_samples", active_token_samples, minimum=0, maximum=INT32_MAX)
+    values = check_int_sequence("active_token_samples", active_token_samples, minimum=0, maximum=INT32_MAX,
+                                allow_set=False)  # samples: repeats weigh the plan
     samples = np.asarray(values, dtype=np.int64)
     k = check_int("k", k, minimum=1)
     align = check_int("align", align, minimum=1, maximum=INT32_MAX)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import inspect
 import itertools
 import numbers
+import operator
 import os
 import sys
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -83,12 +84,20 @@ def _check_ids(function: str, ids: object, vocab_size: int) -> list[int]:
     ids = list(ids)
     if all(type(token) is int for token in ids) and (not ids or (min(ids) >= 0 and max(ids) < vocab_size)):
         return ids  # the common case, checked in C; the loop below only finds and names the fault
+    checked = []
     for i, token in enumerate(ids):
-        if isinstance(token, bool) or not isinstance(token, numbers.Integral):
+        # Anything an index can be (numpy ints, a 0-d integer tensor from list(tensor)), but not a
+        # bool or a float.
+        try:
+            value = operator.index(token) if not isinstance(token, bool) else None
+        except TypeError:
+            value = None
+        if value is None:
             raise TypeError(f"{function}: ids[{i}] must be a token id (an int), got {type(token).__name__}: {token!r:.40}")
-        if not 0 <= token < vocab_size:
-            raise ValueError(f"{function}: ids[{i}] must be a token id in [0, {vocab_size}), got {int(token)}")
-    return [int(token) for token in ids]
+        if not 0 <= value < vocab_size:
+            raise ValueError(f"{function}: ids[{i}] must be a token id in [0, {vocab_size}), got {value}")
+        checked.append(value)
+    return checked
 
 
 class HFTokenizer:
@@ -316,7 +325,8 @@ def encode_in_chunks(
 def _encoded(tokenizer: Tokenizer, numbered_texts: list[tuple[int, str]]) -> list[Sequence[int]]:
     """``tokenizer.encode_batch`` of the texts, checked: one list of ids per text and, for a
     tokenizer other than the package's two wrappers (whose backends return ints in range), every id
-    an int in ``[0, vocab_size)``. Unchecked, a custom tokenizer's float ids were truncated into the
+    an int in ``[0, vocab_size)`` (a 1-D array or tensor of ids is taken as its list). Unchecked, a
+    custom tokenizer's float ids were truncated into the
     batch and its out-of-vocabulary ids reached the embedding (a device-side assert on CUDA)."""
     result = tokenizer.encode_batch([text for _, text in numbered_texts])
     name = f"tokenizer {tokenizer.name!r}"
@@ -330,7 +340,10 @@ def _encoded(tokenizer: Tokenizer, numbered_texts: list[tuple[int, str]]) -> lis
     if isinstance(tokenizer, (HFTokenizer, TiktokenTokenizer)):
         return result
     vocab_size = tokenizer.vocab_size
-    for (index, _), ids in zip(numbered_texts, result):
+    result = list(result)
+    for i, ((index, _), ids) in enumerate(zip(numbered_texts, result)):
+        if getattr(ids, "ndim", None) == 1 and hasattr(ids, "tolist"):  # a 1-D array or tensor of ids
+            ids = result[i] = ids.tolist()
         if isinstance(ids, (str, bytes)) or not isinstance(ids, Sequence):
             raise TypeError(f"{name}: encode_batch gave corpus[{index}] {type(ids).__name__}, not a list of token ids")
         if ids and not (all(type(token) is int for token in ids) and 0 <= min(ids) and max(ids) < vocab_size):

@@ -25,6 +25,7 @@ from __future__ import annotations
 import itertools
 from collections.abc import Callable, Mapping, Sequence
 
+import numpy as np
 import torch
 
 from ..checks import check_bool, check_int, check_int_sequence
@@ -146,9 +147,13 @@ class GraphBuckets:
             raise ValueError("GraphBuckets: copy_out and debug are alternatives (owned clones, or guarded views "
                              "of the shared buffers), got both True")
         warmup = check_int("warmup", warmup, minimum=0)
-        if token_outputs is not None and (isinstance(token_outputs, (str, bytes)) or not isinstance(token_outputs, Sequence)
-                                          or not all(isinstance(flag, bool) for flag in token_outputs)):
-            raise TypeError(f"GraphBuckets: token_outputs must be None or a sequence of bools, got {token_outputs!r:.60}")
+        if token_outputs is not None:
+            # A sequence of bools: Python's, numpy's (a bool array, or a list of np.bool_), not 1/0.
+            flags = token_outputs.tolist() if isinstance(token_outputs, np.ndarray) else token_outputs
+            if isinstance(flags, (str, bytes)) or not isinstance(flags, Sequence) or not all(
+                    isinstance(flag, (bool, np.bool_)) for flag in flags):
+                raise TypeError(f"GraphBuckets: token_outputs must be None or a sequence of bools, got {token_outputs!r:.60}")
+            token_outputs = [bool(flag) for flag in flags]
         for name, template in token_inputs.items():
             if template.dim() == 0 or template.shape[0] != largest:
                 raise ValueError(

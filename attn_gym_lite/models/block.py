@@ -84,7 +84,7 @@ class ShortConvAttentionBlock(nn.Module):
             gives a head dim not in 16, 32, 64, 128), or ``masks`` names a site not in
             :data:`MASK_SITES`; a ``device`` torch does not parse or this host does not have
             (:func:`~attn_gym_lite.checks.check_device`).
-        TypeError: ``masks`` is not a list, tuple or set of site names (a string or a dict is
+        TypeError: ``masks`` is not an iterable of site names (a string or a dict is
             refused, :func:`~attn_gym_lite.checks.check_subset`); ``device`` not a
             str, int or ``torch.device``; ``dtype`` not a floating ``torch.dtype``.
         TypeError / ValueError: in ``forward``, ``x`` not a ``[T, dim]`` tensor in the parameters'

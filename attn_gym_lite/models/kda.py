@@ -237,7 +237,7 @@ class KDAAttention(nn.Module):
 
     Raises:
         TypeError / ValueError: a size that is not an int >= 1, an ``impl`` outside
-            :data:`KDA_IMPLEMENTATIONS`, ``masks`` not a list, tuple or set of sites from
+            :data:`KDA_IMPLEMENTATIONS`, ``masks`` not an iterable of sites from
             :data:`KDA_MASK_SITES` (a string or a dict is refused), a ``dtype`` that is not floating, a ``device`` refused by
             :func:`~attn_gym_lite.checks.check_device` (``"cuda"`` without a GPU); in ``forward``, ``x`` not
             ``[T, hidden_size]`` in the parameters' dtype and device, or a ``cu_seqlens`` of the
