@@ -104,6 +104,17 @@ def test_a_loss_that_is_not_a_scalar_and_a_meta_batch_are_named():
     trainer = FixedCapacityTrainer(PackedLM(97, 16, 2), batch, use_graph=False)
     with pytest.raises(ValueError, match=r"^batch must hold values \(a batch on the meta device has none to train on\)$"):
         trainer.step(meta)
+    # A trainable parameter the loss never reaches (before: autograd's "One of the differentiated
+    # Tensors appears to not have been used in the graph", naming none).
+    spare = PackedLM(97, 16, 2)
+    spare.unused = torch.nn.Linear(2, 2)
+    trainer = FixedCapacityTrainer(spare, batch, use_graph=False)
+    with pytest.raises(ValueError, match=r"^model.loss must reach every trainable parameter, got none for "
+                                         r"\['unused.weight', 'unused.bias'\]: freeze them"):
+        trainer.step(batch)
+    spare.unused.requires_grad_(False)
+    loss = FixedCapacityTrainer(spare, batch, use_graph=False).step(batch)  # frozen: trains as before
+    assert torch.isfinite(loss)
 
 
 @pytest.mark.gpu

@@ -138,6 +138,7 @@ class FixedCapacityTrainer:
         self.device = device
         # The trainable ones: a frozen parameter (fine-tuning) has no gradient to take or step.
         self.parameters = tuple(p for p in model.parameters() if p.requires_grad)
+        self.parameter_names = tuple(name for name, p in model.named_parameters() if p.requires_grad)
         self.optimizer = torch.optim.Adam(self.parameters, lr=lr, fused=True)
         self.graph = self.buckets = self.static = None
         if use_graph and capacities is None:
@@ -186,7 +187,16 @@ class FixedCapacityTrainer:
         with mark_kernels("backward"):
             if allow_unused:
                 return loss, torch.autograd.grad(loss, self.parameters, allow_unused=True, materialize_grads=True)
-            return loss, torch.autograd.grad(loss, self.parameters)
+            grads = torch.autograd.grad(loss, self.parameters, allow_unused=True)
+        # A trainable parameter the loss never reaches: autograd's "One of the differentiated
+        # Tensors appears to not have been used in the graph" named none of them. (A host check on
+        # the returned list: nothing is read from the device.)
+        unused = [name for name, grad in zip(self.parameter_names, grads) if grad is None]
+        if unused:
+            raise ValueError(f"model.loss must reach every trainable parameter, got none for {unused[:6]}"
+                             f"{f' and {len(unused) - 6} more' if len(unused) > 6 else ''}: freeze them "
+                             "(requires_grad_(False)) before building the trainer, or remove them")
+        return loss, grads
 
     def _bucket_step(self, inputs: dict[str, Tensor]) -> tuple[Tensor, ...]:
         capacity = inputs["input_ids"].shape[0]
@@ -214,6 +224,8 @@ class FixedCapacityTrainer:
             TypeError: ``batch`` is not a :class:`PackedBatch`; ``model.loss`` returned something
                 other than a floating one-element tensor (eager steps; a graph's is checked when
                 it is captured).
+            ValueError: ``model.loss`` does not reach a trainable parameter on a batch with real
+                tokens (eager steps; a graph's at capture), naming the parameters.
             ValueError: ``batch`` is on the meta device; the batch does not have the capacity ``(T, N)`` of ``first_batch`` (in
                 every mode: eager steps refuse it like graph replays), or (where the model needs
                 a ``max_seqlen``) its longest sequence exceeds the one the graphs were captured with.
