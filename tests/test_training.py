@@ -115,6 +115,14 @@ def test_a_loss_that_is_not_a_scalar_and_a_meta_batch_are_named():
     spare.unused.requires_grad_(False)
     loss = FixedCapacityTrainer(spare, batch, use_graph=False).step(batch)  # frozen: trains as before
     assert torch.isfinite(loss)
+    # Frozen after the trainer was built: refused (a replayed graph would still update it; an
+    # eager step raised autograd's "One of the differentiated Tensors does not require grad").
+    model = PackedLM(97, 16, 2)
+    trainer = FixedCapacityTrainer(model, batch, use_graph=False)
+    model.embedding.requires_grad_(False)
+    with pytest.raises(ValueError, match=r"^the model's trainable parameters must stay trainable after the trainer is built, "
+                                         r"got \['embedding.weight'\] frozen since"):
+        trainer.step(batch)
 
 
 @pytest.mark.gpu

@@ -225,7 +225,9 @@ class FixedCapacityTrainer:
                 other than a floating one-element tensor (eager steps; a graph's is checked when
                 it is captured).
             ValueError: ``model.loss`` does not reach a trainable parameter on a batch with real
-                tokens (eager steps; a graph's at capture), naming the parameters.
+                tokens (eager steps; a graph's at capture), naming the parameters; a parameter
+                trainable when the trainer was built has been frozen since (a replayed graph
+                would still update it).
             ValueError: ``batch`` is on the meta device; the batch does not have the capacity ``(T, N)`` of ``first_batch`` (in
                 every mode: eager steps refuse it like graph replays), or (where the model needs
                 a ``max_seqlen``) its longest sequence exceeds the one the graphs were captured with.
@@ -234,6 +236,14 @@ class FixedCapacityTrainer:
             raise TypeError(f"batch must be a PackedBatch, got {type(batch).__name__}")
         if batch.input_ids.is_meta:  # "Cannot copy out of meta tensor" from inside the copy before
             raise ValueError("batch must hold values (a batch on the meta device has none to train on)")
+        # A parameter frozen after the trainer was built: a replayed graph still computes its
+        # gradient and Adam still updates it, silently (an eager step raised autograd's "does not
+        # require grad"). One attribute read per parameter, on the host.
+        if not all(p.requires_grad for p in self.parameters):
+            frozen = [n for n, p in zip(self.parameter_names, self.parameters) if not p.requires_grad]
+            raise ValueError(f"the model's trainable parameters must stay trainable after the trainer is built, got "
+                             f"{frozen[:6]} frozen since: build a new trainer after freezing (its graphs and "
+                             "optimizer cover the parameters that were trainable then)")
         if (batch.token_capacity, batch.sequence_capacity) != (self.token_capacity, self.sequence_capacity):
             raise ValueError(
                 f"batch must have the trainer's capacity T = {self.token_capacity} token rows and "
