@@ -290,3 +290,17 @@ def test_short_conv_module_names_a_bad_device_or_dtype():
     with pytest.raises(TypeError, match=r"dtype must be a floating torch.dtype or None, got torch.int32"):
         ShortConv(4, 3, dtype=torch.int32)
     assert ShortConv(4, 3, device="meta").weight.is_meta
+
+
+def test_one_rule_says_where_the_kernels_run():
+    """triton_support.kernels_take: the rule the attention's and the short convolution's "auto"
+    share (two near-copies before): compiled kernels take CUDA tensors, the interpreter CPU ones."""
+    from attn_gym_lite.ops.triton_support import kernels_take
+
+    dtypes = (torch.bfloat16, torch.float16, torch.float32)
+    cpu = torch.zeros(2, 2)
+    assert kernels_take(cpu, True, dtypes) and not kernels_take(cpu, False, dtypes)
+    assert not kernels_take(torch.zeros(2, 2, device="meta"), True, dtypes)
+    assert not kernels_take(cpu.double(), True, dtypes)
+    with pytest.raises(TypeError, match=r"^x must be a torch.Tensor, got list$"):
+        kernels_take([0.0], True, dtypes)

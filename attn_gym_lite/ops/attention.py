@@ -37,7 +37,7 @@ import torch.nn.functional as F
 
 from .. import checks
 from ..schedule import SCHEDULES
-from .triton_support import missing_triton, triton_available
+from .triton_support import kernels_take, missing_triton, triton_available
 
 Tensor = torch.Tensor
 
@@ -94,8 +94,7 @@ def resolve_impl(impl: str, q: Tensor) -> str:
     from .kernels import INTERPRETED  # the kernels are defined (and Triton imported) on first use
 
     dtypes = (torch.bfloat16, torch.float16, torch.float32) if INTERPRETED else (torch.bfloat16, torch.float16)
-    # Compiled kernels take CUDA tensors, the interpreter CPU ones (not meta, not CUDA).
-    runs = q.device.type == ("cpu" if INTERPRETED else "cuda") and q.dtype in dtypes and q.shape[-1] in TRITON_HEAD_DIMS
+    runs = kernels_take(q, INTERPRETED, dtypes) and q.shape[-1] in TRITON_HEAD_DIMS
     return "triton" if runs else "reference"
 
 

@@ -41,7 +41,7 @@ from torch import nn
 
 from .. import checks
 from ..ragged import positions_in_sequence
-from .triton_support import missing_triton, triton_available
+from .triton_support import kernels_take, missing_triton, triton_available
 
 Tensor = torch.Tensor
 
@@ -142,13 +142,11 @@ def resolve_short_conv_impl(impl: str, x: Tensor) -> str:
         return "torch"
     from .kernels.mma import INTERPRETED  # imports Triton: only once it is known to be there
 
-    return "triton" if _kernels_run(x, INTERPRETED) else "torch"
+    return "triton" if kernels_take(x, INTERPRETED, _KERNEL_DTYPES) else "torch"
 
 
-def _kernels_run(x: Tensor, interpreted: bool) -> bool:
-    """Compiled kernels take CUDA tensors; the interpreter takes CPU ones (not meta, not CUDA)."""
-    device = "cpu" if interpreted else "cuda"
-    return x.device.type == device and x.dtype in (torch.bfloat16, torch.float16, torch.float32)
+#: The dtypes the short-convolution kernels take (float64 stays with the tensor ops).
+_KERNEL_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 
 
 def short_conv(x: Tensor, weight: Tensor, cu_seqlens: Tensor, *, activation: str | None = None,
@@ -199,25 +197,27 @@ def short_conv(x: Tensor, weight: Tensor, cu_seqlens: Tensor, *, activation: str
     """
     _check_short_conv_arguments(x, weight, cu_seqlens)
     checks.check_choice("activation", activation, SHORT_CONV_ACTIVATIONS)
+    if impl == "triton":
+        _require_kernels(x)  # asked for by name; "auto" chooses the kernels only where they run
     impl = resolve_short_conv_impl(impl, x)
     if impl == "triton":
-        return _short_conv_triton(x, weight, cu_seqlens, activation == "silu")
+        from .short_conv_triton import ShortConvTriton
+
+        return ShortConvTriton.apply(x, weight, cu_seqlens, activation == "silu")
     y = _RaggedShortConv.apply(x, weight, cu_seqlens)
     return F.silu(y) if activation == "silu" else y
 
 
-def _short_conv_triton(x: Tensor, weight: Tensor, cu_seqlens: Tensor, silu: bool) -> Tensor:
+def _require_kernels(x: Tensor) -> None:
+    """The errors for ``impl="triton"`` where the kernels cannot run on ``x``."""
     if not triton_available():
         raise missing_triton("short_conv(impl='triton')", "use impl='auto' or 'torch'")
     from .kernels.mma import INTERPRETED
 
-    if not _kernels_run(x, INTERPRETED):
+    if not kernels_take(x, INTERPRETED, _KERNEL_DTYPES):
         where = "a CPU tensor with TRITON_INTERPRET=1 set" if INTERPRETED else "a CUDA tensor"
         raise ValueError(f"short_conv(impl='triton') needs x as {where} in bfloat16, float16 or float32, got "
                          f"a {x.device.type} tensor of {x.dtype}: use impl='auto' or 'torch'")
-    from .short_conv_triton import ShortConvTriton
-
-    return ShortConvTriton.apply(x, weight, cu_seqlens, silu)
 
 
 def short_conv_reference(x: Tensor, weight: Tensor, cu_seqlens: Tensor) -> Tensor:

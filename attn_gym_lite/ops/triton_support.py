@@ -10,7 +10,9 @@ from __future__ import annotations
 import functools
 import importlib.util
 
-__all__ = ["missing_triton", "triton_available"]
+import torch
+
+__all__ = ["kernels_take", "missing_triton", "triton_available"]
 
 
 @functools.cache  # asked on every "auto" call: once per process, not a path search per call
@@ -45,3 +47,22 @@ def missing_triton(what: str, instead: str) -> ImportError:
             raise TypeError(f"{name} must be a str, got {type(value).__name__}")
     return ImportError(f"{what} needs the triton package, which is not installed: pip install 'triton>=3.6' "
                        f"(Linux); {instead}")
+
+
+def kernels_take(x: object, interpreted: bool, dtypes: tuple) -> bool:
+    """Whether the package's Triton kernels run on ``x`` here: compiled kernels take CUDA tensors,
+    Triton's interpreter (``TRITON_INTERPRET=1``) CPU ones (never meta, never the other device),
+    in one of ``dtypes``. The one place for that rule (the attention's and the short convolution's
+    ``"auto"`` both ask it).
+
+    Args:
+        x: a tensor (its ``device`` and ``dtype`` are read; metadata only).
+        interpreted: whether the kernels run under the interpreter (``kernels.INTERPRETED``).
+        dtypes: the dtypes the kernels take there.
+
+    Raises:
+        TypeError: ``x`` is not a ``torch.Tensor``.
+    """
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"x must be a torch.Tensor, got {type(x).__name__}")
+    return x.device.type == ("cpu" if interpreted else "cuda") and x.dtype in dtypes
