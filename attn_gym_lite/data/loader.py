@@ -157,8 +157,8 @@ class _PendingPieces:
 
     Every batch records the loader's state, so the state must cost O(pieces), not O(tokens):
     hashing the pieces' token ids at each batch made the loader 40x slower (16 ms against 0.4 ms
-    per batch at T=4096 with the GPT-2 tokenizer, which the prefetch worker could no longer hide
-    behind a 4 ms step). The pieces are never mutated once cut (``take`` pops them whole), so
+    per batch at T=4096 with ``load_tokenizer()``'s default), which the prefetch worker could no
+    longer hide behind a 4 ms step. The pieces are never mutated once cut (``take`` pops them whole), so
     keeping references is exact; the digest is computed when a state is saved
     (:meth:`PackedLoader.state_dict`) or resumed."""
 
