@@ -200,18 +200,16 @@ def varlen_attention(
         if q.is_cuda and torch.cuda.is_current_stream_capturing():
             raise _reference_in_capture(requested, q)
         # It reads cu_seqlens on the host and checks every value rule itself. A max_seqlen it does
-        # not need is still checked when given (one comparison on values read anyway): a bound too
+        # not need is still checked when given, in that same read (one comparison): a bound too
         # short for the batch is the caller's bug, refused here as it is on the GPU paths, not
         # found only when the same code reaches a kernel that uses it.
-        if max_seqlen is not None and validate and not capturing:
-            checks.check_cu_seqlens_values(cu_seqlens, token_capacity=q.shape[0], max_seqlen=max_seqlen)
-        return varlen_attention_reference(q, k, v, cu_seqlens, causal=causal)
+        bound = max_seqlen if validate and not capturing else None
+        return _reference(q, k, v, cu_seqlens, causal, bound)
     # A CPU cu_seqlens (the interpreter) costs no device sync to read: check every value rule there,
     # as the reference path does, and a given max_seqlen with them; a CUDA one only where a bound
     # must be checked (one sync).
     if validate and (reads_bound or not cu_seqlens.is_cuda) and not capturing:
-        checks.check_cu_seqlens_values(cu_seqlens, token_capacity=q.shape[0],
-                                       max_seqlen=max_seqlen if reads_bound or not cu_seqlens.is_cuda else None)
+        checks.check_cu_seqlens_values(cu_seqlens, token_capacity=q.shape[0], max_seqlen=max_seqlen)
     if impl == "sdpa":
         return _padded_sdpa(q, k, v, cu_seqlens, max_seqlen, causal, validate and not capturing)
     if impl == "triton":
@@ -308,14 +306,20 @@ def varlen_attention_reference(
 
     Source: the FlashAttention varlen convention (``cu_seqlens`` prefix sums).
     """
+    return _reference(q, k, v, cu_seqlens, causal, None)
+
+
+def _reference(q: Tensor, k: Tensor, v: Tensor, cu_seqlens: Tensor, causal: bool, max_seqlen: int | None) -> Tensor:
+    """:func:`varlen_attention_reference`, with a ``max_seqlen`` to check in the same host read
+    (``None``: none given)."""
     checks.check_bool("causal", causal)
     checks.check_qkv(q, k, v, _DTYPES)
     # cu_seqlens is read on the host, so the CPU is as good as q's device (and lets q live on the
     # "meta" device, e.g. to count FLOPs).
     on_host = isinstance(cu_seqlens, torch.Tensor) and cu_seqlens.device.type == "cpu"
     checks.check_cu_seqlens(cu_seqlens, device=None if on_host else q.device)
-    checks.check_cu_seqlens_values(cu_seqlens, token_capacity=q.shape[0])
-    bounds = cu_seqlens.tolist()
+    # One host read: the checked int64 host copy gives the bounds too.
+    bounds = checks.check_cu_seqlens_values(cu_seqlens, token_capacity=q.shape[0], max_seqlen=max_seqlen).tolist()
     out = torch.zeros_like(q)
     for start, end in zip(bounds[:-1], bounds[1:]):
         if end == start:  # empty slot, e.g. the repeated-L tail
