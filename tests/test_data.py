@@ -856,6 +856,12 @@ def test_tokenizer_methods_refuse_what_they_cannot_encode_or_decode(small_bpe):
         (tk.encode_batch, "abc", TypeError, r"TiktokenTokenizer.encode_batch: texts must be a sequence of str"),
         (tk.decode, [1, 10], ValueError, r"TiktokenTokenizer.decode: ids\[1\] must be a token id in \[0, 10\), got 10"),
         (tk.decode, ["a"], TypeError, r"TiktokenTokenizer.decode: ids\[0\] must be a token id \(an int\), got str"),
+        # Review of the change: a dict was decoded (or encoded) as its keys, and a set in an order the
+        # caller cannot map back; both are refused, as check_int_sequence refuses them.
+        (tk.decode, {1: "x", 2: "y"}, TypeError, r"TiktokenTokenizer.decode: ids must be a sequence of token ids \(ints\), got dict"),
+        (tk.decode, {1, 2}, TypeError, r"TiktokenTokenizer.decode: ids must be a sequence of token ids \(ints\), got set"),
+        (tk.encode_batch, {"ab": 1}, TypeError, r"TiktokenTokenizer.encode_batch: texts must be a sequence of str .*, got dict"),
+        (tk.encode_batch, {"ab", "cd"}, TypeError, r"TiktokenTokenizer.encode_batch: texts must be a sequence of str .*, got set"),
     ]:
         with pytest.raises(error, match="^" + message):
             call(argument)

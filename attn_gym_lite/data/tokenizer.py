@@ -16,7 +16,8 @@ import numbers
 import operator
 import os
 import sys
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Set as AbstractSet
 from pathlib import Path
 from typing import Protocol, runtime_checkable
 
@@ -64,11 +65,16 @@ def _check_text(function: str, text: object) -> str:
     return text
 
 
+def _ordered(function: str, argument: str, values: object, expected: str) -> list:
+    """``values`` as a list, refusing what iterates into something else: a string (its
+    characters), a mapping (its keys) or a set (no order: results could not be matched back)."""
+    if isinstance(values, (str, bytes, Mapping, AbstractSet)) or not isinstance(values, Iterable):
+        raise TypeError(f"{function}: {argument} must be {expected}, got {type(values).__name__}: {values!r:.60}")
+    return list(values)
+
+
 def _check_texts(function: str, texts: object) -> list[str]:
-    if isinstance(texts, (str, bytes)) or not isinstance(texts, Iterable):
-        raise TypeError(f"{function}: texts must be a sequence of str (one per document), got "
-                        f"{type(texts).__name__}: {texts!r:.60}")
-    texts = list(texts)
+    texts = _ordered(function, "texts", texts, "a sequence of str (one per document)")
     for i, text in enumerate(texts):
         if not isinstance(text, str):
             raise TypeError(f"{function}: texts[{i}] must be a str, got {type(text).__name__}: {text!r:.60}")
@@ -76,14 +82,11 @@ def _check_texts(function: str, texts: object) -> list[str]:
 
 
 def _check_ids(function: str, ids: object, vocab_size: int) -> list[int]:
-    if hasattr(ids, "tolist") and not isinstance(ids, (str, bytes)):
+    if hasattr(ids, "tolist"):
         ids = ids.tolist()  # a tensor or an array of ids
-    if isinstance(ids, (str, bytes)) or not isinstance(ids, Iterable):
-        raise TypeError(f"{function}: ids must be a sequence of token ids (ints), got "
-                        f"{type(ids).__name__}: {ids!r:.60}")
-    ids = list(ids)
+    ids = _ordered(function, "ids", ids, "a sequence of token ids (ints)")
     if all(type(token) is int for token in ids) and (not ids or (min(ids) >= 0 and max(ids) < vocab_size)):
-        return ids  # the common case, checked in C; the loop below only finds and names the fault
+        return ids  # the common case, in one pass; the loop below only finds and names the fault
     checked = []
     for i, token in enumerate(ids):
         # Anything an index can be (numpy ints, a 0-d integer tensor from list(tensor)), but not a
