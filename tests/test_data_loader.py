@@ -576,8 +576,8 @@ def test_a_restored_state_is_refused_when_pending_documents_changed_and_a_live_i
 def test_the_state_recorded_at_each_batch_does_not_hash_tokens(monkeypatch):
     """Found by the profiling suite on the H200 at d4eff64: state_dict()'s pending_digest was
     computed at every batch (the loader records its state per batch), hashing every pending
-    token. The loader went from 0.4 to 16 ms per batch at T=4096, and a captured step waited
-    46 ms on the prefetch queue. The digest is now computed only when a state is saved or
+    token, and the captured step of the profiling suite waited on the prefetch queue for its next
+    batch (the "next batch" phase of the d4eff64 recording). The digest is now computed only when a state is saved or
     resumed; its value is the BLAKE2b of the pending pieces' tokens, as documented."""
     import hashlib
 

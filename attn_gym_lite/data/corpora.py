@@ -140,11 +140,12 @@ def text_files(folder: str | os.PathLike[str], pattern: str = "**/*.txt") -> Ite
     root = check_folder("folder", folder)
     if not isinstance(pattern, str):
         raise TypeError(f"pattern must be a str, got {type(pattern).__name__}")
-    # Inside folder only: ".." would climb out of it (the glob follows it), and "." alone, or a
-    # pattern ending in a separator, matches folders, which pathlib refuses with a bare IndexError
-    # on some versions.
+    # Inside folder only: ".." would climb out of it (the glob follows it). An empty pattern and
+    # "." have no parts (pathlib drops "."): they would glob the folder itself, which pathlib
+    # refuses with a bare IndexError on some versions. (A pattern that matches only folders,
+    # "sub/", finds no file: FileNotFoundError below.)
     parts = Path(pattern).parts
-    if not pattern or Path(pattern).is_absolute() or ".." in parts or not parts or parts[-1] in (".", ""):
+    if not parts or Path(pattern).is_absolute() or ".." in parts:
         raise ValueError(f"pattern must be a non-empty relative glob pattern of files inside folder "
                          f"(no '..' part), got {pattern!r}")
     paths = sorted(

@@ -155,12 +155,12 @@ def _pending_digest(pieces: Iterable[tuple[int, int, Sequence[int]]]) -> str:
 class _PendingPieces:
     """The unpacked pieces after one batch, held by reference, for ``state['pending_digest']``.
 
-    Every batch records the loader's state, so the state must cost O(pieces), not O(tokens):
-    hashing the pieces' token ids at each batch made the loader 40x slower (16 ms against 0.4 ms
-    per batch at T=4096 with ``load_tokenizer()``'s default), which the prefetch worker could no
-    longer hide behind a 4 ms step. The pieces are never mutated once cut (``take`` pops them whole), so
-    keeping references is exact; the digest is computed when a state is saved
-    (:meth:`PackedLoader.state_dict`) or resumed."""
+    Every batch records the loader's state, so the state must cost O(pieces), not O(tokens): when
+    it hashed the pieces' token ids at every batch, the profiling suite's captured step on the H200
+    waited on the prefetch queue for the next batch (its "next batch" phase, recorded at d4eff64).
+    The pieces are never mutated once cut (``take`` pops them whole), so keeping references is
+    exact; the digest is computed when a state is saved (:meth:`PackedLoader.state_dict`) or
+    resumed. ``test_the_state_recorded_at_each_batch_does_not_hash_tokens`` counts the hashing."""
 
     __slots__ = ("pieces",)
 
@@ -507,7 +507,7 @@ class PackedLoader:
             "shuffle": [],
             "rng": _rng_state_to_json(random.Random(self.seed).getstate()),
             "pending": [],
-            "pending_digest": _pending_digest(()),
+            "pending_digest": _EMPTY_DIGEST,  # BLAKE2b of nothing, as _pending_digest(()) gives
             "batches": 0,
         }
 
@@ -621,7 +621,7 @@ class PackedLoader:
             hint = " (a ShardedPackedLoader's state: load it into the same rank's ShardedPackedLoader)" \
                 if "shard" in unknown else ""
             raise ValueError(f"state has keys this loader does not read {sorted(map(str, unknown))}{hint}; "
-                             f"expected {sorted(_STATE_KEYS)}")
+                             f"expected {sorted(_STATE_KEYS)}, and optionally {sorted(_OPTIONAL_STATE_KEYS)}")
         if not isinstance(state["config"], dict):
             raise TypeError(f"state['config'] must be a dict of the loader's arguments, got {type(state['config']).__name__}")
         for key, value in self._config().items():
