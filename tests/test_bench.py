@@ -255,6 +255,27 @@ def test_cli_record_refuses_an_out_that_is_not_a_folder_before_running(tmp_path,
     assert "Traceback" not in result.output
 
 
+def test_cli_record_refuses_a_commit_that_is_not_a_full_one_before_running(tmp_path, monkeypatch):
+    """Review of the change: the 40-hex rule lived only in scripts/gpu_record.sh, so a direct
+    `python -m attn_gym_lite.bench ... --out` with a hand-typed commit (f3e7c20's mistake) still
+    recorded it. git_commit(), which every recording's provenance calls, refuses it now, and
+    record() asks it before the suite runs."""
+    from attn_gym_lite.bench.__main__ import record
+    from attn_gym_lite.bench.provenance import git_commit
+
+    ran = []
+    suite = _fake_suite(monkeypatch, lambda out: ran.append(out) or {"value": 1})
+    for bad in ["f3e7c20c", "F3E7C20B253B0C9975B6B73D87798EE64F491532", "f3e7c20b253b0c9975b6b73d87798ee64f491532+dirty"]:
+        monkeypatch.setenv("ATTN_GYM_LITE_GIT_COMMIT", bad)
+        with pytest.raises(ValueError, match=r"^ATTN_GYM_LITE_GIT_COMMIT must be the full commit .* got '" + re.escape(bad)):
+            record(suite, tmp_path)
+    assert ran == [] and list(tmp_path.iterdir()) == []
+    full = "f3e7c20b253b0c9975b6b73d87798ee64f491532"
+    monkeypatch.setenv("ATTN_GYM_LITE_GIT_COMMIT", full)
+    assert git_commit() == full
+    assert json.loads(record(suite, tmp_path).read_text())["provenance"]["commit"] == full
+
+
 def test_every_recording_is_package_data():
     """A wheel carries the recordings (the notebooks read them wherever they are installed): every file
     under RESULTS_ROOT matches a package-data pattern of pyproject.toml (CI also installs the wheel)."""

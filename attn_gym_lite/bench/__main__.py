@@ -23,7 +23,7 @@ import typer
 from tqdm.auto import tqdm
 
 from ..checks import check_folder
-from .provenance import provenance
+from .provenance import git_commit, provenance
 from .suites import SUITES, Suite
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
@@ -76,6 +76,8 @@ def record(suite: Suite, out: Path, progress: bool = False) -> Path:
 
     Raises:
         RuntimeError: the suite needs CUDA and none is available.
+        ValueError: ``$ATTN_GYM_LITE_GIT_COMMIT`` is set but not a full commit
+            (:func:`~attn_gym_lite.bench.provenance.git_commit`): refused before the suite runs.
         TypeError: ``out`` is not a ``str`` or ``os.PathLike``.
         FileNotFoundError: ``out`` is a file, or the folder cannot be created (a parent is a file,
             no permission): refused before the suite runs.
@@ -83,6 +85,7 @@ def record(suite: Suite, out: Path, progress: bool = False) -> Path:
     """
     if suite.needs_cuda and not torch.cuda.is_available():
         raise RuntimeError(f"{suite.name} records GPU measurements; no CUDA device is available")
+    git_commit()  # a malformed $ATTN_GYM_LITE_GIT_COMMIT is refused before the suite runs, not after
     out = check_folder("out", out, must_exist=False)
     try:
         out.mkdir(parents=True, exist_ok=True)

@@ -7,6 +7,7 @@ import datetime
 import hashlib
 import os
 import platform
+import re
 import shlex
 import subprocess
 import sys
@@ -29,9 +30,19 @@ def _run(command: list[str], cwd: Path | None = None) -> str | None:
 def git_commit() -> str | None:
     """``$ATTN_GYM_LITE_GIT_COMMIT`` when set (a GPU host gets a copy of the working tree whose
     ``.git``, if any, need not be the checkout's: one such copy reported a stale commit), else
-    the checkout's commit (``+dirty`` when tracked files changed), else ``None``."""
-    if os.environ.get("ATTN_GYM_LITE_GIT_COMMIT"):
-        return os.environ["ATTN_GYM_LITE_GIT_COMMIT"]
+    the checkout's commit (``+dirty`` when tracked files changed), else ``None``.
+
+    Raises:
+        ValueError: ``$ATTN_GYM_LITE_GIT_COMMIT`` is set but is not a full 40-hex commit (at
+            f3e7c20 a hand-typed short one went into eight recordings; every route that records
+            comes through here, scripts/gpu_record.sh or a direct ``python -m attn_gym_lite.bench``).
+    """
+    given = os.environ.get("ATTN_GYM_LITE_GIT_COMMIT")
+    if given:
+        if not re.fullmatch(r"[0-9a-f]{40}", given):
+            raise ValueError("ATTN_GYM_LITE_GIT_COMMIT must be the full commit the recording measures "
+                             f"(git rev-parse HEAD: 40 hex digits), got {given!r}")
+        return given
     root = Path(__file__).resolve().parents[2]
     commit = _run(["git", "rev-parse", "HEAD"], cwd=root)
     if commit is None:
