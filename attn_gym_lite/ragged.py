@@ -16,8 +16,9 @@ FlashAttention varlen convention, also used by ``torch.nn.attention.varlen``.
 
 Two kinds of function live here. Eager helpers (packing, validation, ``max_seqlen``)
 read values on the host and must run outside graph capture. ``active_token_mask``,
-``lengths_from_cu_seqlens`` and ``pad_cu_seqlens`` only launch device ops, so they
-may run inside a captured region and are recomputed on every replay.
+``lengths_from_cu_seqlens`` and ``pad_cu_seqlens`` only launch device ops on a CUDA
+``cu_seqlens``, so they may run inside a captured region and are recomputed on every replay
+(a CPU ``cu_seqlens`` has its values checked on the host first: no device sync).
 """
 
 from __future__ import annotations
@@ -129,16 +130,16 @@ def cu_seqlens_from_lengths(
         raise ValueError(
             "lengths must hold at least one sequence length (cu_seqlens needs N >= 1), got 0"
         )
-    negative = torch.nonzero(lengths64 < 0).flatten()
-    if negative.numel() > 0:
-        i = int(negative[0])
-        raise ValueError(f"lengths must be >= 0, got lengths[{i}] = {int(lengths64[i])}")
-    # Each length within int32 first: a running sum of int64 lengths near 2**62 wraps (to 0, or
-    # negative) and would pass the total's check below ([2**62, 2**62] gave [0, 0, 0]).
-    too_long = torch.nonzero(lengths64 > _INT32_MAX).flatten()
-    if too_long.numel() > 0:
-        i = int(too_long[0])
-        raise ValueError(f"lengths[{i}] must be an int in [0, {_INT32_MAX}] (cu_seqlens is int32), got {int(lengths64[i])}")
+    # One scan for both bounds. Each length within int32 before the sum: a running sum of int64
+    # lengths near 2**62 wraps (to 0, or negative) and would pass the total's check below
+    # ([2**62, 2**62] gave [0, 0, 0]).
+    bad = torch.nonzero((lengths64 < 0) | (lengths64 > _INT32_MAX)).flatten()
+    if bad.numel() > 0:
+        i = int(bad[0])
+        value = int(lengths64[i])
+        if value < 0:
+            raise ValueError(f"lengths must be >= 0, got lengths[{i}] = {value}")
+        raise ValueError(f"lengths[{i}] must be an int in [0, {_INT32_MAX}] (cu_seqlens is int32), got {value}")
     ends = lengths64.cumsum(0)  # now at most M * (2**31 - 1): no wrap for any M that fits in memory
     if int(ends[-1]) > _INT32_MAX:
         raise ValueError(
@@ -186,7 +187,7 @@ def pad_cu_seqlens(cu_seqlens: Tensor, sequence_capacity: int) -> Tensor:
     Raises:
         TypeError: ``cu_seqlens`` is not an int32 tensor, or ``sequence_capacity`` not an int.
         ValueError: ``cu_seqlens`` is not 1-D with at least 2 entries, or it already has
-            more than ``N + 1`` entries; a CPU ``cu_seqlens`` (its values read for free) not
+            more than ``N + 1`` entries; a CPU ``cu_seqlens`` (its values read without a device sync) not
             starting at 0 or decreasing.
 
     Capture-safe: the tail is copied from the device value ``cu_seqlens[-1]``. Source:
@@ -194,7 +195,7 @@ def pad_cu_seqlens(cu_seqlens: Tensor, sequence_capacity: int) -> Tensor:
     """
     check_cu_seqlens(cu_seqlens)
     capacity = check_int("sequence_capacity", sequence_capacity, minimum=1)
-    # A CPU cu_seqlens has its value rules checked for free (as active_token_mask does); before,
+    # A CPU cu_seqlens has its value rules checked, with no device sync (as active_token_mask does); before,
     # [3, 1] was padded to [3, 1, 1, 1].
     check_host_cu_seqlens_values(cu_seqlens)
     if cu_seqlens.numel() > capacity + 1:
@@ -537,7 +538,7 @@ def active_token_mask(x_or_token_capacity: Tensor | int, cu_seqlens: Tensor) -> 
     Capture-safe: ``L`` is compared on the device as the 0-d tensor ``cu_seqlens[-1]``,
     never read on the host, so a captured graph re-evaluates the mask from whatever
     ``L`` the static ``cu_seqlens`` buffer holds at each replay. A CPU ``cu_seqlens`` (read
-    for free) has its value rules checked (:func:`attn_gym_lite.checks.check_host_cu_seqlens_values`).
+    without a device sync) has its value rules checked (:func:`attn_gym_lite.checks.check_host_cu_seqlens_values`).
 
     Args:
         x_or_token_capacity: a tensor of shape ``[T, ...]`` (on ``cu_seqlens``'s
@@ -593,7 +594,7 @@ def positions_in_sequence(cu_seqlens: Tensor, token_capacity: int) -> Tensor:
 
     Raises:
         TypeError / ValueError: the layout errors of ``cu_seqlens``; ``token_capacity`` not an int
-            ``>= 0``; a CPU ``cu_seqlens`` (its values read for free) not starting at 0,
+            ``>= 0``; a CPU ``cu_seqlens`` (its values read without a device sync) not starting at 0,
             decreasing, or with ``L > T``.
 
     Capture-safe: a ``searchsorted`` on the device (``right=True`` steps over empty sequences to

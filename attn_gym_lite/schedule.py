@@ -302,14 +302,14 @@ def chunk_offsets(cu_seqlens: Tensor, C: int) -> Tensor:
 
     Raises:
         TypeError / ValueError: ``cu_seqlens`` is not a 1-D int32 tensor of at least 2 entries,
-            or ``C`` is not an int ``>= 1``; a CPU ``cu_seqlens`` (its values read for free) not
+            or ``C`` is not an int ``>= 1``; a CPU ``cu_seqlens`` (its values read without a device sync) not
             starting at 0 or decreasing.
 
     Source: seed article, "Scheduling without max_seqlen".
     """
     check_cu_seqlens(cu_seqlens)
     C = check_int("C", C, minimum=1)
-    # A CPU cu_seqlens is checked for free (a CUDA one is not read: capture-safe). Before, [0, 65, 1]
+    # A CPU cu_seqlens is checked with no device sync (a CUDA one is not read: capture-safe). Before, [0, 65, 1]
     # gave offsets [0, 2, 1] and one starting at 5 was taken.
     check_host_cu_seqlens_values(cu_seqlens)
     # Prepending cu_seqlens[0] makes the first "length" 0, so the cumsum starts at 0 and no

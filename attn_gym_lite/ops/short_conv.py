@@ -176,7 +176,7 @@ def short_conv(x: Tensor, weight: Tensor, cu_seqlens: Tensor, *, activation: str
         TypeError: an argument is not a tensor, ``x`` is not floating, ``weight``'s dtype differs
             from ``x``'s, or ``cu_seqlens`` is not int32.
         ValueError: shapes are not ``[T, D]``, ``[D, W >= 1]``, ``[N + 1 >= 2]``, or the tensors
-            are on different devices; a CPU ``cu_seqlens`` (its values read for free, outside
+            are on different devices; a CPU ``cu_seqlens`` (its values read without a device sync, outside
             ``torch.compile``) not starting at 0, decreasing, or with ``L > T``; ``activation`` not
             in :data:`SHORT_CONV_ACTIVATIONS`; ``impl`` not ``"auto"`` or one of
             :data:`SHORT_CONV_IMPLEMENTATIONS`; ``impl="triton"`` where the kernels do not run
