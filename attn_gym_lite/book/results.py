@@ -10,7 +10,6 @@ data, so an installed wheel carries them as well as a checkout does); they are w
 from __future__ import annotations
 
 import json
-import os
 import re
 import textwrap
 from collections.abc import Sequence
@@ -18,6 +17,8 @@ from importlib.resources import files
 from pathlib import Path
 
 import torch
+
+from ..checks import check_path
 
 
 def _results_root() -> Path:
@@ -66,9 +67,7 @@ def load_result(suite: str, gpu: str = "h200", root: Path | str | None = None) -
             raise TypeError(f"load_result: {argument} must be a str, got {type(value).__name__}: {value!r:.40}")
         if not value or value in (".", "..") or "/" in value or "\\" in value:
             raise ValueError(f"load_result: {argument} must be a name (no path separator, not '.' or '..'), got {value!r}")
-    if root is not None and not isinstance(root, (str, os.PathLike)):
-        raise TypeError(f"load_result: root must be a path (str or os.PathLike) or None, got {type(root).__name__}")
-    base = Path(root or RESULTS_ROOT)
+    base = RESULTS_ROOT if root is None or root == "" else check_path("load_result: root", root)
     folder = base / gpu
     name = f"{suite.replace('-', '_')}.json"
     path = folder / name
@@ -153,12 +152,11 @@ def banner(record: dict, not_run: str) -> str:
     """
     if not isinstance(not_run, str):
         raise TypeError(f"not_run must be a str (what this machine did not run), got {type(not_run).__name__}")
-    line = provenance_line(record)  # checks record before anything is printed
     if torch.cuda.is_available():
         head = [f"Live run on {torch.cuda.get_device_name()}, beside the recording from:"]
     else:
         head = [f"CPU mode: no CUDA device here, so {not_run} did not run.", "Showing the recording from:"]
-    lines = [*(_wrap(text) for text in head), _wrap(line, indent="  ")]
+    lines = [*(_wrap(text) for text in head), _wrap(provenance_line(record), indent="  ")]
     if record.get("declared_stale"):
         lines.append(_wrap(f"Older than this package: {record['declared_stale']}"))
     return "\n".join(lines)

@@ -1,4 +1,5 @@
-"""Whether Triton is installed, and the one message that says what to install when it is not.
+"""Whether Triton is installed, the one message that says what to install when it is not, and
+the one rule for where the package's Triton kernels run (:func:`kernels_take`).
 
 The package's dependencies leave Triton out (a CPU build of torch runs without it), so every
 entry point that would import it asks :func:`triton_available` first or turns the failed import
