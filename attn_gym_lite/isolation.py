@@ -257,7 +257,7 @@ def run_isolated(function: Callable[..., Any], *args: Any, timeout_s: float = 60
             (the message names it, e.g. ``args[1]['x']``): only ``None``, bool, int, float, str,
             list, tuple (it arrives as a list) and dict with str keys (``json.dumps`` would turn
             an int key into a str) go through; ``env`` is not a mapping of str to str.
-        TypeError, ValueError: ``timeout_s`` is not a finite real number > 0.
+        TypeError, ValueError: ``timeout_s`` is not a finite real number in (0, 1e9] (:data:`MAX_SECONDS`).
         IsolatedRunError: the child exited non-zero, timed out (the message says ``timed out
             after <timeout_s> s``) or printed no result.
     """
@@ -345,7 +345,7 @@ def run_within_budget(parts: Mapping[str, Callable[[float], Any]], *, timeout_s:
         TypeError: ``parts`` is not a mapping of str to callables (a list of functions is refused,
             and so is a part that cannot be called: before any part runs), or ``clock`` or
             ``describe`` cannot be called.
-        TypeError, ValueError: a time that is not a finite real number > 0 (not a bool; numpy
+        TypeError, ValueError: a time that is not a finite real number in (0, 1e9] (not a bool; numpy
             numbers are taken); ``timeout_s`` a mapping that does not name every part, or names
             one that is not in ``parts``.
     """

@@ -153,7 +153,7 @@ class GraphBuckets:
             if isinstance(flags, (str, bytes)) or not isinstance(flags, Sequence) or not all(
                     isinstance(flag, (bool, np.bool_)) for flag in flags):
                 raise TypeError(f"GraphBuckets: token_outputs must be None or a sequence of bools, got {token_outputs!r:.60}")
-            token_outputs = [bool(flag) for flag in flags]
+            token_outputs = tuple(bool(flag) for flag in flags)
         for name, template in token_inputs.items():
             if template.dim() == 0 or template.shape[0] != largest:
                 raise ValueError(
@@ -172,7 +172,7 @@ class GraphBuckets:
         self.stream = torch.cuda.Stream()
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self._outputs: tuple[Tensor, ...] = ()
-        self._token_output = None if token_outputs is None else tuple(bool(t) for t in token_outputs)
+        self._token_output = token_outputs  # None, or the tuple of bools checked above
         self.returns_tuple = True
         for capacity in reversed(self.capacities):  # largest first
             self._capture(fn, capacity, warmup)

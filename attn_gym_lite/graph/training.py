@@ -137,8 +137,9 @@ class FixedCapacityTrainer:
         self.token_capacity, self.sequence_capacity = capacity, first_batch.sequence_capacity
         self.device = device
         # The trainable ones: a frozen parameter (fine-tuning) has no gradient to take or step.
-        self.parameters = tuple(p for p in model.parameters() if p.requires_grad)
-        self.parameter_names = tuple(name for name, p in model.named_parameters() if p.requires_grad)
+        trainable = [(name, p) for name, p in model.named_parameters() if p.requires_grad]
+        self.parameter_names = tuple(name for name, _ in trainable)
+        self.parameters = tuple(p for _, p in trainable)
         self.optimizer = torch.optim.Adam(self.parameters, lr=lr, fused=True)
         self.graph = self.buckets = self.static = None
         if use_graph and capacities is None:
