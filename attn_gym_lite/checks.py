@@ -170,15 +170,18 @@ def host_values(argument: str, value: Tensor) -> Tensor:
 
 
 def check_int_sequence(argument: str, values: object, *, minimum: int | None = None,
-                       maximum: int | None = None, allow_set: bool = True) -> list[int]:
-    """``values`` as a non-empty list of ints, each checked like :func:`check_int` (the message
-    names the entry, e.g. ``capacities[1]``). A 1-D integer tensor or array is accepted.
+                       maximum: int | None = None, allow_set: bool = True, allow_empty: bool = False) -> list[int]:
+    """``values`` as a list of ints, each checked like :func:`check_int` (the message names the
+    entry, e.g. ``capacities[1]``). A 1-D integer tensor or array is accepted. Empty only with
+    ``allow_empty`` (any empty container then gives ``[]``; an empty tensor or array must still
+    have an integer dtype).
 
     Raises:
         TypeError: ``values`` is not a sequence (a string is not, nor a dict: its keys are not
             taken; nor, with ``allow_set=False``, for values whose order or repeats count, a set:
             it has no order and merges equal entries), or an entry is not an int.
-        ValueError: it is empty, a tensor or array that is not 1-D, or an entry is out of range.
+        ValueError: it is empty (without ``allow_empty``), a tensor or array that is not 1-D, or
+            an entry is out of range.
     """
     if getattr(values, "ndim", 1) != 1 and (isinstance(values, Tensor) or hasattr(values, "tolist")):
         # A (0, 3) tensor was reported as holding no int, a (2, 3) one as holding lists.
@@ -188,6 +191,9 @@ def check_int_sequence(argument: str, values: object, *, minimum: int | None = N
             raise TypeError(f"{argument} must be a sequence of ints, got a {values.dtype} tensor")
         values = host_values(argument, values).tolist()
     elif hasattr(values, "tolist") and not isinstance(values, (str, bytes)):
+        # An empty array has no entry to refuse: its dtype must say ints (numpy's kind).
+        if getattr(values, "size", None) == 0 and getattr(getattr(values, "dtype", None), "kind", "i") not in "iu":
+            raise TypeError(f"{argument} must be a sequence of ints, got an empty {values.dtype} {type(values).__name__}")
         values = values.tolist()
     if isinstance(values, (str, bytes)):
         raise TypeError(f"{argument} must be a sequence of ints, got the string {values!r}")
@@ -205,6 +211,8 @@ def check_int_sequence(argument: str, values: object, *, minimum: int | None = N
         except TypeError:
             raise TypeError(f"{argument} must be a sequence of ints, got {type(values).__name__}") from None
     if len(values) == 0:
+        if allow_empty:
+            return []
         raise ValueError(f"{argument} must hold at least one int, got none")
     return [check_int(f"{argument}[{i}]", v, minimum=minimum, maximum=maximum) for i, v in enumerate(values)]
 

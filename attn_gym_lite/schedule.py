@@ -24,7 +24,7 @@ for the rectangular grid.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 
 import torch
 
@@ -63,24 +63,8 @@ _INTERPRETER_SMS = 4
 
 def _lengths(lengths: Tensor | Sequence[int]) -> list[int]:
     # No lengths at all is M = 0 sequences (G_active = 0), in any container the check takes (an
-    # empty array or iterator was refused while [] gave 0); anything else is read entry by entry.
-    if isinstance(lengths, Iterator):
-        lengths = list(lengths)
-    if getattr(lengths, "shape", None) == (0,) and hasattr(lengths, "dtype"):  # an empty tensor or array
-        _integral_dtype(lengths)
-        return []
-    if isinstance(lengths, (list, tuple, range)) and len(lengths) == 0:
-        return []
-    return check_int_sequence("lengths", lengths, minimum=0, allow_set=False)
-
-
-def _integral_dtype(values: object) -> None:
-    """An empty tensor or array's dtype must still be an integer one (a float one is refused)."""
-    kind = getattr(values.dtype, "kind", None)  # numpy
-    floating = values.is_floating_point() or values.is_complex() or values.dtype == torch.bool \
-        if isinstance(values, Tensor) else kind not in ("i", "u")
-    if floating:
-        raise TypeError(f"lengths must be a sequence of ints, got an empty {values.dtype} {type(values).__name__}")
+    # empty array or iterator was refused while [] gave 0).
+    return check_int_sequence("lengths", lengths, minimum=0, allow_set=False, allow_empty=True)
 
 
 # -----------------------------------------------------------------------------
