@@ -191,7 +191,8 @@ def error_stats(ours: Tensor, reference: Tensor) -> dict:
         ValueError: the shapes differ (broadcasting would compare other entries); the devices
             differ, or the tensors are meta (no values to compare).
 
-    Integer inputs are subtracted in int64 before widening, so ids past 2**53 still differ by 1.
+    Integer inputs are subtracted in int64 before widening, so ids past 2**53 still differ by 1
+    (exact while the values and their difference fit in int64: uint64 values past 2**63 wrap).
     Eager only (reads values on the host).
     """
     for name, x in (("ours", ours), ("reference", reference)):
