@@ -76,6 +76,38 @@ def test_triton_kernels_equal_the_float64_token_loop(layout, fill, width, channe
     torch.testing.assert_close(grad_weight.cpu().double(), expected_grad_weight, rtol=1e-5, atol=1e-5 * active)
 
 
+@needs_triton
+@pytest.mark.parametrize("activation", [None, "silu"])
+@pytest.mark.parametrize("lengths", [[64, 64, 21], [63, 2, 70, 1], [3, 0, 150], [200]],
+                         ids=["start at a block edge", "start one row before it", "empty, long", "one"])
+def test_the_kernels_carry_the_halo_and_sum_dw_across_row_and_channel_blocks(lengths, activation):
+    # Each program owns BLOCK_T rows and BLOCK_D channels: its taps read up to W-1 rows of the block
+    # before (the halo), and each row block writes its own part of dw, summed after. The hypothesis
+    # test above stays within 40 rows and 8 channels. Here T spans up to 210 rows and 130 channels
+    # (three channel blocks at 64), with sequence starts at, and one row before, a row block's first
+    # row, and 10 inactive rows of NaN at the end. Held to the float64 loop.
+    from attn_gym_lite.ops import short_conv_triton as kernels
+
+    assert 64 % kernels.BLOCK_T == 0 and 130 > 2 * kernels.BLOCK_D  # the layouts rely on the tile
+    cu = cu_seqlens_from_lengths(lengths)
+    active = int(cu[-1])
+    tokens, channels, width = active + 10, 130, 4
+    g = torch.Generator().manual_seed(len(lengths))
+    x = fill_inactive(torch.randn(tokens, channels, generator=g), cu, "nan").to(DEVICE).requires_grad_()
+    weight = torch.randn(channels, width, generator=g).to(DEVICE).requires_grad_()
+    upstream = fill_inactive(torch.randn(tokens, channels, generator=g), cu, "nan").to(DEVICE)
+    y = short_conv(x, weight, cu.to(DEVICE), activation=activation, impl="triton")
+    grad_x, grad_weight = torch.autograd.grad(y, (x, weight), upstream)
+    clean_x = x.detach().cpu()[:active].double().requires_grad_()
+    weight64 = weight.detach().cpu().double().requires_grad_()
+    expected = silu_then(naive_short_conv(clean_x, weight64, cu), activation)
+    expected_grad_x, expected_grad_weight = torch.autograd.grad(expected, (clean_x, weight64),
+                                                                upstream.cpu()[:active].double())
+    torch.testing.assert_close(y[:active].cpu().double(), expected, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(grad_x[:active].cpu().double(), expected_grad_x, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(grad_weight.cpu().double(), expected_grad_weight, rtol=1e-5, atol=1e-5 * active)
+
+
 def test_auto_resolves_to_the_kernels_where_they_run_and_triton_is_refused_elsewhere():
     x = torch.zeros(4, 3, dtype=torch.float64)
     assert resolve_short_conv_impl("auto", x) == "torch"  # float64: the tensor ops
