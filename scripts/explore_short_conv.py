@@ -30,7 +30,11 @@ from attn_gym_lite.ops.short_conv import short_conv
 from attn_gym_lite.ragged import cu_seqlens_from_lengths, zipf_lengths
 
 T, M, D, W = 4096, 32, 2 * 32 * 128 + 32 * 128, 4
-TILES = [(16, 128, 8), (16, 128, 4), (32, 128, 8), (8, 128, 4), (16, 256, 8), (32, 64, 4)]
+# The package's tile first (32 x 64 on 4 warps, picked from the first sweep of six tiles on the H200,
+# 2026-12-02: the comment above BLOCK_T in short_conv_triton.py), then that sweep's other five, then
+# the winner's neighbourhood (taller row blocks, narrower channel blocks, fewer warps), not yet timed.
+TILES = [(32, 64, 4), (16, 128, 8), (16, 128, 4), (32, 128, 8), (8, 128, 4), (16, 256, 8),
+         (64, 64, 4), (32, 64, 2), (64, 32, 4), (32, 32, 2), (64, 64, 8), (16, 64, 4), (32, 128, 4)]
 
 
 def timed(step, iters: int = 30) -> float:
