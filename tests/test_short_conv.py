@@ -53,7 +53,7 @@ def test_forward_and_backward_equal_the_token_loop_on_active_rows(layout, fill, 
 def test_triton_kernels_equal_the_float64_token_loop(layout, fill, width, channels, activation, seed):
     # float32 kernels (the interpreter on a CPU) against the float64 loop: forward, the input
     # gradient and the weight gradient, with NaN/Inf in the inactive rows of x and of dy. Channel
-    # counts past one 128-wide block and up to 40 rows (two row blocks) cross the kernels' tiles.
+    # counts up to 140 (three 64-wide blocks) and up to 40 rows (two 32-row blocks) cross the kernels' tiles.
     tokens, cu = layout
     active = int(cu[-1])
     g = torch.Generator().manual_seed(seed)
@@ -83,9 +83,10 @@ def test_triton_kernels_equal_the_float64_token_loop(layout, fill, width, channe
 def test_the_kernels_carry_the_halo_and_sum_dw_across_row_and_channel_blocks(lengths, activation):
     # Each program owns BLOCK_T rows and BLOCK_D channels: its taps read up to W-1 rows of the block
     # before (the halo), and each row block writes its own part of dw, summed after. The hypothesis
-    # test above stays within 40 rows and 8 channels. Here T spans up to 210 rows and 130 channels
-    # (three channel blocks at 64), with sequence starts at, and one row before, a row block's first
-    # row, and 10 inactive rows of NaN at the end. Held to the float64 loop.
+    # test above stays within 40 rows (at most two row blocks, its sequence starts wherever they
+    # fall). Here T spans up to 210 rows (seven blocks) and 130 channels (three channel blocks),
+    # with sequence starts placed at, and one row before, a row block's first row, and 10 inactive
+    # rows of NaN at the end. Held to the float64 loop.
     from attn_gym_lite.ops import short_conv_triton as kernels
 
     assert 64 % kernels.BLOCK_T == 0 and 130 > 2 * kernels.BLOCK_D  # the layouts rely on the tile
