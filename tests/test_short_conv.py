@@ -55,25 +55,7 @@ def test_triton_kernels_equal_the_float64_token_loop(layout, fill, width, channe
     # gradient and the weight gradient, with NaN/Inf in the inactive rows of x and of dy. Channel
     # counts up to 140 (three 64-wide blocks) and up to 40 rows (two 32-row blocks) cross the kernels' tiles.
     tokens, cu = layout
-    active = int(cu[-1])
-    g = torch.Generator().manual_seed(seed)
-    x = fill_inactive(torch.randn(tokens, channels, generator=g), cu, fill).to(DEVICE).requires_grad_()
-    weight = torch.randn(channels, width, generator=g).to(DEVICE).requires_grad_()
-    upstream = fill_inactive(torch.randn(tokens, channels, generator=g), cu, fill).to(DEVICE)
-    y = short_conv(x, weight, cu.to(DEVICE), activation=activation, impl="triton")
-    grad_x, grad_weight = torch.autograd.grad(y, (x, weight), upstream)
-    if active == 0:
-        assert torch.equal(grad_weight, torch.zeros_like(grad_weight))
-        return
-    clean_x = x.detach().cpu()[:active].double().requires_grad_()
-    weight64 = weight.detach().cpu().double().requires_grad_()
-    expected = silu_then(naive_short_conv(clean_x, weight64, cu), activation)
-    expected_grad_x, expected_grad_weight = torch.autograd.grad(expected, (clean_x, weight64),
-                                                                upstream.cpu()[:active].double())
-    tolerance = {"rtol": 1e-5, "atol": 1e-5}
-    torch.testing.assert_close(y[:active].cpu().double(), expected, **tolerance)
-    torch.testing.assert_close(grad_x[:active].cpu().double(), expected_grad_x, **tolerance)
-    torch.testing.assert_close(grad_weight.cpu().double(), expected_grad_weight, rtol=1e-5, atol=1e-5 * active)
+    _kernels_against_the_loop(tokens, cu, channels, width, fill, activation, seed)
 
 
 @needs_triton
@@ -91,14 +73,22 @@ def test_the_kernels_carry_the_halo_and_sum_dw_across_row_and_channel_blocks(len
 
     assert 64 % kernels.BLOCK_T == 0 and 130 > 2 * kernels.BLOCK_D  # the layouts rely on the tile
     cu = cu_seqlens_from_lengths(lengths)
+    _kernels_against_the_loop(int(cu[-1]) + 10, cu, 130, 4, "nan", activation, len(lengths))
+
+
+def _kernels_against_the_loop(tokens, cu, channels, width, fill, activation, seed):
+    """The Triton kernels on ``tokens`` rows (``fill`` in the inactive rows of x and of dy) against
+    the float64 loop: the output, the input gradient and the weight gradient."""
     active = int(cu[-1])
-    tokens, channels, width = active + 10, 130, 4
-    g = torch.Generator().manual_seed(len(lengths))
-    x = fill_inactive(torch.randn(tokens, channels, generator=g), cu, "nan").to(DEVICE).requires_grad_()
+    g = torch.Generator().manual_seed(seed)
+    x = fill_inactive(torch.randn(tokens, channels, generator=g), cu, fill).to(DEVICE).requires_grad_()
     weight = torch.randn(channels, width, generator=g).to(DEVICE).requires_grad_()
-    upstream = fill_inactive(torch.randn(tokens, channels, generator=g), cu, "nan").to(DEVICE)
+    upstream = fill_inactive(torch.randn(tokens, channels, generator=g), cu, fill).to(DEVICE)
     y = short_conv(x, weight, cu.to(DEVICE), activation=activation, impl="triton")
     grad_x, grad_weight = torch.autograd.grad(y, (x, weight), upstream)
+    if active == 0:
+        assert torch.equal(grad_weight, torch.zeros_like(grad_weight))
+        return
     clean_x = x.detach().cpu()[:active].double().requires_grad_()
     weight64 = weight.detach().cpu().double().requires_grad_()
     expected = silu_then(naive_short_conv(clean_x, weight64, cu), activation)
