@@ -388,7 +388,8 @@ def test_models_refuse_a_head_dim_rotary_cannot_use_and_a_float_dim_when_built()
     and VarLenAttention(6, 2, rotary=True) (head dim 3) were built and failed at the first forward
     with "head_dim must be an even int >= 2, got 3", naming neither dim nor num_heads;
     PackedLM(100, 32.0, 2) failed inside nn.Embedding ("empty(): argument 'size' ...")."""
-    from attn_gym_lite.models import PackedLM, PackedTransformer, TransformerBlock, VarLenAttention
+    from attn_gym_lite.models import PackedLM, PackedTransformer, VarLenAttention
+    from attn_gym_lite.models.lm import TransformerBlock
 
     odd = (r"^VarLenAttention: rotary position embeddings need an even head dim dim // num_heads, "
            r"got dim=6, num_heads=2: head dim 3$")

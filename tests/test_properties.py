@@ -383,7 +383,7 @@ def test_capacity_consumers_refuse_malformed_capacities(capacities, error):
             GraphBuckets(lambda inputs: inputs["x"] * 2, capacities, token_inputs={"x": torch.zeros(8, 2)})
         model = PackedLM(11, _DIM, _HEADS, device="cuda")
         batch = PackedBatch(torch.zeros(8, dtype=torch.int64), torch.zeros(8, dtype=torch.int64),
-                            torch.ones(8, dtype=torch.bool), torch.tensor([0, 8], dtype=torch.int32), 8, 1, 8)
+                            torch.arange(8) < 7, torch.tensor([0, 8], dtype=torch.int32), 8, 1, 8)  # a last token has no target
         with pytest.raises(error, match="capacities"):
             FixedCapacityTrainer(model, batch, use_graph=True, capacities=capacities)
 

@@ -2,7 +2,7 @@
 
 from .attention import VarLenAttention
 from .block import MASK_SITES, ShortConvAttentionBlock
-from .lm import PackedLM, PackedTransformer, TransformerBlock, packed_lm_loss, token_loss_sum
+from .lm import PackedLM, PackedTransformer, packed_lm_loss, token_loss_sum
 
-__all__ = ["MASK_SITES", "PackedLM", "PackedTransformer", "ShortConvAttentionBlock", "TransformerBlock", "VarLenAttention",
+__all__ = ["MASK_SITES", "PackedLM", "PackedTransformer", "ShortConvAttentionBlock", "VarLenAttention",
            "packed_lm_loss", "token_loss_sum"]

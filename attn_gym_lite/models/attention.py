@@ -66,8 +66,8 @@ class VarLenAttention(nn.Module):
             the q/k/v gradients of those rows unspecified; a value mask on the attention output,
             whose rows past ``L`` are unspecified, before the output projection reads them. The
             output's inactive rows are then 0 and the gradients equal those of the exact
-            computation on the ``L`` real rows alone. Needed whenever ``L < T``, i.e. under a graph
-            captured at token capacity; with it the kernels need not zero those rows.
+            computation on the ``L`` real rows alone. On by default: needed whenever ``L < T``,
+            i.e. under a graph captured at token capacity; with it the kernels need not zero those rows.
         impl: the attention implementation (:func:`attn_gym_lite.ops.attention.varlen_attention`):
             ``"auto"`` (this package's Triton kernels wherever they run, else the reference),
             ``"triton"``, ``"varlen_attn"`` (torch's FlashAttention-2), ``"reference"`` or
@@ -112,7 +112,7 @@ class VarLenAttention(nn.Module):
         num_heads: int,
         *,
         causal: bool = False,
-        mask_inactive_capacity: bool = False,
+        mask_inactive_capacity: bool = True,
         impl: str = "auto",
         schedule: str = "auto",
         rotary: bool = False,
