@@ -43,6 +43,10 @@ def layouts(draw):
     return max(T, 1), torch.tensor(bounds, dtype=torch.int32)
 
 
+def leaves_of(tensors):
+    return [x.detach().clone().requires_grad_() for x in tensors]
+
+
 def run_with_gradients(fn, inputs, cu_seqlens, weights, **kwargs):
     """(o, final_state, gradients of <o, w_o> + <S, w_S> w.r.t. q, k, v, g, beta)."""
     o, state = fn(*inputs, cu_seqlens, output_final_state=True, **kwargs)
@@ -250,3 +254,25 @@ def test_metadata_check_describes_the_widths_it_was_given():
     arguments = good_arguments()
     with pytest.raises(ValueError, match=r"H >= 1 and K in \(16, 32\), got shape"):
         check_kda_metadata(*arguments.values(), widths=(16, 32))
+
+
+# One 64-token chunk, and a ragged layout whose 64-row sequence is one chunk too; g = -0.05 except
+# at the strong tokens. (bounds, T, strong tokens)
+STRONG_LAYOUTS = [((0, 64), 64, (20,)), ((0, 23, 23, 87), 90, (10, 50))]
+
+
+@pytest.mark.parametrize(("bounds", "T", "strong"), STRONG_LAYOUTS + [((0, 64), 64, (5, 6, 40))])
+@pytest.mark.parametrize("strength", [-1e5, -1e7, -math.inf])
+def test_float32_chunked_is_exact_under_strong_and_infinite_decay(bounds, T, strong, strength):
+    """Differences of large cumulative log-decays in float32 lose the small decays (-1e5 was off by
+    0.045, -1e7 by 1.6) and -inf - (-inf) is NaN: the log-decay floor keeps the chunked form exact."""
+    *inputs, _ = kda_inputs(T, 2, 4, 3, dtype=F64, device="cpu", seed=T, active_tokens=bounds[-1]).values()
+    inputs[3] = torch.full_like(inputs[3], -0.05)
+    inputs[3][list(strong)] = strength
+    gen = torch.Generator().manual_seed(1)
+    weights = (torch.randn(T, 2, 3, generator=gen, dtype=F64), torch.randn(len(bounds) - 1, 2, 4, 3, generator=gen,
+                                                                           dtype=F64))
+    o_ref, s_ref, d_ref = run_with_gradients(kda_recurrent, leaves_of(inputs), cu(*bounds), weights)
+    o, s, d = run_with_gradients(kda_chunked, leaves_of([x.float() for x in inputs]), cu(*bounds), weights)
+    for name, x, x_ref in zip(("o", "state", "dq", "dk", "dv", "dg", "dbeta"), (o, s, *d), (o_ref, s_ref, *d_ref)):
+        torch.testing.assert_close(x.to(F64), x_ref, rtol=1e-4, atol=1e-4, msg=lambda m, name=name: f"{name}: {m}")

@@ -187,6 +187,26 @@ def test_strong_decay_stays_finite():
                                    msg=lambda m, name=name: f"d{name}: {m}")
 
 
+@pytest.mark.parametrize(("bounds", "T", "strong"), [((0, 64), 64, (20,)), ((0, 23, 23, 87), 90, (10, 50)),
+                                               ((0, 64), 64, (5, 6, 40))])
+@pytest.mark.parametrize("strength", [-1e5, -1e7, -float("inf")])
+def test_exact_under_strong_and_infinite_decay(bounds, T, strong, strength):
+    """g = -0.05 but for one or a few tokens at -1e5, -1e7 or -inf (a full reset of the state):
+    before the log-decay floor, float32 cancellation of large cumulative decays moved outputs by
+    0.045 (-1e5) to 1.6 (-1e7), and -inf made the whole chunk NaN."""
+    *inputs, _ = kda_inputs(T, 1, 16, 16, dtype=F64, device="cpu", seed=T, active_tokens=bounds[-1]).values()
+    inputs[3] = torch.full_like(inputs[3], -0.05)
+    inputs[3][list(strong)] = strength
+    gen = torch.Generator().manual_seed(2)
+    weights = (torch.randn(T, 1, 16, generator=gen, dtype=F64),
+               torch.randn(len(bounds) - 1, 1, 16, 16, generator=gen, dtype=F64))
+    o_ref, s_ref, d_ref = gradients(kda_recurrent, inputs, cu(*bounds), weights)
+    o, s, d = gradients(kda_on_device, [x.float() for x in inputs], cu(*bounds), weights)
+    for name, x, x_ref in zip(("o", "state", "dq", "dk", "dv", "dg", "dbeta"), (o, s, *d), (o_ref, s_ref, *d_ref)):
+        torch.testing.assert_close(x.to(F64), x_ref, rtol=TOLERANCE, atol=TOLERANCE,
+                                   msg=lambda m, name=name: f"{name}: {m}")
+
+
 def test_final_state_optional_and_default_scale():
     *inputs, _ = kda_inputs(20, 2, 16, 16, dtype=torch.float32, device="cpu", seed=5, min_log_decay=DECAY).values()
     o, s = kda_on_device(*inputs, cu(0, 20), chunk_size=16)

@@ -84,7 +84,7 @@ from ..kernels import INTERPRETED
 from ..kernels.mma import dot
 from ..kernels.offsets import launch_chunk_offsets
 from ..kernels.tasks import first_task, next_task, sequence_bounds, task_at
-from .reference import check_kda_metadata
+from .reference import LOG_DECAY_FLOOR, check_kda_metadata
 
 Tensor = torch.Tensor
 
@@ -1101,6 +1101,7 @@ def kda_triton(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, cu_seql
     # the stream captures (the read would synchronise with the device and break the capture).
     if plan.validate and not (cu_seqlens.is_cuda and torch.cuda.is_current_stream_capturing()):
         checks.check_cu_seqlens_values(cu_seqlens, token_capacity=plan.T)
+    g = g.clamp_min(LOG_DECAY_FLOOR)  # strong and infinite decays stay exact (see LOG_DECAY_FLOOR)
     q, k, v, g, beta = (x.contiguous() for x in (q, k, v, g, beta))
     o, final = _KDATriton.apply(q, k, v, g, beta, cu_seqlens, plan)  # final: None unless output_final_state
     return o, final

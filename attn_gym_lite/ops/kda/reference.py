@@ -103,8 +103,17 @@ from ... import checks
 
 Tensor = torch.Tensor
 
-__all__ = ["kda_chunked", "kda_recurrent"]
+__all__ = ["LOG_DECAY_FLOOR", "kda_chunked", "kda_recurrent"]
 
+# The chunked paths (kda_chunked, kda_triton) floor g here on entry. exp(-40) ~ 4e-18 is below
+# float64's and float32's resolution relative to any O(1) state, so the floor changes no result:
+# a decay below it is exactly zero to the precision computed (the recurrence's -inf is a full
+# reset, and so is -40). What it removes is cancellation: the chunked form takes differences of
+# cumulative log-decays, and with g = -1e7 in a chunk float32 loses the small decays of its other
+# tokens (G_r - G_j of two cumulative sums near -1e7), while g = -inf gives -inf - (-inf) = NaN.
+# Floored, a chunk's cumulative sums stay small enough for float32 to keep them. Through autograd,
+# clamp_min's gradient is 0 below the floor: the exact derivative to float precision.
+LOG_DECAY_FLOOR = -40.0
 
 
 def check_kda_metadata(q: object, k: object, v: object, g: object, beta: object, cu_seqlens: object, *,
@@ -296,6 +305,7 @@ def kda_chunked(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, cu_seq
     L = bounds[-1]
     out_dtype = q.dtype
     device = q.device
+    g = g.clamp_min(LOG_DECAY_FLOOR)
     q, k, v, g, beta = (x.to(compute) for x in (q, k, v, g, beta))
     S = q.new_zeros(N, H, K, V)
 
