@@ -24,8 +24,6 @@ import torch
 import triton
 import triton.language as tl
 
-from ... import checks
-
 
 @triton.jit(do_not_specialize=["token_capacity", "max_total"])
 def chunk_offsets_kernel(cu_seqlens, offsets, counters, num_seqs, token_capacity, max_total,
@@ -58,83 +56,24 @@ def chunk_offsets_kernel(cu_seqlens, offsets, counters, num_seqs, token_capacity
 
 
 _INT32_MAX = 2**31 - 1
-_MAX_COUNTERS = 4  # the kernel zeroes at most this many counters (its tl.arange(0, 4))
-
-
-def _is_int32_buffer(x: object, device: torch.device) -> bool:
-    """A contiguous 1-D int32 tensor on exactly ``device``."""
-    return (isinstance(x, torch.Tensor) and x.dtype == torch.int32 and x.dim() == 1 and x.is_contiguous()
-            and x.device == device)
 
 
 def launch_chunk_offsets(cu_seqlens: torch.Tensor, chunk_size: int, *, out: torch.Tensor | None = None,
                          counters: torch.Tensor | None = None, token_capacity: int | None = None) -> torch.Tensor:
-    """``chunk_offsets`` of ``cu_seqlens`` for chunk size ``chunk_size``, on the device, in one launch.
-
-    The same values as :func:`attn_gym_lite.schedule.chunk_offsets` (the definition, five torch
-    kernels), computed by :func:`chunk_offsets_kernel` with no host read of ``cu_seqlens``:
-    capturable, and a replay recomputes them from the captured buffer.
-
-    Args:
-        cu_seqlens: int32 ``[N + 1]`` contiguous prefix sums, on the device the kernels run on (a
-            CPU tensor under ``TRITON_INTERPRET=1``). Its values are not read on the host.
-        chunk_size: ``C``, tokens per chunk, an int ``>= 1`` (each value compiles once).
-        out: int32 ``[N + 1]`` contiguous buffer on ``cu_seqlens``'s device to write into;
-            default: a new one.
-        counters: int32 1-D contiguous buffer of at most 4 task counters on that device, set to
-            zero by the same launch (the dynamic schedule's); default: none.
-        token_capacity: ``T``, the rows of the tensors the chunks will index (an int ``>= 0``), or
-            ``None``.
-            Given, every sequence is clamped into ``[0, T]`` (start ``clamp(cu_seqlens[i], 0,
-            T)``, end ``clamp(cu_seqlens[i + 1], start, T)``) and the totals are capped at
-            ``G_cap = chunk_capacity(T, N, C)``, exactly as the kernels decode their tasks, so a
-            malformed ``cu_seqlens`` (not starting at 0, decreasing, ``L > T``: values are not
-            read on the host) cannot make a kernel address rows outside the tensors. ``None``:
-            lengths are only kept ``>= 0`` and totals capped at ``2**31 - 1``. On a valid
-            ``cu_seqlens`` (``L <= T``) both give the definition's values.
-
-    Returns:
-        ``out`` (or the new buffer): int32 ``[N + 1]``, ``[0, ..., G_active]``.
-
-    Raises:
-        TypeError / ValueError: ``cu_seqlens`` breaks a layout rule
-            (:func:`attn_gym_lite.checks.check_cu_seqlens`), ``chunk_size`` is not an int ``>= 1``,
-            ``out`` is not such an ``[N + 1]`` buffer, ``counters`` not such a buffer of at most 4,
-            ``token_capacity`` neither ``None`` nor an int in ``[0, 2**31 - 1]``. Values are
-            never checked, not even a CPU ``cu_seqlens``'s: the ops that launch this check them
-            first where they are asked to (``validate``), and the clamps keep the rest in bounds. Metadata only: a few host
-            microseconds per call.
-    """
-    # The ops call this on every call: each rule is one cheap test, and the package's checks
-    # (which build the messages) run only when it fails.
-    checks.check_cu_seqlens(cu_seqlens)
-    if type(chunk_size) is not int or chunk_size < 1:
-        chunk_size = checks.check_int("chunk_size", chunk_size, minimum=1)
+    """``chunk_offsets`` of ``cu_seqlens`` for chunks of ``chunk_size`` tokens, on the device, in one
+    launch that also zeroes up to 4 ``counters`` (the dynamic schedule's). With ``token_capacity``
+    every sequence is clamped into ``[0, T]`` and the totals capped at ``G_cap``, exactly as the
+    kernels decode their tasks, so a malformed ``cu_seqlens`` cannot send a kernel outside the
+    tensors; on a valid one the values are :func:`attn_gym_lite.schedule.chunk_offsets`'."""
     N = cu_seqlens.numel() - 1
-    device = cu_seqlens.device
     if out is None:
-        out = torch.empty(N + 1, dtype=torch.int32, device=device)
-    elif not _is_int32_buffer(out, device) or out.numel() != N + 1:
-        checks.check_cu_seqlens(out, device=device, sequence_capacity=N, argument="out")
-        raise ValueError(f"out must be on device {device}, got {out.device}")  # e.g. cuda:1 for cuda:0
-    count = 0
-    if counters is not None:
-        if not _is_int32_buffer(counters, device) or counters.numel() > _MAX_COUNTERS:
-            checks.check_tensor("counters", counters, ndim=1, shape=f"[<= {_MAX_COUNTERS}]", dtypes=(torch.int32,),
-                                device=device)
-            raise ValueError(f"counters must be a contiguous buffer of at most {_MAX_COUNTERS} entries on device "
-                             f"{device}, got shape {tuple(counters.shape)}, stride {counters.stride()}, device "
-                             f"{counters.device}")
-        count = counters.numel()
+        out = torch.empty(N + 1, dtype=torch.int32, device=cu_seqlens.device)
     if token_capacity is None:
         token_capacity, max_total = _INT32_MAX, _INT32_MAX
     else:
-        if type(token_capacity) is not int or not 0 <= token_capacity <= _INT32_MAX:
-            token_capacity = checks.check_int("token_capacity", token_capacity, minimum=0, maximum=_INT32_MAX)
-        largest = min(token_capacity, N)  # G_cap, inline: schedule.chunk_capacity's checks cost µs
-        max_total = largest + (token_capacity - largest) // chunk_size
-    # One CTA walks cu_seqlens in blocks of up to 1024 rows, the carry between blocks in a register.
-    block = max(16, min(1024, 1 << N.bit_length()))  # next power of two >= N + 1 (triton's helper costs ~1 µs)
-    chunk_offsets_kernel[(1,)](cu_seqlens, out, out if counters is None else counters, N, token_capacity,
-                               max_total, NUM_COUNTERS=count, CHUNK=chunk_size, BLOCK=block)
+        largest = min(token_capacity, N)
+        max_total = largest + (token_capacity - largest) // chunk_size  # G_cap
+    block = max(16, min(1024, 1 << N.bit_length()))  # one CTA walks cu_seqlens in blocks, carrying the total
+    chunk_offsets_kernel[(1,)](cu_seqlens, out, out if counters is None else counters, N, token_capacity, max_total,
+                               NUM_COUNTERS=0 if counters is None else counters.numel(), CHUNK=chunk_size, BLOCK=block)
     return out
