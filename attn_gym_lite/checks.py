@@ -1,15 +1,8 @@
-"""Argument checks: one helper per kind of argument, one message format for the whole package.
+"""Argument checks shared by the package; the bottom layer (it imports nothing from the package).
 
-Every public function checks its arguments when it is called and raises an error of the form
-
-    ``<argument> must be <expectation>, got <value>``
-
-``TypeError`` when the value has the wrong type, ``ValueError`` when it has the right type but is
-out of range or malformed. The checks here read only Python values and tensor *metadata* (type,
-dtype, device, shape, strides), never tensor contents, so they are safe inside a CUDA graph
-capture; the one exception, :func:`check_cu_seqlens_values`, says so.
-
-This module is the bottom layer of the package: it imports nothing from it.
+What is checked is what would otherwise give a silently wrong result: the layout and value rules
+of ``cu_seqlens`` (kernels read it through its data pointer and index memory with its values), and
+no read of a tensor's values on the host while a CUDA graph is being captured.
 """
 
 from __future__ import annotations
@@ -25,37 +18,81 @@ import torch
 
 Tensor = torch.Tensor
 
-__all__ = [
-    "check_bool",
-    "host_values",
-    "tensor_metadata",
-    "check_capacities",
-    "check_choice",
-    "check_choices",
-    "check_cu_seqlens",
-    "check_cu_seqlens_values",
-    "check_device",
-    "check_factory",
-    "check_host_cu_seqlens_values",
-    "check_features",
-    "check_file",
-    "check_fill",
-    "check_folder",
-    "check_int",
-    "check_int_sequence",
-    "check_keys",
-    "check_path",
-    "check_qkv",
-    "check_real",
-    "check_subset",
-    "check_tensor",
-]
-
 #: cu_seqlens is int32, so no batch may hold more tokens than this.
 INT32_MAX = torch.iinfo(torch.int32).max
-#: The floating dtypes a tensor argument may have where any of them will do (``dtypes=`` of
-#: :func:`check_tensor`).
 FLOATING_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+
+
+def host_values(argument: str, value: Tensor) -> Tensor:
+    """An int64 CPU copy of ``value``: the one place the package reads tensor values on the host,
+    refused while the current CUDA stream is capturing (the read would synchronise)."""
+    if value.is_cuda and torch.cuda.is_current_stream_capturing():
+        raise RuntimeError(f"{argument}'s values are read on the host, which cannot happen during CUDA graph "
+                           "capture; validate the batch before capturing or replaying")
+    return value.detach().cpu().to(torch.int64)
+
+
+def _same_device(expected: torch.device | str, actual: torch.device) -> bool:
+    expected = torch.device(expected)  # "cuda" carries no index and matches any GPU
+    return actual.type == expected.type and expected.index in (None, actual.index)
+
+
+def check_cu_seqlens(cu_seqlens: Tensor, *, device: torch.device | str | None = None,
+                     sequence_capacity: int | None = None, argument: str = "cu_seqlens") -> Tensor:
+    """The layout rules (metadata only, capture-safe): a contiguous 1-D int32 tensor of
+    ``N + 1 >= 2`` entries (exactly ``sequence_capacity + 1`` if given), on ``device`` if given.
+    Kernels read it through its data pointer: a strided view would be read as if it were dense."""
+    if cu_seqlens.dtype != torch.int32:
+        raise TypeError(f"{argument} must have dtype torch.int32 (FlashAttention varlen convention), "
+                        f"got {cu_seqlens.dtype}")
+    if device is not None and not _same_device(device, cu_seqlens.device):
+        raise ValueError(f"{argument} must be on device {torch.device(device)}, got {cu_seqlens.device}")
+    if cu_seqlens.ndim != 1 or cu_seqlens.numel() < 2 or sequence_capacity not in (None, cu_seqlens.numel() - 1):
+        entries = "at least 2" if sequence_capacity is None else f"N + 1 = {sequence_capacity + 1}"
+        raise ValueError(f"{argument} must have {entries} entries in shape [N + 1], got shape {tuple(cu_seqlens.shape)}")
+    if not cu_seqlens.is_contiguous():
+        raise ValueError(f"{argument} must be contiguous (kernels read it through its data pointer), "
+                         f"got stride {cu_seqlens.stride()}")
+    return cu_seqlens
+
+
+def check_cu_seqlens_values(cu_seqlens: Tensor, *, token_capacity: int | None = None,
+                            max_seqlen: int | None = None, argument: str = "cu_seqlens") -> Tensor:
+    """The layout rules, then the value rules: starts at 0, never decreases, ``L <= token_capacity``,
+    no sequence longer than ``max_seqlen``. Returns the int64 host copy it checked.
+
+    Eager only: reads the values on the host (:func:`host_values`).
+    """
+    check_cu_seqlens(cu_seqlens, argument=argument)
+    host = host_values(argument, cu_seqlens)
+    steps = host.diff()
+    if host[0] != 0:
+        raise ValueError(f"{argument}[0] must be 0, got {int(host[0])}")
+    if (steps < 0).any():
+        i = int(torch.nonzero(steps < 0)[0]) + 1
+        raise ValueError(f"{argument} must be non-decreasing, but {argument}[{i}] = {int(host[i])} "
+                         f"< {argument}[{i - 1}] = {int(host[i - 1])}")
+    if token_capacity is not None and host[-1] > token_capacity:
+        raise ValueError(f"{argument}[-1] (active tokens L) must be <= token_capacity T = {token_capacity}, "
+                         f"got L = {int(host[-1])}")
+    if max_seqlen is not None and steps.max() > max_seqlen:
+        raise ValueError(f"max_seqlen must be >= the longest sequence, got max_seqlen = {max_seqlen} "
+                         f"but sequence {int(steps.argmax())} has length {int(steps.max())}")
+    return host
+
+
+def check_host_cu_seqlens_values(cu_seqlens: Tensor, *, token_capacity: int | None = None,
+                                 max_seqlen: int | None = None, argument: str = "cu_seqlens") -> Tensor:
+    """The layout rules, and the value rules where reading the values costs no device sync: a CPU
+    tensor outside ``torch.compile``. A CUDA one is not read (capture-safe): the kernels clamp."""
+    check_cu_seqlens(cu_seqlens, argument=argument)
+    if cu_seqlens.device.type == "cpu" and not torch.compiler.is_compiling():
+        check_cu_seqlens_values(cu_seqlens, token_capacity=token_capacity, max_seqlen=max_seqlen, argument=argument)
+    return cu_seqlens
+
+
+# -----------------------------------------------------------------------------
+# Helpers kept while their callers are slimmed.
 
 
 def _int_expectation(minimum: int | None, maximum: int | None) -> str:
@@ -144,29 +181,6 @@ class SignatureCache:
 
     def clear(self) -> None:
         self._entries.clear()
-
-
-def host_values(argument: str, value: Tensor) -> Tensor:
-    """A copy of ``value`` on the host as int64, for checks and host-side arithmetic.
-
-    The one place the package reads a tensor's values to the host, so every reader refuses the
-    same inputs the same way: a meta tensor (shape only, no values) and a CUDA tensor while the
-    current stream is capturing (reading it would synchronise with the device).
-
-    Raises:
-        ValueError: ``value`` is a meta tensor.
-        RuntimeError: ``value`` is on CUDA and the current stream is capturing.
-    """
-    if value.is_meta:
-        raise ValueError(
-            f"{argument} must hold values (its entries are read on the host), got a meta tensor of shape {tuple(value.shape)}"
-        )
-    if value.is_cuda and torch.cuda.is_current_stream_capturing():
-        raise RuntimeError(
-            f"{argument}'s values are read on the host, which cannot happen during CUDA graph capture; "
-            "validate the batch before capturing or replaying"
-        )
-    return value.detach().cpu().to(torch.int64)
 
 
 def check_int_sequence(argument: str, values: object, *, minimum: int | None = None,
@@ -321,43 +335,6 @@ def check_keys(argument: str, value: object, required: Collection[str]) -> dict:
     return value
 
 
-def check_fill(argument: str, value: object, dtype: torch.dtype) -> object:
-    """``value`` if a tensor of ``dtype`` can hold it: the fill of a new tensor, never silently
-    changed (a ``-1`` stored as 255 in uint8, a ``0.5`` truncated to 0 in int32).
-
-    Integer dtypes take an integral value (an ``int``, or a ``float`` such as ``2.0``) in the
-    dtype's range; bool takes ``True``/``False`` (or 0/1); floating dtypes a real number whose
-    magnitude is at most the dtype's largest finite value, or a non-finite one (NaN and ±inf are
-    fills like any other; other values are rounded to the dtype, as any cast does); complex
-    dtypes any number, each part so bounded.
-
-    Raises:
-        TypeError: ``value`` is not a number, or is complex for a real ``dtype``.
-        ValueError: it is out of ``dtype``'s range, or not integral (or NaN/inf) for an integer
-            or bool ``dtype``.
-    """
-    if not isinstance(value, numbers.Number):
-        raise TypeError(f"{argument} must be a number (a fill for {dtype}), got {type(value).__name__} {value!r}")
-    if isinstance(value, numbers.Complex) and not isinstance(value, numbers.Real) and not dtype.is_complex:
-        raise TypeError(f"{argument} must be a real number (a fill for {dtype}), got {value!r}")
-    if dtype.is_complex or dtype.is_floating_point:
-        largest = torch.finfo(dtype).max
-        parts = (complex(value).real, complex(value).imag)
-        if any(math.isfinite(part) and abs(part) > largest for part in parts):
-            raise ValueError(f"{argument} must be within {dtype}'s range (magnitude <= {largest:g}), got {value!r}")
-        return value
-    lowest, highest = (0, 1) if dtype == torch.bool else (torch.iinfo(dtype).min, torch.iinfo(dtype).max)
-    if not isinstance(value, numbers.Integral):
-        real = float(value)
-        if not (math.isfinite(real) and real.is_integer()):
-            raise ValueError(f"{argument} must be an integral value in [{lowest}, {highest}] (a fill for {dtype}), "
-                             f"got {value!r}")
-    if not lowest <= int(value) <= highest:
-        raise ValueError(f"{argument} must be an integral value in [{lowest}, {highest}] (a fill for {dtype}), "
-                         f"got {value!r}")
-    return value
-
-
 def check_capacities(token_capacity: object, sequence_capacity: object) -> tuple[int, int]:
     """``(T, N)`` with ``T >= 1`` and ``1 <= N <= T`` (every sequence holds a token).
 
@@ -486,12 +463,6 @@ def check_factory(device: object = None, dtype: object = None, *, allow_meta: bo
     return {"device": device, "dtype": dtype}
 
 
-def _same_device(expected: torch.device | str, actual: torch.device) -> bool:
-    # torch.device("cuda") carries no index and matches any CUDA device.
-    expected = torch.device(expected)
-    return actual.type == expected.type and expected.index in (None, actual.index)
-
-
 def check_tensor(argument: str, value: object, *, ndim: int | None = None, shape: str = "",
                  dtypes: Collection[torch.dtype] | None = None,
                  device: torch.device | str | None = None) -> Tensor:
@@ -563,112 +534,3 @@ def check_qkv(q: object, k: object, v: object, dtypes: Collection[torch.dtype]) 
         raise ValueError(f"q, k, v must be on one device, got {q.device}, {k.device}, {v.device}")
 
 
-def check_cu_seqlens(cu_seqlens: object, *, device: torch.device | str | None = None,
-                     sequence_capacity: int | None = None, argument: str = "cu_seqlens") -> Tensor:
-    """The layout rules every consumer of ``cu_seqlens`` shares (metadata only, capture-safe).
-
-    ``cu_seqlens`` must be a 1-D, contiguous int32 tensor of ``N + 1 >= 2`` entries on
-    ``device``. Contiguity matters because kernels read it through its data pointer: a strided
-    view (``x[:, 0]``) would be read as if it were dense.
-
-    Args:
-        device: if given, the device it must be on (``"cuda"`` matches any GPU).
-        sequence_capacity: if given, ``N``: it must have exactly ``N + 1`` entries.
-
-    Raises:
-        TypeError: not a tensor, or not int32.
-        ValueError: wrong device, not 1-D, fewer than 2 entries, not contiguous, or not
-            ``N + 1`` entries.
-
-    Source: FlashAttention's varlen convention (int32 prefix sums).
-    """
-    if not isinstance(cu_seqlens, Tensor):
-        raise TypeError(f"{argument} must be a torch.Tensor of int32 prefix sums, got {type(cu_seqlens).__name__}")
-    if cu_seqlens.dtype != torch.int32:
-        raise TypeError(
-            f"{argument} must have dtype torch.int32 (FlashAttention varlen convention), got {cu_seqlens.dtype}"
-        )
-    if device is not None and not _same_device(device, cu_seqlens.device):
-        raise ValueError(f"{argument} must be on device {torch.device(device)}, got {cu_seqlens.device}")
-    if cu_seqlens.ndim != 1:
-        raise ValueError(f"{argument} must be 1-D with shape [N + 1], got shape {tuple(cu_seqlens.shape)}")
-    if cu_seqlens.numel() < 2:
-        raise ValueError(
-            f"{argument} must have at least 2 entries (shape [N + 1] with N >= 1), got shape {tuple(cu_seqlens.shape)}"
-        )
-    if not cu_seqlens.is_contiguous():
-        raise ValueError(
-            f"{argument} must be contiguous (kernels read it through its data pointer), got stride "
-            f"{cu_seqlens.stride()}; pass {argument}.contiguous()"
-        )
-    if sequence_capacity is not None and cu_seqlens.numel() != sequence_capacity + 1:
-        raise ValueError(
-            f"{argument} must have N + 1 = {sequence_capacity + 1} entries, got {cu_seqlens.numel()}"
-        )
-    return cu_seqlens
-
-
-def check_cu_seqlens_values(cu_seqlens: Tensor, *, token_capacity: int | None = None,
-                            max_seqlen: int | None = None, argument: str = "cu_seqlens") -> Tensor:
-    """The value rules: starts at 0, never decreases, ends at ``L <= T``, no sequence longer
-    than ``max_seqlen``. Layout first (:func:`check_cu_seqlens`).
-
-    Eager only: it reads ``cu_seqlens`` on the host (a device sync for a CUDA tensor), so it
-    refuses to run while the current CUDA stream is capturing.
-
-    Returns:
-        The values it checked: the int64 host copy of :func:`host_values` (``[N + 1]``), for a
-        caller that needs them too without reading the device a second time.
-
-    Raises:
-        TypeError / ValueError: the layout errors; ``cu_seqlens[0] != 0``; a decrease; ``L > T``;
-            a sequence longer than ``max_seqlen`` (the message names ``max_seqlen``).
-        ValueError: a meta tensor (it has no values to check).
-        RuntimeError: called during CUDA graph capture.
-    """
-    check_cu_seqlens(cu_seqlens, argument=argument)
-    if token_capacity is not None:
-        token_capacity = check_int("token_capacity", token_capacity, minimum=0)
-    if max_seqlen is not None:
-        max_seqlen = check_int("max_seqlen", max_seqlen, minimum=0)
-    host = host_values(argument, cu_seqlens)
-    if host[0] != 0:
-        raise ValueError(f"{argument}[0] must be 0, got {int(host[0])}")
-    steps = host.diff()
-    drops = torch.nonzero(steps < 0).flatten()
-    if drops.numel() > 0:
-        i = int(drops[0]) + 1
-        raise ValueError(
-            f"{argument} must be non-decreasing, but {argument}[{i}] = {int(host[i])} "
-            f"< {argument}[{i - 1}] = {int(host[i - 1])}"
-        )
-    active_tokens = int(host[-1])
-    if token_capacity is not None and active_tokens > token_capacity:
-        raise ValueError(
-            f"{argument}[-1] (active tokens L) must be <= token_capacity T = {token_capacity}, got L = {active_tokens}"
-        )
-    if max_seqlen is not None:
-        longest_index = int(steps.argmax())
-        longest = int(steps[longest_index])
-        if longest > max_seqlen:
-            raise ValueError(
-                f"max_seqlen must be >= the longest sequence, got max_seqlen = {max_seqlen} "
-                f"but sequence {longest_index} has length {longest}"
-            )
-    return host
-
-
-def check_host_cu_seqlens_values(cu_seqlens: Tensor, *, token_capacity: int | None = None,
-                                 max_seqlen: int | None = None, argument: str = "cu_seqlens") -> None:
-    """:func:`check_cu_seqlens_values` where it costs no device sync: ``cu_seqlens`` is a CPU
-    tensor (Triton's interpreter, CPU models) and ``torch.compile`` is not tracing. A no-op for a
-    tensor on another device (CUDA: the read would synchronise; its consumers' kernels clamp
-    instead) and for a non-tensor (the layout check that follows names it). Capture-safe: a CPU
-    tensor is never part of a CUDA graph, and a CUDA one is not read.
-
-    Raises:
-        ValueError: a CPU ``cu_seqlens`` breaking a value rule (the messages of
-            :func:`check_cu_seqlens_values`).
-    """
-    if isinstance(cu_seqlens, Tensor) and cu_seqlens.device.type == "cpu" and not torch.compiler.is_compiling():
-        check_cu_seqlens_values(cu_seqlens, token_capacity=token_capacity, max_seqlen=max_seqlen, argument=argument)

@@ -1,7 +1,7 @@
 """Grid arithmetic and chunk decoding (attn_gym_lite.schedule): the seed's worked example, the
-capacity bound for every layout, and the oracle decoding every chunk exactly once."""
+capacity bound for every layout, the oracle decoding every chunk exactly once, and the figures and
+records built from them."""
 
-import itertools
 import math
 
 import numpy as np
@@ -104,27 +104,25 @@ def test_launch_grids():
     sizes = dict(T=1000, N=10, C=64, heads=4, num_sms=8, ctas_per_sm=2)
     assert launch_grid("rect", max_seqlen=300, **sizes) == (5, 10, 4)
     assert launch_grid("flat", **sizes) == (chunk_capacity(1000, 10, 64), 4)
-    assert launch_grid("persistent", **sizes) == (16,)
-    assert launch_grid("dynamic", **sizes) == (16,)
+    assert launch_grid("persistent", **sizes) == launch_grid("dynamic", max_seqlen=300, **sizes) == (16,)
+    assert launch_grid("rect", **{**sizes, "T": 0}, max_seqlen=1) == (1, 10, 4)  # an empty batch's grid
+    assert num_sms("cpu") == num_sms(torch.device("cpu")) == 4
+    with pytest.raises(ValueError, match="schedule"):  # "auto" is resolved first, by choose_schedule
+        launch_grid("auto", **sizes)
 
 
-def test_bad_arguments_name_themselves():
-    with pytest.raises(ValueError, match="max_seqlen must be an int >= 1 for schedule='rect', got None"):
-        launch_grid("rect", T=8, N=1, C=4, heads=1, num_sms=1, ctas_per_sm=1)
-    with pytest.raises(ValueError, match="max_seqlen is only used by schedule='rect'"):
-        launch_grid("flat", T=8, N=1, C=4, heads=1, max_seqlen=8, num_sms=1, ctas_per_sm=1)
-    with pytest.raises(ValueError, match="schedule must be one of .* got 'grid'"):
-        launch_grid("grid", T=8, N=1, C=4, heads=1, num_sms=1, ctas_per_sm=1)
-    with pytest.raises(ValueError, match="C must be an int >= 1, got 0"):
-        chunk_capacity(8, 1, 0)
-    with pytest.raises(TypeError, match="N must be an int >= 1, got 2.5"):
-        G_rect(2.5, 8, 4)
-    with pytest.raises(ValueError, match=r"lengths\[1\] must be an int >= 0, got -3"):
-        G_active([4, -3], 4)
-    with pytest.raises(TypeError, match="cu_seqlens must have dtype torch.int32"):
-        chunk_offsets(torch.tensor([0, 4]), 4)
-    with pytest.raises(ValueError, match=r"flat_chunk must be in \[0, G_active = 3\), got 3"):
-        decode_chunk([0, 2, 3], [0, 65, 128], 3, 64)
+def test_chunk_offsets_of_a_huge_chunk_do_not_wrap():
+    cu = torch.tensor([0, 3, 3, 10], dtype=torch.int32)
+    for C in (2**31 - 1, 2**31, 2**40):  # int32 arithmetic gave [-1, -1] at C = 2**31
+        assert chunk_offsets(cu, C).tolist() == [0, 1, 1, 2]
+
+
+def test_lengths_count_from_any_container():
+    assert G_active([4, 4], 2) == G_active((s for s in [4, 4]), 2) == G_active(np.array([4, 4]), 2) == 4
+    assert G_active(torch.tensor([4, 4]), 2) == 4 and type(G_active(np.array([3, 4]), 2)) is int
+    assert G_active([], 4) == G_active(torch.zeros(0, dtype=torch.int64), 4) == 0
+    # An empty slot between two sequences decodes past it, as the kernels do.
+    assert decode_chunk([0, 2, 2, 3], [0, 65, 65, 128], 2, 64) == (2, 0, 65)
 
 
 def test_grid_sizes_and_their_figure():
@@ -215,121 +213,3 @@ def test_dense_gap_and_eager_overhead_read_a_record():
     assert (fwd_bwd["dense_backend"], fwd_bwd["ours_schedule"], fwd_bwd["ours_vs_dense"]) == ("flash", "flat", 310 / 400)
     rows = {r["implementation"]: r for r in eager_overhead(record)}
     assert rows["default"]["fwd_vs_varlen_attn"] == 1.5 and rows["default"]["fwd_bwd_vs_varlen_attn"] == 1.3
-
-
-def test_num_sms_names_a_bad_device():
-    assert num_sms("cpu") == num_sms(torch.device("cpu")) == 4
-    # The one device check of the package (checks.check_device), not a copy of its own.
-    with pytest.raises(ValueError, match=r"device must be a torch.device, a device string .*, got 'x'"):
-        num_sms("x")
-    with pytest.raises(TypeError, match=r"device must be a torch.device, a device string .*, got float 3.0"):
-        num_sms(3.0)
-    with pytest.raises(TypeError, match=r"device must be a torch.device, a device string .*, got NoneType None"):
-        num_sms(None)
-    if not torch.cuda.is_available():
-        with pytest.raises(ValueError, match=r"device must be an available device; CUDA is not available here, got cuda"):
-            num_sms("cuda")
-    else:
-        past = f"cuda:{torch.cuda.device_count()}"
-        with pytest.raises(ValueError, match=rf"device must be a CUDA device index in .*, got {past}"):
-            num_sms(past)
-
-
-def test_length_lists_are_checked_not_truncated():
-    # A float tensor was read through an int64 cast: [1.5, 2.7] counted as [1, 2], 3 chunks.
-    with pytest.raises(TypeError, match="lengths must be a sequence of ints, got a torch.float32 tensor"):
-        G_active(torch.tensor([1.5, 2.7]), 1)
-    with pytest.raises(TypeError, match="lengths must be a sequence of ints, got NoneType"):
-        G_active(None, 4)
-    with pytest.raises(TypeError, match="lengths must be a sequence of ints, got a torch.bool tensor"):
-        G_active(torch.tensor([True, False]), 1)
-    # No lengths is no chunks; integer arrays and tensors count like lists, as a Python int.
-    assert G_active([], 4) == G_active(torch.zeros(0, dtype=torch.int64), 4) == 0
-    count = G_active(np.array([3, 4]), 2)
-    assert type(count) is int and count == sum(math.ceil(s / 2) for s in (3, 4))
-
-
-def test_decode_chunk_checks_its_index_and_prefix_sums():
-    for bad in (True, 0.5, "0", None):
-        with pytest.raises(TypeError, match=f"flat_chunk must be an int, got {bad!r}"):
-            decode_chunk([0, 2, 3], [0, 65, 128], bad, 64)
-    with pytest.raises(ValueError, match="chunk_offsets must hold at least one int, got none"):
-        decode_chunk([], [], 0, 64)
-    with pytest.raises(TypeError, match="chunk_offsets must be a sequence of ints, got a torch.float32 tensor"):
-        decode_chunk(torch.tensor([0.0, 2.0, 3.0]), [0, 65, 128], 1, 64)
-    with pytest.raises(TypeError, match="cu_seqlens must be a sequence of ints, got NoneType"):
-        decode_chunk([0, 2, 3], None, 1, 64)
-    with pytest.raises(ValueError, match="C must be an int >= 1, got 0"):
-        decode_chunk([0, 2, 3], [0, 65, 128], 1, 0)
-    # Tensors decode like lists: chunk 1 is the second chunk of sequence 0, at token 64.
-    cu = torch.tensor([0, 65, 128], dtype=torch.int32)
-    assert decode_chunk(chunk_offsets(cu, 64), cu, 1, 64) == (0, 1, 64)
-
-
-def test_chunk_offsets_of_a_huge_chunk_do_not_wrap():
-    # int32 arithmetic wrapped: C = 2**31 gave [-1, -1], C = 2**40 a ZeroDivisionError.
-    cu = torch.tensor([0, 3, 3, 10], dtype=torch.int32)
-    for C in (2**31 - 1, 2**31, 2**40):
-        expected = [0] + list(itertools.accumulate(math.ceil(s / C) for s in (3, 0, 7)))
-        assert chunk_offsets(cu, C).tolist() == expected == [0, 1, 1, 2]
-
-
-def test_launch_grid_checks_every_count_for_every_schedule():
-    sizes = dict(T=8, N=2, C=4, heads=1, num_sms=1, ctas_per_sm=1)
-    with pytest.raises(TypeError, match=r"T must be an int in \[0, 2147483647\], got 'x'"):
-        launch_grid("rect", **{**sizes, "T": "x"}, max_seqlen=3)
-    with pytest.raises(TypeError, match="num_sms must be an int >= 1, got None"):
-        launch_grid("rect", **{**sizes, "num_sms": None}, max_seqlen=3)
-    with pytest.raises(ValueError, match="ctas_per_sm must be an int >= 1, got 0"):
-        launch_grid("flat", **{**sizes, "ctas_per_sm": 0})
-    with pytest.raises(ValueError, match=r"schedule must be one of \('rect', 'flat', 'persistent', 'dynamic'\), got 'auto'"):
-        launch_grid("auto", **sizes)
-    # Reliability tail, round 3. Before: grids no launch accepts.
-    for schedule, change, message in [
-        ("flat", {"T": 2**40}, r"^T must be an int in \[0, 2147483647\], got 1099511627776$"),
-        ("rect", {"N": 2**20, "max_seqlen": 3}, r"^N must be an int in \[1, 65535\], got 1048576$"),
-        ("flat", {"heads": 2**20}, r"^heads must be an int in \[1, 65535\], got 1048576$"),
-        ("rect", {"max_seqlen": 2**31}, r"^max_seqlen must be an int in \[1, 2147483647\], got 2147483648$"),
-    ]:
-        with pytest.raises(ValueError, match=message):
-            launch_grid(schedule, **{**sizes, **change})
-    # The limits hold only on the axes that carry them: the flat grid has N on no axis, the
-    # persistent ones are 1-D (a false refusal on the branch's first version: 70,000 one-token
-    # sequences are a legal batch). A bound above T is a valid bound (a shared captured one).
-    assert launch_grid("flat", **{**sizes, "T": 70000, "N": 70000, "C": 64}) == (70000, 1)
-    assert len(launch_grid("dynamic", **{**sizes, "T": 70000, "N": 70000, "heads": 2**17})) == 1
-    assert launch_grid("rect", **sizes, max_seqlen=100) == (25, 2, 1)
-    assert launch_grid("rect", **{**sizes, "T": 0}, max_seqlen=1) == (1, 2, 1)  # an empty batch's grid
-
-
-def test_chunk_offsets_and_decode_chunk_refuse_layouts_they_cannot_describe():
-    """Reliability tail, round 2. Before: chunk_offsets of a CPU [0, 65, 1] gave [0, 2, 1]; the
-    oracle decode_chunk answered (0, 4, 256), a token start past L = 128, for offsets [0, 5, 6] that
-    are not those of [0, 65, 128], and took decreasing offsets [0, 3, 2]."""
-    with pytest.raises(ValueError, match=r"^cu_seqlens must be non-decreasing, but cu_seqlens\[2\] = 1 < cu_seqlens\[1\] = 65"):
-        chunk_offsets(torch.tensor([0, 65, 1], dtype=torch.int32), 64)
-    with pytest.raises(ValueError, match=r"^cu_seqlens\[0\] must be 0, got 5"):
-        chunk_offsets(torch.tensor([5, 65], dtype=torch.int32), 64)
-    for offsets in ([0, 5, 6], [0, 3, 2]):
-        with pytest.raises(ValueError, match=rf"^chunk_offsets must be chunk_offsets\(cu_seqlens, C=64\) = \[0, 2, 3\], "
-                                             rf"got \[{offsets[0]}, {offsets[1]}, {offsets[2]}\]$"):
-            decode_chunk(offsets, [0, 65, 128], 1, 64)
-    with pytest.raises(ValueError, match=r"^cu_seqlens must start at 0 and never decrease, got \[0, 65, 1\]$"):
-        decode_chunk([0, 2, 3], [0, 65, 1], 1, 64)
-    # An empty slot between them decodes past it, as the kernels do.
-    assert decode_chunk([0, 2, 2, 3], [0, 65, 65, 128], 2, 64) == (2, 0, 65)
-
-
-def test_g_active_takes_any_empty_container_and_refuses_a_set():
-    """Reliability tail, round 3. Before: G_active({4, 4}, 2) gave 2 (the set merged the two
-    sequences) where [4, 4] gives 4; [] and () gave 0 but an empty array or iterator were refused
-    as holding no int; a (0, 3) tensor was reported as empty rather than as not 1-D."""
-    assert G_active([4, 4], 2) == G_active((s for s in [4, 4]), 2) == G_active(np.array([4, 4]), 2) == 4
-    for empty in ([], (), range(0), iter([]), np.array([], dtype=np.int64), torch.zeros(0, dtype=torch.int32)):
-        assert G_active(empty, 2) == 0
-    with pytest.raises(TypeError, match=r"^lengths must be a sequence of ints, got a set: \{4\} \(a set has no order"):
-        G_active({4}, 2)
-    with pytest.raises(ValueError, match=r"^lengths must be a 1-D sequence of ints, got shape \(0, 3\)$"):
-        G_active(torch.zeros(0, 3, dtype=torch.int64), 2)
-    with pytest.raises(TypeError, match=r"^lengths must be a sequence of ints, got an empty float32 ndarray$"):
-        G_active(np.array([], dtype=np.float32), 2)
