@@ -1,9 +1,5 @@
-"""Argument checks shared by the package; the bottom layer (it imports nothing from the package).
-
-What is checked is what would otherwise give a silently wrong result: the layout and value rules
-of ``cu_seqlens`` (kernels read it through its data pointer and index memory with its values), and
-no read of a tensor's values on the host while a CUDA graph is being captured.
-"""
+"""The checks that prevent silently wrong results: ``cu_seqlens``'s layout and values, and no host
+read during CUDA graph capture. The bottom layer: it imports nothing from the package."""
 
 from __future__ import annotations
 
@@ -17,14 +13,11 @@ import torch
 
 Tensor = torch.Tensor
 
-#: cu_seqlens is int32, so no batch may hold more tokens than this.
-INT32_MAX = torch.iinfo(torch.int32).max
-FLOATING_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+INT32_MAX = torch.iinfo(torch.int32).max  # cu_seqlens is int32: no batch holds more tokens
 
 
 def host_values(argument: str, value: Tensor) -> Tensor:
-    """An int64 CPU copy of ``value``: the one place the package reads tensor values on the host,
-    refused while the current CUDA stream is capturing (the read would synchronise)."""
+    """An int64 CPU copy of ``value``, refused during CUDA graph capture (the read would sync)."""
     if value.is_cuda and torch.cuda.is_current_stream_capturing():
         raise RuntimeError(f"{argument}'s values are read on the host, which cannot happen during CUDA graph "
                            "capture; validate the batch before capturing or replaying")
@@ -38,9 +31,7 @@ def _same_device(expected: torch.device | str, actual: torch.device) -> bool:
 
 def check_cu_seqlens(cu_seqlens: Tensor, *, device: torch.device | str | None = None,
                      sequence_capacity: int | None = None, argument: str = "cu_seqlens") -> Tensor:
-    """The layout rules (metadata only, capture-safe): a contiguous 1-D int32 tensor of
-    ``N + 1 >= 2`` entries (exactly ``sequence_capacity + 1`` if given), on ``device`` if given.
-    Kernels read it through its data pointer: a strided view would be read as if it were dense."""
+    """The layout rules, from metadata only: contiguous 1-D int32 with ``N + 1 >= 2`` entries."""
     if cu_seqlens.dtype != torch.int32:
         raise TypeError(f"{argument} must have dtype torch.int32 (FlashAttention varlen convention), "
                         f"got {cu_seqlens.dtype}")
@@ -50,6 +41,7 @@ def check_cu_seqlens(cu_seqlens: Tensor, *, device: torch.device | str | None = 
         entries = "at least 2" if sequence_capacity is None else f"N + 1 = {sequence_capacity + 1}"
         raise ValueError(f"{argument} must have {entries} entries in shape [N + 1], got shape {tuple(cu_seqlens.shape)}")
     if not cu_seqlens.is_contiguous():
+        # Kernels read it through its data pointer: a strided view would be read as if it were dense.
         raise ValueError(f"{argument} must be contiguous (kernels read it through its data pointer), "
                          f"got stride {cu_seqlens.stride()}")
     return cu_seqlens
@@ -57,11 +49,8 @@ def check_cu_seqlens(cu_seqlens: Tensor, *, device: torch.device | str | None = 
 
 def check_cu_seqlens_values(cu_seqlens: Tensor, *, token_capacity: int | None = None,
                             max_seqlen: int | None = None, argument: str = "cu_seqlens") -> Tensor:
-    """The layout rules, then the value rules: starts at 0, never decreases, ``L <= token_capacity``,
-    no sequence longer than ``max_seqlen``. Returns the int64 host copy it checked.
-
-    Eager only: reads the values on the host (:func:`host_values`).
-    """
+    """Layout, then values: starts at 0, never decreases, ``L <= token_capacity``, no sequence
+    longer than ``max_seqlen``. Eager: returns the int64 host copy it read and checked."""
     check_cu_seqlens(cu_seqlens, argument=argument)
     host = host_values(argument, cu_seqlens)
     steps = host.diff()
@@ -82,8 +71,8 @@ def check_cu_seqlens_values(cu_seqlens: Tensor, *, token_capacity: int | None = 
 
 def check_host_cu_seqlens_values(cu_seqlens: Tensor, *, token_capacity: int | None = None,
                                  max_seqlen: int | None = None, argument: str = "cu_seqlens") -> Tensor:
-    """The layout rules, and the value rules where reading the values costs no device sync: a CPU
-    tensor outside ``torch.compile``. A CUDA one is not read (capture-safe): the kernels clamp."""
+    """Layout, and values where reading them costs no sync: a CPU tensor outside ``torch.compile``.
+    Capture-safe: a CUDA one is not read (the kernels clamp)."""
     check_cu_seqlens(cu_seqlens, argument=argument)
     if cu_seqlens.device.type == "cpu" and not torch.compiler.is_compiling():
         check_cu_seqlens_values(cu_seqlens, token_capacity=token_capacity, max_seqlen=max_seqlen, argument=argument)
@@ -140,7 +129,7 @@ def check_choices(argument: str, values: Iterable[object], choices: Collection[o
 
 
 def check_keys(argument: str, value: dict, required: Collection[str]) -> dict:
-    """``value`` if it holds every key of ``required``: checked before work that would need them late."""
+    """``value`` if it holds every key of ``required`` (before work that would need them late)."""
     missing = sorted(set(required) - set(value))
     if missing:
         raise ValueError(f"{argument} must be a dict with the keys {sorted(required)}, missing {missing}")
