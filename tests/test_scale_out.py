@@ -42,9 +42,7 @@ TINY = {**CPU_CONFIG, "T": 96, "steps": 4, "timed_warmup": 1, "sft_documents": 3
 
 @needs_gloo
 def test_the_suite_launches_torchrun_on_cpu_and_hands_back_every_run():
-    start = time.monotonic()
     result = scale_out_suite(world_sizes=(1, 2), config=TINY, modes=("eager",), fsdp2=False, timeout_s=60)
-    elapsed = time.monotonic() - start
     assert result["errors"] == {}, result["errors"]
     assert result["gpu_count"] == 0
     assert result["environment"]["TORCH_NCCL_ASYNC_ERROR_HANDLING"] == "0"
@@ -82,7 +80,6 @@ def test_the_suite_launches_torchrun_on_cpu_and_hands_back_every_run():
     assert check["comparisons"]["mean of rank means"]["max_normwise"] > 1e-2
     assert result["scaling"] == scaling(result["runs"])
     assert {row["workload"] for row in result["scaling"]} == {"pretraining", "sft"}
-    assert elapsed < 45
 
     # The chapter's figure draws one bar per run at its measured height, its whiskers at the run's
     # p10 and p90, and the suite's efficiencies (no traces on a CPU: one panel).
