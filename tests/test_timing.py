@@ -15,10 +15,6 @@ def test_percentiles_and_step_intervals_against_numpy_and_a_sleep():
     assert list(got) == ["p0", "p10", "p25", "p50", "p90", "p99.5", "p100"]
     assert list(got.values()) == pytest.approx(np.percentile(values, [0, 10, 25, 50, 90, 99.5, 100]), rel=1e-12)
     assert percentiles([4.0]) == {"p10": 4.0, "p50": 4.0, "p90": 4.0}
-    with pytest.raises(ValueError, match="at least one sample"):
-        percentiles([])
-    with pytest.raises(ValueError, match=r"qs must be percentiles in \[0, 100\], got 101"):
-        percentiles([1.0], (101,))
 
     intervals, outputs = step_intervals_us(lambda s: (time.sleep(s), s * 2)[1], [0.02, 0.0, 0.05], cuda=False)
     assert outputs == [0.04, 0.0, 0.1]

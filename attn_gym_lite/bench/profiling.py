@@ -1,19 +1,10 @@
 """Benchmark suite ``profiling``: traces of the "Graph capture" chapter's training step, eager and
 replayed, and what labelling the replayed kernels costs.
 
-* traces: a few steps of :class:`FixedCapacityTrainer` (PackedLM on :class:`PackedLoader`'s real text),
-  eager and from one graph, written gzipped beside the JSON (``profiling_traces/``), plus the
-  replay trace labelled by :func:`annotate_trace`; the annotations it used go in the JSON;
-* summaries: kernels per step, GPU busy fraction, idle gaps, time per region;
-* the profiler's inflation: step time and ``cudaGraphLaunch`` time as the trace shows them
-  versus the same quantities on a wall clock with no profiler running, and a replay's GPU time
-  in the trace versus CUDA events;
-* the cost of labels on this torch: how long a profiled capture takes versus a plain one, and
-  whether the replayed graph has any node the plain one does not (it should not);
-* host phases: one step of the captured trainer written out phase by phase under
-  ``record_function`` labels (next batch, copy to static buffers, graph replay, optimizer step)
-  and profiled ``with_stack=True``: each phase's host and GPU span, and the Python frames of the
-  longest phase (:func:`~attn_gym_lite.profiling.compact.host_phases`).
+It records the traces (gzipped beside the JSON, the replay also labelled by ``annotate_trace``, with
+the annotations in the JSON), their summaries, the profiler's inflation of step, launch and replay
+times against wall clocks taken with no profiler running, the cost of a capture with labels, and one
+step of the captured trainer phase by phase (``host_phases``).
 """
 
 from __future__ import annotations
@@ -54,8 +45,7 @@ def _api_durations_us(trace: dict, name: str) -> list[float]:
 
 
 def _wall_step_us(trainer: FixedCapacityTrainer, batches: list, repeats: int, sync_each_step: bool) -> float:
-    """Mean host time per step; with ``sync_each_step`` each step ends in a synchronize, as the
-    profiled steps do, otherwise steps run back to back as in training."""
+    """Mean host time per step; ``sync_each_step`` ends each in a synchronize, as profiled steps do."""
     torch.cuda.synchronize()
     start = time.perf_counter()
     for _ in range(repeats):
@@ -90,8 +80,7 @@ PHASES = ("next batch", "copy to static buffers", "graph replay", "optimizer ste
 
 
 def _phased_step(trainer: FixedCapacityTrainer, batches) -> None:
-    """:meth:`FixedCapacityTrainer.step` for one graph, written out with one ``record_function``
-    range per phase, the next batch taken from the loader inside the step."""
+    """``FixedCapacityTrainer.step`` written out with one ``record_function`` range per phase."""
     with torch.profiler.record_function(PHASES[0]):
         batch = next(batches)
     with torch.profiler.record_function(PHASES[1]):
@@ -108,8 +97,7 @@ def _phased_step(trainer: FixedCapacityTrainer, batches) -> None:
 
 def host_phase_trace(trainer: FixedCapacityTrainer, token_capacity: int, sequence_capacity: int) -> dict:
     """One step of the captured ``trainer``, batch loading included, profiled with Python stacks:
-    per-phase spans and the longest phase's frames (:func:`host_phases`), and the step's
-    timeline (:func:`compact_timeline`, host ops one deep)."""
+    :func:`host_phases` and the step's :func:`compact_timeline` (host ops one deep)."""
     loader = PackedLoader(token_capacity, sequence_capacity, tokenizer=load_tokenizer(), policy=InOrder(),
                           max_piece_tokens=1024)
     batches = iter(loader)
@@ -126,12 +114,10 @@ def host_phase_trace(trainer: FixedCapacityTrainer, token_capacity: int, sequenc
 
 
 def wall_clocks(token_capacity: int, sequence_capacity: int, dim: int, num_heads: int, steps: int) -> dict:
-    """The suite's steps timed by wall clock in a process where no profiler has ever run: once the
-    profiler has attached CUPTI to a process, later launches in it stay slower, so timing the
-    same steps after the traces would inflate the eager step. µs per step (mean over 20 passes of
-    the profiled batches), per ``graph.replay()`` call (median host time) and per replay on the
-    GPU (median of CUDA events). ``graph`` is captured with labels, as the traced one; ``plain``
-    without. Run it through :func:`~attn_gym_lite.isolation.run_isolated`."""
+    """The suite's steps by wall clock, in a process where no profiler has run (run it through
+    ``run_isolated``): once the profiler has attached CUPTI to a process, its launches stay slower.
+    µs per step, per ``graph.replay()`` call (host) and per replay on the GPU (CUDA events);
+    ``graph`` is captured with labels, as the traced one, ``plain`` without."""
     tokenizer, warm, profiled = _batches(token_capacity, sequence_capacity, steps)
     eager = _trainer(tokenizer, warm[0], False, dim, num_heads)
     plain = _trainer(tokenizer, warm[0], True, dim, num_heads)
@@ -155,9 +141,8 @@ def wall_clocks(token_capacity: int, sequence_capacity: int, dim: int, num_heads
 
 def profiling_suite(out: Path | None = None, token_capacity: int = 4096, sequence_capacity: int = 32,
                     dim: int = 1024, num_heads: int = 8, steps: int = 3) -> dict:
-    """Eager and replayed traces of ``steps`` training steps and their summaries; the profiler's
-    inflation against wall clocks; the cost of labels. Traces go to ``out/profiling_traces``
-    (not written when ``out`` is None, e.g. in a notebook's live run)."""
+    """The suite's record (see the module docstring); traces go to ``out/profiling_traces`` unless
+    ``out`` is None (a notebook's live run)."""
     # Wall clocks first, in a fresh process: this one is about to host the profiler.
     walls = run_isolated(wall_clocks, token_capacity, sequence_capacity, dim, num_heads, steps)
     tokenizer, warm, profiled = _batches(token_capacity, sequence_capacity, steps)

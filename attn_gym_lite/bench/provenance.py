@@ -28,15 +28,9 @@ def _run(command: list[str], cwd: Path | None = None) -> str | None:
 
 
 def git_commit() -> str | None:
-    """``$ATTN_GYM_LITE_GIT_COMMIT`` when set (a GPU host gets a copy of the working tree whose
-    ``.git``, if any, need not be the checkout's: one such copy reported a stale commit), else
-    the checkout's commit (``+dirty`` when tracked files changed), else ``None``.
-
-    Raises:
-        ValueError: ``$ATTN_GYM_LITE_GIT_COMMIT`` is set but is not a full 40-hex commit (at
-            f3e7c20 a hand-typed short one went into eight recordings; every route that records
-            comes through here, scripts/gpu_record.sh or a direct ``python -m attn_gym_lite.bench``).
-    """
+    """``$ATTN_GYM_LITE_GIT_COMMIT`` when set (a GPU host's copy of the working tree may carry a
+    stale ``.git``), which must be a full 40-hex commit; else the checkout's commit (``+dirty``
+    when tracked files changed); else ``None``."""
     given = os.environ.get("ATTN_GYM_LITE_GIT_COMMIT")
     if given:
         if not re.fullmatch(r"[0-9a-f]{40}", given):
@@ -63,11 +57,9 @@ def _module_file(module: str) -> Path | None:
 
 
 def package_imports(path: Path, module: str) -> set[str]:
-    """Every ``attn_gym_lite`` name that the file ``path`` (the module ``module``, dotted) imports,
-    as absolute dotted names, function-level imports included, read with ``ast`` (nothing runs).
-
-    ``from .x import y`` yields ``...x`` and ``...x.y`` (``y`` may be a submodule). Used for source
-    digests here and by the layering test (tests/test_layers.py)."""
+    """Every ``attn_gym_lite`` name the file ``path`` (module ``module``) imports, as absolute dotted
+    names, function-level imports included, read with ``ast``; ``from .x import y`` yields ``...x``
+    and ``...x.y`` (``y`` may be a submodule). The layering test uses it too."""
     package = module if path.name == "__init__.py" else module.rsplit(".", 1)[0]
     found = set()
     for node in ast.walk(ast.parse(path.read_text())):
@@ -102,8 +94,8 @@ def source_files(module: str) -> list[Path]:
 
 
 def source_digest(module: str) -> str:
-    """SHA-256 of :func:`source_files` (relative path and bytes of each, in order): a recording
-    whose digest differs from today's was made by other code, and is stale."""
+    """SHA-256 of :func:`source_files` (relative path and bytes of each, in order): a recording whose
+    digest differs from today's was made by other code."""
     digest = hashlib.sha256()
     for path in source_files(module):
         digest.update(str(path.relative_to(PACKAGE_ROOT)).encode() + b"\0" + path.read_bytes() + b"\0")
@@ -111,11 +103,8 @@ def source_digest(module: str) -> str:
 
 
 def provenance(suite_module: str | None = None) -> dict:
-    """GPU (name, SM count, memory), driver, CUDA, torch, triton, Python, date, command, commit,
-    the package version and, for a suite, the digest of the source it ran (:func:`source_digest`).
-
-    Returns a JSON-ready dict; GPU fields are ``None`` without CUDA.
-    """
+    """GPU (name, SM count, memory, capability), driver, CUDA, torch, triton, Python, date, command,
+    commit, package version and, for a suite, :func:`source_digest` of its source, JSON-ready."""
     try:
         import triton
 
