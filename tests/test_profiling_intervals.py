@@ -89,23 +89,6 @@ def test_edge_cases():
     assert busy_and_gaps([(np.float64(0.5), np.float64(2.0))]) == (1.5, [])
 
 
-@pytest.mark.parametrize("intervals, error, message", [
-    (5, TypeError, "intervals must be an iterable of .start, end. pairs, got int"),
-    ("ab", TypeError, "intervals must be an iterable of .start, end. pairs, got str"),
-    ([(0, 1), 3], TypeError, r"intervals\[1\] must be a \(start, end\) pair, got 3"),
-    ([(0, 1, 2)], TypeError, r"intervals\[0\] must be a \(start, end\) pair, got \(0, 1, 2\)"),
-    ([("0", 1)], TypeError, r"intervals\[0\] start must be a finite real number, got '0'"),
-    ([(0, None)], TypeError, r"intervals\[0\] end must be a finite real number >= 0.0, got None"),
-    ([(True, 2)], TypeError, r"intervals\[0\] start must be a finite real number, got True"),
-    ([(0, 1), (5, 3)], ValueError, r"intervals\[1\] end must be a finite real number >= 5.0, got 3.0"),
-    ([(float("nan"), 1)], ValueError, r"intervals\[0\] start must be a finite real number, got nan"),
-    ([(0, float("inf"))], ValueError, r"intervals\[0\] end must be a finite real number >= 0.0, got inf"),
-])
-def test_malformed_intervals_are_named(intervals, error, message):
-    with pytest.raises(error, match=message):
-        busy_and_gaps(intervals)
-
-
 def _kernel(name, ts, dur, correlation, tid=7):
     return {"ph": "X", "cat": "kernel", "name": name, "ts": ts, "dur": dur, "pid": 0, "tid": tid,
             "args": {"correlation": correlation, "stream": tid}}

@@ -1,12 +1,9 @@
 """Profiling captured graphs: traces whose replayed kernels are labelled by region.
 
-* :func:`profile` records a trace (Chrome JSON, gzipped JSON or Perfetto protobuf);
-* :func:`mark_kernels` names a region inside the function being captured;
-* :func:`record_annotations` records, while graphs are captured, which region each graph node
-  came from (torch's graph annotations where available, a profiled capture elsewhere);
-* :func:`annotate_trace` joins those labels to a replay trace;
-* :func:`trace_summary` reads a trace as numbers (``attn_gym_lite.book.plots.plot_timeline``
-  draws it).
+:func:`profile` records a trace; :func:`mark_kernels` names a region inside the function being
+captured; :func:`record_annotations` records, while graphs are captured, which region each graph
+node came from; :func:`annotate_trace` joins those labels to a replay trace; :func:`trace_summary`
+reads a trace as numbers.
 """
 
 from ..regions import mark_kernels, native_annotations_available
@@ -18,6 +15,5 @@ from .trace import load_trace, profile, save_trace, split_overlapping_lanes
 __all__ = [
     "CAPTURE_ORDER", "GRAPH_NODE_ID", "GraphAnnotations", "annotate_trace", "device_events",
     "graphs_from_capture_trace", "load_trace", "mark_kernels", "native_annotations_available",
-    "profile", "record_annotations", "save_trace", "split_overlapping_lanes",
-    "trace_summary",
+    "profile", "record_annotations", "save_trace", "split_overlapping_lanes", "trace_summary",
 ]

@@ -1,20 +1,7 @@
-"""Small, JSON-ready summaries of a trace for the book's pictures.
+"""Small, JSON-ready summaries of a trace for the book's pictures (a raw trace is megabytes).
 
-A recorded benchmark stores numbers, not raw traces (a Chrome trace of one step is megabytes):
-
-* :func:`compact_timeline` keeps one row per event that a timeline picture needs: host ops
-  (nested at most ``max_depth`` deep), CUDA runtime/driver calls (the launches) and device
-  events per stream, as ``[name, track, depth, start_us, dur_us]``;
-* :func:`host_phases` reads the ``record_function`` ranges of a training step (data loading,
-  copy to static buffers, replay, optimizer step): each phase's host span and the GPU span of the
-  work it launched, and, for the longest phase, the Python frames the profiler recorded with
-  ``with_stack=True`` (where its host time went).
-
-Both read the Chrome trace dict that :func:`~attn_gym_lite.profiling.profile` returns; device
-events come from :func:`~attn_gym_lite.profiling.device_events`. Times are µs.
-
-Source: the seed article, "Hello World" (eager versus replay traces) and "Small Digression into
-profiling" (``record_function`` labels, ``with_stacks``); the Chrome trace-event format.
+:func:`compact_timeline` keeps the rows a timeline picture needs; :func:`host_phases` the spans of
+a training step's ``record_function`` phases and the Python frames of the longest one. Times: µs.
 """
 
 from __future__ import annotations
@@ -23,30 +10,30 @@ from collections import defaultdict
 from collections.abc import Sequence
 from typing import Any
 
-from ..checks import check_int, check_real
 from .intervals import busy_and_gaps
-from .record import DEVICE_CATEGORIES, HOST_OP_CATEGORIES
+from .record import HOST_OP_CATEGORIES
 from .summary import device_events
-from .trace import LANE_TID_BASE, Trace, check_slices, check_trace
+from .trace import LANE_TID_BASE, Trace, check_trace
 
 RUNTIME_CATEGORIES = ("cuda_runtime", "cuda_driver")
 PYTHON_CATEGORY = "python_function"
 RUNTIME_TRACK = "CUDA runtime"
-_SKIPPED_PREFIXES = ("ProfilerStep#",)  # the profiler's own step ranges, not work
+# host_phases keeps the TOP_FRAMES longest frames and FLAME_EVENTS flame slices of >= FLAME_MIN_FRACTION of the phase.
+TOP_FRAMES, FLAME_EVENTS, FLAME_MIN_FRACTION = 12, 300, 0.005
 
 
 def _complete(event: dict) -> bool:
-    return event.get("ph") == "X" and isinstance(event.get("ts"), (int, float)) and isinstance(event.get("dur"), (int, float))
+    return event.get("ph") == "X" and "ts" in event and "dur" in event
 
 
 def _thread(event: dict) -> tuple:
-    """``(pid, tid)`` of the host thread, lanes added by :func:`split_overlapping_lanes` folded back."""
+    """``(pid, tid)`` of the host thread, lanes added by split_overlapping_lanes folded back."""
     tid = event.get("tid")
     return event.get("pid"), tid % LANE_TID_BASE if isinstance(tid, int) else tid
 
 
 def _depths(events: list[dict]) -> list[int]:
-    """Nesting depth of each slice among ``events`` (one thread), in the given start order."""
+    """Nesting depth of each slice among ``events`` (one thread, in start order)."""
     open_ends: list[float] = []
     depths = []
     for event in events:
@@ -69,44 +56,25 @@ def _is_launch(name: str) -> bool:
 def compact_timeline(trace: Trace, *, max_depth: int = 2, max_events: int = 3000, name_chars: int = 80) -> dict[str, Any]:
     """The rows a timeline picture of ``trace`` needs, small enough to store in a recording.
 
-    Tracks, in this order: ``"CPU thread 0"``, ``"CPU thread 1"``, ... (``cpu_op`` and
-    ``record_function`` slices per host thread, numbered by first appearance; the profiler's
-    ``ProfilerStep#`` ranges are left out), ``"CUDA runtime"`` (runtime and driver calls of every
-    thread: the launches and synchronizes) and ``"GPU stream <id>"`` (kernels, memcpys and
-    memsets; lanes made by :func:`split_overlapping_lanes` are folded back into their stream).
+    Tracks: ``"CPU thread <i>"`` (host ops and ``record_function`` ranges, without ``ProfilerStep#``,
+    nested at most ``max_depth`` deep), ``"CUDA runtime"`` (runtime and driver calls) and ``"GPU
+    stream <id>"``. Past ``max_events`` rows the deepest host slices go first, then the latest rows;
+    names are cut to ``name_chars``.
 
-    Args:
-        trace: Chrome trace dict (:func:`~attn_gym_lite.profiling.profile`'s ``.trace``).
-        max_depth: host slices nested deeper than this (0 = outermost) are dropped.
-        max_events: at most this many events are kept; past it the deepest host slices go first,
-            then the latest events; ``"dropped"`` counts them.
-        name_chars: names are cut to this many characters (kernel names run to hundreds).
-
-    Returns:
-        ``{"tracks": [str], "events": [[name, track index, depth, start_us, dur_us], ...] (by
-        start, µs from the first kept event), "dropped": int, "counts": {"host_ops",
-        "runtime_calls", "launches", "device_events", "device_busy_us"}, "span_us": float}``.
-        The counts are over the whole trace (before ``max_depth`` and ``max_events``);
-        ``device_busy_us`` is the union of device events.
-
-    Raises:
-        TypeError / ValueError: a malformed trace, by the rules of :func:`~attn_gym_lite.profiling.trace.check_trace` and
-            :func:`~attn_gym_lite.profiling.trace.check_slices` (the message names the event).
-        ValueError: ``max_depth`` < 0, ``max_events`` < 1 or ``name_chars`` < 8; the trace has no
-            host, runtime or device event.
+    Returns ``{"tracks", "events": [[name, track, depth, start_us, dur_us], ...], "dropped",
+    "counts": {"host_ops", "runtime_calls", "launches", "device_events", "device_busy_us"},
+    "span_us"}``, times from the first kept row; the counts are over the whole trace.
     """
     check_trace(trace, "compact_timeline")
-    check_slices(trace, (*HOST_OP_CATEGORIES, *RUNTIME_CATEGORIES, *DEVICE_CATEGORIES), "compact_timeline")
-    check_int("max_depth", max_depth, minimum=0)
-    check_int("max_events", max_events, minimum=1)
-    check_int("name_chars", name_chars, minimum=8)
-    raw = trace.get("traceEvents", [])
+    if max_depth < 0:
+        raise ValueError(f"compact_timeline: max_depth must be >= 0, got {max_depth}")
+    raw = trace["traceEvents"]
     by_thread: dict[Any, list[dict]] = defaultdict(list)
     runtime = []
     for event in raw:
         if not _complete(event):
             continue
-        if event.get("cat") in HOST_OP_CATEGORIES and not str(event.get("name", "")).startswith(_SKIPPED_PREFIXES):
+        if event.get("cat") in HOST_OP_CATEGORIES and not str(event.get("name", "")).startswith("ProfilerStep#"):
             by_thread[_thread(event)].append(event)
         elif event.get("cat") in RUNTIME_CATEGORIES:
             runtime.append(event)
@@ -158,59 +126,26 @@ def compact_timeline(trace: Trace, *, max_depth: int = 2, max_events: int = 3000
     }
 
 
-def host_phases(trace: Trace, phases: Sequence[str], *, top_frames: int = 12, flame_events: int = 300,
-                flame_min_fraction: float = 0.005, name_chars: int = 100) -> dict[str, Any]:
+def host_phases(trace: Trace, phases: Sequence[str], *, name_chars: int = 100) -> dict[str, Any]:
     """Host and GPU spans of the ``record_function`` phases of one step, and where the longest
     phase's host time went.
 
-    Each phase is the last ``record_function`` range (``user_annotation`` slice) of that name in
-    the trace. Its GPU span runs from the first to the last device event launched from inside it
-    (joined by ``correlation`` through the runtime/driver calls on the phase's thread). For the
-    longest phase, the Python frames recorded with ``with_stack=True`` (``python_function``
-    slices inside it, on its thread) give ``top_frames``: per frame name, the time of its
-    outermost calls (a recursive call is not counted twice) and the number of those calls; and
-    ``flame``: the frames and ops inside it that last at least ``flame_min_fraction`` of it, for a
-    flame chart.
+    A phase is the last range of its name; its GPU span runs from the first to the last device event
+    launched inside it. For the longest phase, its Python frames give ``top_frames`` (per name: the
+    time and number of its outermost calls) and ``flame`` (frames and ops inside it).
 
-    Args:
-        trace: Chrome trace dict of one profiled step.
-        phases: the range names, in the order the step runs them.
-        top_frames: how many frames to keep, longest first.
-        flame_events: at most this many flame-chart slices (the longest are kept).
-        flame_min_fraction: shorter flame slices are left out (fraction of the phase, 0 to 1).
-        name_chars: names are cut to this many characters.
-
-    Returns:
-        ``{"order": [phase], "phases": {phase: {"start_us", "dur_us", "gpu_start_us",
-        "gpu_end_us", "device_events", "launches"}}, "longest": phase, "stacks": bool,
-        "top_frames": [[frame, total_us, calls]], "flame": [[name, depth, start_us, dur_us]]}``:
-        µs from the first phase's start (flame slices: from the longest phase's start);
-        ``gpu_start_us``/``gpu_end_us`` are ``None`` for a phase that launched no device work;
-        ``stacks`` is False (and the frame lists empty) for a trace without Python frames.
-
-    Raises:
-        TypeError / ValueError: a malformed trace, by the rules of :func:`~attn_gym_lite.profiling.trace.check_trace` and
-            :func:`~attn_gym_lite.profiling.trace.check_slices` (the message names the event).
-        ValueError: ``phases`` is empty or not strings, or a phase has no range in the trace; a
-            count or fraction out of range.
+    Returns ``{"order", "phases": {phase: {"start_us", "dur_us", "gpu_start_us", "gpu_end_us",
+    "device_events", "launches"}}, "longest", "stacks", "top_frames": [[frame, total_us, calls]],
+    "flame": [[name, depth, start_us, dur_us]]}``, µs from the first phase's (flame: the longest's) start.
     """
-    check_trace(trace, "host_phases")
-    check_slices(trace, (*HOST_OP_CATEGORIES, *RUNTIME_CATEGORIES, PYTHON_CATEGORY, *DEVICE_CATEGORIES), "host_phases")
-    if isinstance(phases, str) or not phases or not all(isinstance(p, str) for p in phases):
-        raise ValueError(f"host_phases: phases must be a non-empty sequence of range names, got {phases!r}")
-    check_int("top_frames", top_frames, minimum=0)
-    check_int("flame_events", flame_events, minimum=0)
-    check_real("flame_min_fraction", flame_min_fraction, minimum=0.0, maximum=1.0)
-    check_int("name_chars", name_chars, minimum=8)
-    raw = [e for e in trace.get("traceEvents", []) if _complete(e)]
+    raw = [e for e in trace["traceEvents"] if _complete(e)]
     ranges = {}
     for event in sorted(raw, key=lambda e: e["ts"]):
         if event.get("cat") == "user_annotation" and event.get("name") in phases:
             ranges[event["name"]] = event  # the last one of each name
     missing = [p for p in phases if p not in ranges]
     if missing:
-        raise ValueError(f"host_phases: no record_function range named {missing} in the trace "
-                         f"(found {sorted(ranges)})")
+        raise ValueError(f"host_phases: phases {missing} have no record_function range in the trace (found {sorted(ranges)})")
     origin = min(e["ts"] for e in ranges.values())
     runtime = [e for e in raw if e.get("cat") in RUNTIME_CATEGORIES]
     by_correlation: dict[Any, list[dict]] = defaultdict(list)
@@ -249,11 +184,11 @@ def host_phases(trace: Trace, phases: Sequence[str], *, top_frames: int = 12, fl
             entry[0] += event["dur"]
             entry[1] += 1
         open_frames.append((event["ts"] + event["dur"], name))
-    top = sorted(totals.items(), key=lambda item: -item[1][0])[:top_frames]
+    top = sorted(totals.items(), key=lambda item: -item[1][0])[:TOP_FRAMES]
     stacked = sorted((e for e in raw if e.get("cat") in (PYTHON_CATEGORY, *HOST_OP_CATEGORIES) and inside(e)),
                      key=lambda e: (e["ts"], -e["dur"]))
-    flame = [(d, e) for d, e in zip(_depths(stacked), stacked) if e["dur"] >= flame_min_fraction * phase["dur"]]
-    flame = sorted(sorted(flame, key=lambda item: -item[1]["dur"])[:flame_events], key=lambda item: item[1]["ts"])
+    flame = [(d, e) for d, e in zip(_depths(stacked), stacked) if e["dur"] >= FLAME_MIN_FRACTION * phase["dur"]]
+    flame = sorted(sorted(flame, key=lambda item: -item[1]["dur"])[:FLAME_EVENTS], key=lambda item: item[1]["ts"])
     return {
         "order": list(phases),
         "phases": spans,
