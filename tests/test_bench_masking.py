@@ -35,6 +35,3 @@ def test_ablation_verdicts_threshold():
     assert ablation_verdicts(result) == {"a": {"w": "ok"}, "b": {"w": "WRONG"}, "c": {"w": "ok"},
                                          "d": {"w": "WRONG"}, "e": {"w": "3 non-finite"}}
     assert ablation_verdicts(result, rtol=0.06)["b"] == {"w": "ok"}
-    for bad in (0, -1.0, True, "0.1"):
-        with pytest.raises(ValueError, match="rtol"):
-            ablation_verdicts(result, rtol=bad)

@@ -1,17 +1,10 @@
 """Benchmark suite ``buckets``: memory and compute of graph buckets versus one graph.
 
-* memory: each configuration in a fresh process (so earlier allocations cannot hide in the
-  caching allocator), after capture: allocated, reserved and graph-private MiB;
-* compute: forward + backward replay time of a block with large projections, one graph at ``T``
-  versus the bucket that fits ``L``, as ``L`` falls from ``T`` to ``T / 16``;
-* lifetime: an output kept across a replay of another bucket, and the debug guard;
-* optimizer boundary: eager fused Adam on the graph's gradients versus a captured Adam step;
-* optimizer boundary memory: the allocator's history over one step whose gradients are copied
-  into the buffers a captured optimizer reads (they exist twice) versus attached to eager Adam;
-* training: a :class:`PackedLM` trained on real text (:class:`PackedLoader`, in-order packing of the
-  shuffled standard library) from one graph and from buckets
-  chosen by :func:`plan_buckets` on the loader's own ``L`` distribution, same batches, same
-  initial weights: losses and step time per batch.
+Parts, each in a fresh process: ``memory`` (allocated, reserved and graph-private MiB after
+capture, per configuration), ``compute`` (replay time of one graph at ``T`` versus the bucket that
+fits ``L``), ``lifetime`` (an output kept across another bucket's replay, and the debug guard),
+``optimizer_boundary`` (eager fused Adam versus a captured Adam step) and its memory, and
+``training`` (a :class:`PackedLM` trained from one graph and from planned buckets, same batches).
 """
 
 from __future__ import annotations
@@ -27,10 +20,11 @@ from ..data import InOrder, PackedLoader, load_tokenizer
 from ..data.capacity import plan_buckets, select_bucket
 from ..graph.buckets import GraphBuckets, private_pool_bytes
 from ..graph.capture import capture_graph
-from ..isolation import IsolatedRunError, run_isolated
+from ..isolation import run_isolated
 from ..models import PackedLM
 from ..profiling.memory import allocation_sites, allocation_timeline, find_blocks, record_memory_history
-from .timing import cuda_event_us, host_call_us, median, wall_clock_us
+from .harness import device_us, error_text, isolated, run_parts
+from .timing import host_call_us, wall_clock_us
 
 MIB = 2**20
 CONFIGS = ("one graph", "shared buckets", "independent graphs", "torch.compile reduce-overhead")
@@ -43,12 +37,11 @@ def _projections(dim: int) -> nn.Module:
 
 
 def memory_point(config: str, token_capacity: int, dim: int, k: int) -> dict:
-    """Capture ``config`` in this process and report its memory (MiB). Run it in a fresh one.
+    """Capture ``config`` in this process (run it in a fresh one) and report its memory in MiB.
 
-    The workload is the forward of the two projections under ``torch.no_grad()``, as in the
-    seed. Every graph configuration uses the same recipe (:class:`GraphBuckets`, outputs copied
-    into backing buffers outside the pool), so the configurations differ only in how many graphs
-    there are and whether they share a pool.
+    The workload is the seed's two projections, forward under ``no_grad``. Every graph configuration
+    is :class:`GraphBuckets`, so they differ only in how many graphs there are and whether they
+    share a pool.
     """
     core = _projections(dim)
     capacities = [token_capacity >> i for i in range(k)][::-1]
@@ -57,21 +50,19 @@ def memory_point(config: str, token_capacity: int, dim: int, k: int) -> dict:
     def fn(inputs):
         return core(inputs["x"])
 
-    pools, keep = [], []
+    def compiled() -> list:
+        step = torch.compile(core, mode="reduce-overhead", dynamic=False)
+        # CUDA Graph Trees record on the third call of a shape.
+        return [step(x[:c]).clone() for c in reversed(capacities) for _ in range(3)]
+
+    builders = {
+        "one graph": lambda: [GraphBuckets(fn, [token_capacity], token_inputs={"x": x})],
+        "shared buckets": lambda: [GraphBuckets(fn, capacities, token_inputs={"x": x})],
+        "independent graphs": lambda: [GraphBuckets(fn, [c], token_inputs={"x": x[:c]}) for c in reversed(capacities)],
+        "torch.compile reduce-overhead": compiled,
+    }
     with torch.no_grad():
-        if config == "one graph":
-            keep = [GraphBuckets(fn, [token_capacity], token_inputs={"x": x})]
-        elif config == "shared buckets":
-            keep = [GraphBuckets(fn, capacities, token_inputs={"x": x})]
-        elif config == "independent graphs":
-            keep = [GraphBuckets(fn, [c], token_inputs={"x": x[:c]}) for c in reversed(capacities)]
-        elif config == "torch.compile reduce-overhead":
-            compiled = torch.compile(core, mode="reduce-overhead", dynamic=False)
-            for capacity in reversed(capacities):
-                for _ in range(3):  # CUDA Graph Trees record on the third call of a shape
-                    keep.append(compiled(x[:capacity]).clone())
-        else:
-            raise ValueError(f"memory_point: config must be one of {CONFIGS}, got {config!r}")
+        keep = builders[config]()
     pools = [b.pool for b in keep if isinstance(b, GraphBuckets)]
     torch.cuda.synchronize()
     snapshot = torch.cuda.memory_snapshot()
@@ -99,8 +90,8 @@ def memory(token_capacity: int, dim: int, k: int = 4, configs: tuple[str, ...] =
 
 
 def compute(token_capacity: int = 8192, dim: int = 4096, iters: int = 30) -> list[dict]:
-    """Forward + backward replay time (median µs) of a one-graph block at ``T`` versus the
-    bucket for ``L``, buckets at ``T, T/2, ..., T/16``."""
+    """Forward + backward replay µs of a block from one graph at ``T`` and from the bucket for ``L``
+    (buckets ``T, T/2, ..., T/16``)."""
     torch.manual_seed(0)
     block = nn.Sequential(nn.Linear(dim, 4 * dim, bias=False), nn.GELU(), nn.Linear(4 * dim, dim, bias=False))
     block = block.to("cuda", torch.bfloat16)
@@ -117,8 +108,8 @@ def compute(token_capacity: int = 8192, dim: int = 4096, iters: int = 30) -> lis
     batch = {"x": x}
     points = []
     for active in capacities[::-1]:
-        bucket_us = median(cuda_event_us(lambda: buckets.replay(batch, active), iters))
-        one_us = median(cuda_event_us(lambda: one.replay(batch, active), iters))
+        bucket_us = device_us(lambda: buckets.replay(batch, active), iters)
+        one_us = device_us(lambda: one.replay(batch, active), iters)
         points.append({"L": active, "bucket": select_bucket(buckets.capacities, active),
                        "bucket_us": bucket_us, "one_graph_us": one_us})
     return points
@@ -205,11 +196,9 @@ def lifetime() -> dict:
 
 def optimizer_boundary(token_capacity: int = 4096, dim: int = 1024, num_heads: int = 8, iters: int = 30,
                        small_dim: int = 128, small_heads: int = 2) -> dict:
-    """Forward + backward graph, then Adam: eager fused step on the graph's gradients versus the
-    step captured as a second graph (``capturable=True``), at ``dim`` (the GPU bounds the step) and
-    at ``small_dim`` (launches matter). Per mode: ``step_us`` (median CUDA-event time of a step),
-    ``wall_us`` (host wall clock per step, steps back to back), ``host_us`` (median host time to
-    issue one step with the GPU idle) and peak MiB."""
+    """A forward + backward graph, then eager fused Adam on its gradients versus Adam captured as a
+    second graph, at ``dim`` (the GPU bounds the step) and ``small_dim`` (launches matter): device,
+    wall-clock and host-issue µs per step and peak MiB."""
     tokenizer = load_tokenizer()
     batch = next(iter(PackedLoader(token_capacity, 32, tokenizer=tokenizer, policy=InOrder(), max_piece_tokens=1024)))
 
@@ -243,7 +232,7 @@ def optimizer_boundary(token_capacity: int = 4096, dim: int = 1024, num_heads: i
             torch.cuda.synchronize()
             torch.cuda.reset_peak_memory_stats()
             results[mode] = {
-                "step_us": median(cuda_event_us(train_step, iters)),
+                "step_us": device_us(train_step, iters),
                 "wall_us": wall_clock_us(train_step, iters),
                 "host_us": host_call_us(train_step, iters),
                 "peak_allocated_mib": torch.cuda.max_memory_allocated() / MIB,
@@ -266,7 +255,7 @@ def _tensor_bytes(tensors) -> int:
 
 def _boundary_memory(mode: str, static: dict, vocab_size: int, token_capacity: int, dim: int, num_heads: int,
                      max_entries: int) -> dict:
-    """One mode of :func:`optimizer_boundary_memory`; everything it allocated is garbage on return."""
+    """One mode of :func:`optimizer_boundary_memory`; all it allocated is garbage on return."""
     copy = mode == BOUNDARY_MODES[0]
     torch.manual_seed(0)
     model = PackedLM(vocab_size, dim, num_heads, device="cuda", dtype=torch.bfloat16)
@@ -328,22 +317,11 @@ def _boundary_memory(mode: str, static: dict, vocab_size: int, token_capacity: i
 
 def optimizer_boundary_memory(token_capacity: int = 4096, dim: int = 1024, num_heads: int = 8,
                               max_entries: int = 200_000) -> dict:
-    """The allocator's history over one training step at the optimizer boundary, per mode of
-    :data:`BOUNDARY_MODES`: forward + backward run eagerly (``torch.autograd.grad``, so the
-    gradients are fresh allocations), then
-
-    * copy: the gradients are copied into the fixed buffers that a captured Adam step
-      (``capturable=True``, a second graph) reads, and that graph replays: until the fresh
-      gradients are freed, every gradient exists twice;
-    * attach: the gradients are attached as ``.grad`` and an eager fused Adam steps on them.
-
-    Per mode: the bytes allocated before the step and what they hold (parameters, Adam state,
-    the captured optimizer's gradient buffers), the gradients' bytes, the entry index at which
-    every fresh gradient is complete (``marked_entry``; in copy mode after the copy), the
-    timeline of allocated bytes with the fresh gradients tagged (:func:`allocation_timeline`,
-    found by address with :func:`find_blocks`), the top allocation sites and the peak. Run it
-    in a fresh process (:func:`buckets_suite` does).
-    """
+    """The allocator's history over one eager step per mode of :data:`BOUNDARY_MODES`: gradients
+    copied into the buffers a captured Adam reads (until the fresh ones are freed, every gradient
+    exists twice), or attached to eager fused Adam. Per mode: what was allocated before, the
+    timeline with the fresh gradients tagged, the top allocation sites and the peak. Run it in a
+    fresh process."""
     tokenizer = load_tokenizer()
     batch = next(iter(PackedLoader(token_capacity, 32, tokenizer=tokenizer, policy=InOrder(), max_piece_tokens=1024)))
     static = {k: getattr(batch, k).cuda() for k in ("input_ids", "labels", "loss_mask", "cu_seqlens")}
@@ -375,16 +353,10 @@ PARTS = {
 
 
 def buckets_suite() -> dict:
-    """Memory at the seed's size and a larger one, compute, the lifetime hazard, the optimizer
-    boundary, and the training run; each part in a fresh process, so a CUDA fault in one is
-    recorded under ``"errors"`` and the others are still measured."""
+    """Every part, each in a fresh process (a fault in one is recorded under ``errors``)."""
     start = time.perf_counter()
-    record, errors = {}, {}
-    for part, function in PARTS.items():
-        try:
-            record[part] = run_isolated(function)
-        except IsolatedRunError as error:
-            errors[part] = str(error)[-4000:]
+    record, errors = run_parts({part: isolated(function) for part, function in PARTS.items()},
+                               describe=lambda error: error_text(error, 4000))
     record["errors"] = errors
     record["suite_seconds"] = time.perf_counter() - start
     return record

@@ -1,15 +1,10 @@
 """Benchmark suite ``masking``: what the inactive rows do without masks, and what masks cost.
 
-* ``varlen_attn_repro``: torch's ``varlen_attn`` at padded capacity (``VarLenAttention``, bf16,
-  finite inputs everywhere): non-finite entries in every gradient without masks and the largest
-  difference to the exact computation on the ``L`` real rows with masks, once with memory as the
-  allocator hands it out and once with uninitialized memory read as NaN;
-* ``block_ablation``: :class:`~attn_gym_lite.models.block.ShortConvAttentionBlock` with NaN in the
-  inactive input rows, with all masks, none, and each one left out: which gradients go wrong;
-* ``mask_cost``: forward + backward replay time of the block from one CUDA graph with and without
-  masks (median of CUDA-event timings), at a realistic size and a few ``L``.
-
-Every comparison is :func:`attn_gym_lite.testing.exactness.compare_gradients`; the suite needs CUDA.
+* ``varlen_attn_repro``: ``VarLenAttention`` (torch's ``varlen_attn``, bf16) at padded capacity,
+  with and without masks, against the exact computation on the ``L`` real rows;
+* ``block_ablation``: the short-conv attention block with NaN in the inactive rows, with all
+  masks, none, and each one left out: which gradients go wrong;
+* ``mask_cost``: forward + backward replay time of the block with and without masks.
 """
 
 from __future__ import annotations
@@ -24,7 +19,7 @@ from ..models.block import MASK_SITES, ShortConvAttentionBlock
 from ..ops.masking import uninitialized_memory_as_nan
 from ..ragged import cu_seqlens_from_lengths, pad_cu_seqlens, zipf_lengths
 from ..testing.exactness import compare_gradients, exact_gradients, gradients_at_capacity
-from .timing import cuda_event_us, median
+from .harness import device_us
 
 MEMORY_MODES = ("as allocated", "uninitialized as NaN")
 
@@ -33,8 +28,7 @@ def _packed_batch(
     token_capacity: int, sequence_capacity: int, active_tokens: int, active_sequences: int, dim: int, seed: int,
     device: torch.device | str = "cuda", dtype: torch.dtype = torch.bfloat16,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """``x``, ``target`` (``dtype`` ``[T, dim]`` on ``device``, random in every row) and
-    ``cu_seqlens`` (int32 ``[N + 1]``, Zipf lengths)."""
+    """``x``, ``target`` ``[T, dim]`` (random in every row) and ``cu_seqlens`` (Zipf lengths)."""
     generator = torch.Generator().manual_seed(seed)
     lengths = zipf_lengths(active_tokens, active_sequences, generator=generator)
     cu_seqlens = pad_cu_seqlens(cu_seqlens_from_lengths(lengths), sequence_capacity)
@@ -46,9 +40,10 @@ def varlen_attn_repro(
     token_capacity: int = 4096, sequence_capacity: int = 32, active_tokens: int = 3000,
     active_sequences: int = 16, dim: int = 1024, num_heads: int = 8, seed: int = 0,
 ) -> dict:
-    """``VarLenAttention`` (causal, bf16) with and without ``mask_inactive_capacity``, versus the
-    exact computation on the real rows. The inactive rows hold ordinary random values: any NaN
-    comes from torch's ``varlen_attn`` leaving rows past ``L`` undefined (pytorch#176793)."""
+    """``VarLenAttention`` (causal, bf16) with and without ``mask_inactive_capacity`` against the
+    exact computation, with memory as allocated and with uninitialized memory read as NaN. The
+    inputs are finite everywhere: any NaN comes from ``varlen_attn`` leaving rows past ``L``
+    undefined (pytorch#176793)."""
     x, target, cu_seqlens = _packed_batch(token_capacity, sequence_capacity, active_tokens, active_sequences, dim, seed)
     runs = []
     for memory in MEMORY_MODES:
@@ -74,27 +69,10 @@ def block_ablation(
     active_sequences: int = 16, dim: int = 512, num_heads: int = 4, seed: int = 0,
     *, impl: str = "varlen_attn", device: torch.device | str = "cuda", dtype: torch.dtype = torch.bfloat16,
 ) -> dict:
-    """The block with NaN in the inactive rows of its input and target, undefined memory read as
-    NaN, and each set of masks: all, none, all but one.
-
-    Args:
-        token_capacity, sequence_capacity, active_tokens, active_sequences: ``T``, ``N``, ``L``
-            and ``M`` of one packed batch (``M`` Zipf lengths summing to ``L``).
-        dim, num_heads, seed: the block's width and heads; the seed of the batch and weights.
-        impl: the block's attention (``"varlen_attn"``, torch's contract, is what the suite
-            records; ``"reference"`` runs on a CPU).
-        device, dtype: where and in which precision (the suite: CUDA, bf16; the "Masking"
-            chapter's CPU run: ``"cpu"``, float64).
-
-    Returns:
-        ``{"config": {...}, "runs": [{"variant", "masks", "loss_at_capacity", "loss_exact",
-        "gradients": {name: {"nonfinite", "max_abs_diff", "max_abs_exact"}}}]}`` (see
-        :func:`~attn_gym_lite.testing.exactness.compare_gradients`), one run per variant, in the
-        order all, none, without each site of ``MASK_SITES``.
-
-    Raises:
-        TypeError, ValueError: from the block or the batch for arguments out of range.
-    """
+    """The block with NaN in the inactive rows of its input and target, undefined memory read as NaN,
+    and each set of masks: all, none, all but one. ``impl="reference"``, ``device="cpu"`` and float64
+    run it on a CPU (the "Masking" chapter does). One run per variant, each with
+    ``compare_gradients``' report."""
     x, target, cu_seqlens = _packed_batch(token_capacity, sequence_capacity, active_tokens, active_sequences, dim, seed,
                                           device, dtype)
     x[active_tokens:] = float("nan")
@@ -120,15 +98,8 @@ def block_ablation(
 
 
 def ablation_verdicts(result: dict, rtol: float = 5e-2) -> dict[str, dict[str, str]]:
-    """Per variant and gradient of a :func:`block_ablation` result: ``"<n> non-finite"``,
-    ``"WRONG"`` (largest difference to the exact gradient above ``rtol`` times the exact
-    gradient's largest magnitude, floored at 1e-3) or ``"ok"``.
-
-    Raises:
-        ValueError: ``rtol`` is not a number > 0.
-    """
-    if isinstance(rtol, bool) or not isinstance(rtol, (int, float)) or not rtol > 0:
-        raise ValueError(f"ablation_verdicts: rtol must be a number > 0, got {rtol!r}")
+    """Per variant and gradient of a :func:`block_ablation` result: ``"<n> non-finite"``, ``"WRONG"``
+    (off the exact gradient by more than ``rtol`` times its largest magnitude, floored at 1e-3) or ``"ok"``."""
     verdicts = {}
     for run in result["runs"]:
         row = {}
@@ -145,9 +116,8 @@ def mask_cost(
     token_capacity: int = 8192, sequence_capacity: int = 64, dim: int = 2048, num_heads: int = 16,
     active_tokens: tuple[int, ...] = (8192, 4096, 1024), iters: int = 50, seed: int = 0,
 ) -> dict:
-    """Block forward + backward (input and parameter gradients) replayed from one CUDA graph per
-    variant, captured at ``T`` with ``max_seqlen = T``; new layouts (``N`` Zipf lengths summing
-    to ``L``) are copied into the static buffers. Median µs of ``iters`` CUDA-event timings."""
+    """Block forward + backward replayed from one graph per variant, captured at ``T``; each ``L``'s
+    Zipf layout is copied into the static buffers. Median µs of ``iters`` CUDA-event timings."""
     generator = torch.Generator().manual_seed(seed)
     static_x = torch.randn(token_capacity, dim, generator=generator).to("cuda", torch.bfloat16)
     static_target = torch.randn(token_capacity, dim, generator=generator).to("cuda", torch.bfloat16)
@@ -165,7 +135,7 @@ def mask_cost(
     for active in active_tokens:
         lengths = zipf_lengths(active, min(sequence_capacity, active), generator=generator)
         static_cu.copy_(pad_cu_seqlens(cu_seqlens_from_lengths(lengths), sequence_capacity))
-        timings = {name: median(cuda_event_us(graph.replay, iters)) for name, graph in graphs.items()}
+        timings = {name: device_us(graph.replay, iters) for name, graph in graphs.items()}
         points.append({"L": active, "M": len(lengths), "masked_us": timings["masked"],
                        "unmasked_us": timings["unmasked"], "ratio": timings["masked"] / timings["unmasked"]})
     return {

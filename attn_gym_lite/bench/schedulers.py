@@ -1,24 +1,13 @@
 """Benchmark suite ``schedulers``: ragged attention under CUDA graphs captured for the worst case.
 
-Each point of a sweep is the forward + backward (``dq, dk, dv``) replay time of two graphs:
-
-* **captured**: one graph per implementation, captured once at the worst case (``T`` tokens,
-  ``N`` sequence slots, ``max_seqlen = T`` where a kernel needs it) and replayed after copying the
-  point's ``cu_seqlens`` into its static buffer, as a training loop would;
-* **exact**: a graph captured for the point's own shape (``T = L``, ``N = M``, the true
-  ``max_seqlen``), the best any graph could do.
-
-Their ratio is what overcapture costs. Implementations: torch's ``varlen_attn`` (FlashAttention-2,
-through :func:`attn_gym_lite.ops.attention.varlen_attention`), this package's Triton kernels with
-the ``rect``, ``flat``, ``persistent`` and ``dynamic`` schedules, and ``default``: the package's
-default call (``schedule="auto"``), what its models run. Like ``varlen_attn`` they leave rows past
-``L`` unspecified (``zero_inactive=False``, the default); ``persistent+zero`` adds the writes that
-make them zero, to show what those cost.
-
-The sweeps follow the seed article's "Show me the numbers!": fragmentation (``L`` fixed, ``M``
-varies), token overcapture (``M`` fixed, ``L`` varies) and constant length (every sequence 128
-tokens, ``M/N = L/T``). A fourth table gives exact-shape throughput in TFLOP/s. Each implementation
-is measured in a process of its own, so a CUDA fault in one is recorded and the others still run.
+Each point of a sweep is the forward + backward replay time of a graph captured once at the worst
+case (``T``, ``N``, ``max_seqlen = T``) and replayed with the point's ``cu_seqlens``, and of a graph
+captured for the point's exact shape; their ratio is what overcapture costs. Implementations:
+torch's ``varlen_attn``, this package's ``rect``, ``flat``, ``persistent`` and ``dynamic``
+schedules, its ``default`` call, and ``persistent+zero`` (with the writes that zero rows past
+``L``). The sweeps are the seed article's: fragmentation (``M`` varies), token overcapture (``L``
+varies) and constant length; beside them exact-shape TFLOP/s (dense SDPA backends too) and eager
+host time. Each implementation runs in a process of its own.
 """
 
 from __future__ import annotations
@@ -28,15 +17,14 @@ import dataclasses
 import torch
 
 from ..graph.capture import capture_graph
-from ..isolation import IsolatedRunError, run_isolated
 from ..ops.attention import varlen_attention
 from ..ops.kernels import varlen_attention_triton
 from ..ragged import cu_seqlens_from_lengths, pad_cu_seqlens, zipf_lengths
-from .timing import cuda_event_us, median, wall_clock_us
+from .harness import device_us, isolated, run_parts
+from .timing import wall_clock_us
 
 IMPLEMENTATIONS = ("varlen_attn", "rect", "flat", "persistent", "dynamic", "default", "persistent+zero")
-#: Dense attention on the uniform layout, one row per backend of torch's scaled_dot_product_attention:
-#: the bar a packed kernel is measured against (no raggedness to handle, torch's best kernels).
+#: Dense attention on the uniform layout, one row per SDPA backend: the bar a packed kernel is measured against.
 DENSE_BACKENDS = ("flash", "cudnn", "efficient")
 DENSE_IMPLEMENTATIONS = tuple(f"sdpa_{backend}" for backend in DENSE_BACKENDS)
 
@@ -52,10 +40,8 @@ class Shapes:
 
 
 def attention_fn(implementation: str, causal: bool, max_seqlen: int):
-    """``(q, k, v, cu_seqlens) -> out`` for one implementation; ``max_seqlen`` is used only by
-    ``varlen_attn`` and ``rect`` (the grid they launch is sized by it). ``"default"`` is
-    :func:`~attn_gym_lite.ops.attention.varlen_attention` with every default: what the package's
-    models run."""
+    """``(q, k, v, cu_seqlens) -> out`` for one implementation; ``max_seqlen`` sizes the grid of
+    ``varlen_attn`` and ``rect`` only. ``"default"``: ``varlen_attention`` with every default."""
     if implementation == "varlen_attn":
         return lambda q, k, v, cu: varlen_attention(q, k, v, cu, impl="varlen_attn", max_seqlen=max_seqlen,
                                                     causal=causal, validate=False)
@@ -73,8 +59,6 @@ def attention_fn(implementation: str, causal: bool, max_seqlen: int):
                 return varlen_attention(q, k, v, cu, impl="sdpa", max_seqlen=max_seqlen, causal=causal, validate=False)
 
         return dense
-    if implementation not in IMPLEMENTATIONS:
-        raise ValueError(f"implementation must be one of {IMPLEMENTATIONS}, got {implementation!r}")
     schedule = implementation.removesuffix("+zero")
     options = {"max_seqlen": max_seqlen} if schedule == "rect" else {}
     zero = implementation.endswith("+zero")
@@ -106,9 +90,8 @@ class AttentionGraph:
         self.graph, self.outputs = capture_graph(step)
 
     def replay_us(self, cu_seqlens: torch.Tensor, iters: int) -> float:
-        """Median replay time in µs (CUDA events) with ``cu_seqlens`` copied into the graph."""
         self.cu_seqlens.copy_(cu_seqlens)
-        return median(cuda_event_us(self.graph.replay, iters))
+        return device_us(self.graph.replay, iters)
 
 
 def _layout(lengths: torch.Tensor) -> tuple[torch.Tensor, int]:
@@ -170,13 +153,8 @@ def zipf_points(counts: list[tuple[int, int]], seed: int) -> list[torch.Tensor]:
 
 
 def sweep_layouts(seed: int) -> dict[str, tuple[int, int, list[torch.Tensor]]]:
-    """The seed article's three sweeps: ``name -> (T, N, layouts)``.
-
-    * ``fragmentation``: ``T = L = 8192``, ``N = 256``, ``M`` from 1 to 256 (Zipf lengths);
-    * ``overcapture``: ``T = 16384``, ``N = 256``, ``M = 64``, ``L`` from 16384 to 1024 (Zipf);
-    * ``constant``: every sequence 128 tokens, ``T = 16384``, ``N = 128``, ``M/N = L/T`` from 1 to
-      1/16 (``varlen_attn`` and ``rect`` are captured with ``max_seqlen = T`` like every sweep).
-    """
+    """The seed article's three sweeps, ``name -> (T, N, layouts)``: fragmentation (``L = T``, ``M``
+    from 1 to 256), overcapture (``M = 64``, ``L`` from ``T`` to ``T/16``), constant (sequences of 128)."""
     return {
         "fragmentation": (8192, 256, zipf_points([(8192, m) for m in (1, 2, 4, 8, 16, 32, 64, 128, 256)], seed)),
         "overcapture": (16384, 256, zipf_points([(L, 64) for L in (16384, 8192, 4096, 2048, 1024)], seed)),
@@ -197,11 +175,8 @@ EAGER_SHAPE = {"T": 4096, "M": 16, "heads": 8, "head_dim": 64}
 
 
 def eager_host_us(implementation: str, iters: int, seed: int) -> dict:
-    """Host time per eager call, back to back, at :data:`EAGER_SHAPE` (Zipf lengths, bfloat16,
-    not causal, inputs requiring grad as in training): forward alone and forward + backward
-    (``torch.autograd.grad`` of the output). Mean of ``iters`` calls after a warm-up, synchronised
-    only at the ends (:func:`~attn_gym_lite.bench.timing.wall_clock_us`). Beside it, the device
-    time of the same work replayed from a graph, which shows that the host bounds the call."""
+    """Host µs per eager call at :data:`EAGER_SHAPE`, forward and forward + backward (mean of
+    ``iters`` back-to-back calls), beside the device µs of the same work replayed from a graph."""
     T, M = EAGER_SHAPE["T"], EAGER_SHAPE["M"]
     shapes = Shapes(heads=EAGER_SHAPE["heads"], head_dim=EAGER_SHAPE["head_dim"])
     lengths = zipf_lengths(T, M, generator=torch.Generator().manual_seed(seed))
@@ -224,10 +199,8 @@ def eager_host_us(implementation: str, iters: int, seed: int) -> dict:
 
 
 def implementation_run(implementation: str, iters: int, seed: int) -> dict:
-    """Everything the suite measures for one implementation, in this process: each sweep's rows and,
-    for :data:`THROUGHPUT_IMPLEMENTATIONS`, its exact-shape throughput per layout and its eager host
-    time; for :data:`DENSE_IMPLEMENTATIONS`, throughput on the uniform layout only (dense attention
-    needs every sequence of one length)."""
+    """Everything the suite measures for one implementation: the sweeps, throughput and eager host
+    time; a dense backend only its throughput on the uniform layout (it needs one length)."""
     shapes = Shapes()
     if implementation in DENSE_IMPLEMENTATIONS:
         uniform = throughput_layouts(seed)["uniform_16x1024"]
@@ -249,19 +222,10 @@ def implementation_run(implementation: str, iters: int, seed: int) -> dict:
 
 
 def schedulers_suite(iters: int = 20, seed: int = 0, timeout_s: float = 600) -> dict:
-    """The three sweeps of :func:`sweep_layouts` plus exact-shape throughput, on this GPU.
-
-    Each implementation runs in a fresh Python process (:func:`implementation_run`): a CUDA fault
-    poisons the process that hits it, so this way one failing implementation is reported under
-    ``"errors"`` and the others are still measured. H = 16, D = 128, bfloat16, sweeps not causal
-    (throughput both). Median of ``iters`` CUDA-event timings per graph.
-    """
-    runs, errors = {}, {}
-    for implementation in IMPLEMENTATIONS + DENSE_IMPLEMENTATIONS:
-        try:
-            runs[implementation] = run_isolated(implementation_run, implementation, iters, seed, timeout_s=timeout_s)
-        except IsolatedRunError as error:
-            errors[implementation] = str(error)[-3000:]
+    """The sweeps and throughput tables, each implementation in a fresh process (H = 16, D = 128,
+    bfloat16; median of ``iters`` CUDA-event timings per graph)."""
+    runs, errors = run_parts({name: isolated(implementation_run, name, iters, seed)
+                              for name in IMPLEMENTATIONS + DENSE_IMPLEMENTATIONS}, timeout_s=timeout_s)
     layouts = sweep_layouts(seed)
     tables = {}
     for implementation, run in runs.items():
@@ -284,7 +248,6 @@ def schedulers_suite(iters: int = 20, seed: int = 0, timeout_s: float = 600) -> 
     }
 
 
-
 # ---------------------------------------------------------------------------------------------
 # Reading a record: the two comparisons chapter 4 makes beyond FlashAttention-2.
 
@@ -292,10 +255,8 @@ PACKED_SCHEDULES = ("rect", "flat", "persistent", "dynamic", "default")
 
 
 def dense_gap(record: dict) -> list[dict]:
-    """Per uniform layout (full and causal), the best dense SDPA backend against torch's
-    ``varlen_attn`` and this package's best schedule, forward and forward + backward (TFLOP/s of
-    exact-shape graph replays, from one record). Rows: ``layout, metric, dense, dense_backend,
-    varlen_attn, ours, ours_schedule, ours_vs_dense, ours_vs_varlen_attn``."""
+    """Per uniform layout and metric, the best dense SDPA backend against ``varlen_attn`` and this
+    package's best schedule (TFLOP/s of exact-shape graph replays)."""
     rows = []
     for layout, table in record["throughput"].items():
         dense = {name: row for name, row in table.items() if name in DENSE_IMPLEMENTATIONS}
@@ -318,8 +279,7 @@ def dense_gap(record: dict) -> list[dict]:
 
 
 def eager_overhead(record: dict) -> list[dict]:
-    """Per implementation, eager host µs per call (forward; forward + backward), the device µs of
-    the same work, and the host time as a multiple of ``varlen_attn``'s."""
+    """Per implementation, eager host and device µs per call, and the host time over ``varlen_attn``'s."""
     rows = record["eager"]["rows"]
     base = rows.get("varlen_attn")
     return [{
