@@ -1,32 +1,5 @@
-"""Data for fixed-capacity training: corpora, tokenizers, cutting, packing, loading, measuring.
-
-A CUDA graph replays fixed shapes, so every batch has the same capacity (``T`` token rows,
-``N`` sequence slots) and only its active part (``L`` tokens in ``M`` sequences) changes. Rows
-the loader leaves empty are padding the GPU computes for nothing; this subpackage makes the
-batches and measures how full they are. One concept per module:
-
-* :mod:`.batch`: :class:`PackedBatch`, the container a training loop copies into its static
-  buffers, and :func:`batch_from_pieces`;
-* :mod:`.corpora`: document strings from the stdlib (the offline default), text files, JSONL,
-  Parquet, or a streamed Hugging Face dataset;
-* :mod:`.tokenizer`: the :class:`Tokenizer` protocol, ``tokenizer.json`` and tiktoken
-  tokenizers, :func:`load_tokenizer`;
-* :mod:`.segment`: cutting long documents into pieces (the boundary rule);
-* :mod:`.packing`: the packing policies (:class:`InOrder`, :class:`FirstFit`,
-  :class:`BestFit`) and the bound on ``M`` each guarantees;
-* :mod:`.loader`: :class:`PackedLoader`, the one loader (any policy, shuffled, prefetched,
-  pinned, resumable);
-* :mod:`.synthetic`: batches of a prescribed shape: :func:`packed_batch_loader` (random ids) and
-  :func:`fixed_count_loader` (real text, a fixed number of documents per batch);
-* :mod:`.study`: measuring a corpus and how well each policy packs it;
-* :mod:`.quantiles`: the package's one sample-quantile definition (nearest-rank for the data
-  statistics, linear for the spread of timings);
-* :mod:`.recommend`: choosing ``B`` and ``N`` for a padding budget, and whether one graph is enough;
-* :mod:`.capacity`: choosing graph-bucket capacities from data (:func:`plan_buckets`) and picking
-  one for a batch (:func:`select_bucket`).
-
-Everything here runs on the CPU and is deterministic.
-"""
+"""Data for fixed-capacity training, on the CPU: corpora, tokenizers, cutting, packing into
+batches of ``T`` rows and ``N`` slots, loading, and measuring how full the batches are."""
 
 from .batch import PackedBatch, batch_from_pieces
 from .capacity import BucketPlan, plan_buckets, select_bucket
