@@ -1,4 +1,4 @@
-"""Tests for attn_gym_lite.data.study and .figures, and the packing-study benchmark suite.
+"""Tests for attn_gym_lite.data.study and .recommend, their figures, and the packing-study suite.
 
 Statistics are checked against hand-computed examples and plain loops; the study and the
 recommendation against the policies run directly.
@@ -11,7 +11,6 @@ import math
 import random
 
 import matplotlib
-import numpy as np
 import pytest
 from helpers import ByteTokenizer
 
@@ -54,10 +53,6 @@ def test_packing_stats_hand_computed():
     )
     # A single batch is always counted.
     assert packing_stats([[6]], 8).mean_padding == 2.0
-    with pytest.raises(ValueError, match=r"at least one batch"):
-        packing_stats([], 8)
-    with pytest.raises(ValueError, match=r"up to 9 tokens"):
-        packing_stats([[9], [1]], 8)
 
 
 def test_nearest_rank_and_length_summary():
@@ -65,10 +60,6 @@ def test_nearest_rank_and_length_summary():
     random.Random(0).shuffle(values)
     assert [nearest_rank(values, q) for q in (0.01, 0.5, 0.99, 1.0)] == [1, 50, 99, 100]
     assert nearest_rank([7, 3], 0.5) == 3
-    with pytest.raises(ValueError, match=r"quantile must be in \(0, 1\], got 0"):
-        nearest_rank(values, 0)
-    with pytest.raises(ValueError, match=r"values must be non-empty"):
-        nearest_rank([], 0.5)
     assert length_summary([5, 0, 10, 5]) == {
         "documents": 4, "tokens": 20, "mean": 5.0, "p10": 0, "p50": 5, "p90": 10, "p99": 10, "max": 10
     }
@@ -77,8 +68,6 @@ def test_nearest_rank_and_length_summary():
 def test_document_lengths_counts_tokens_per_document():
     corpus = ["abc", "", "é" * 5, "x" * 200]
     assert document_lengths(iter(corpus), ByteTokenizer(), progress=True) == [3, 0, 10, 200]
-    with pytest.raises(TypeError, match=r"corpus must be an iterable of document strings, got str"):
-        document_lengths("abc", ByteTokenizer())
 
 
 def test_piece_stream_shuffles_each_pass_and_cuts_documents():
@@ -92,11 +81,6 @@ def test_piece_stream_shuffles_each_pass_and_cuts_documents():
         rng.shuffle(kept)
         expected += [n for length in kept for n in segment_lengths(length, 8)]
     assert stream == expected
-    assert sorted(piece_stream(lengths, max_piece_tokens=8, min_document_tokens=1)) == [1, 4, 5, 7, 8, 8]
-    with pytest.raises(ValueError, match=r"passes must be an int >= 1, got 0"):
-        piece_stream(lengths, max_piece_tokens=8, passes=0)
-    with pytest.raises(ValueError, match=r"lengths\[1\] must be an int >= 0, got -3"):
-        piece_stream([4, -3], max_piece_tokens=8)
 
 
 def corpus_lengths(seed=0, count=300):
@@ -171,9 +155,8 @@ def test_recommend_falls_back_to_graph_buckets():
 
 
 def test_recommend_never_plans_a_bucket_above_T():
-    """Before: recommend(lengths, 16, 0.0, buffer_sizes=[64]) planned
-    BucketPlan(capacities=(128,), ...) for batches of T = 16: the default bucket_align = 128
-    rounded every L past T. Capacities are multiples of bucket_align capped at T."""
+    # Capacities are multiples of bucket_align capped at T: with the default align 128 > T = 16,
+    # every L rounds to T.
     lengths = [3, 5, 7, 9, 11, 4, 6] * 10
     small = recommend(lengths, 16, 0.0, buffer_sizes=[64])
     assert not small.one_graph
@@ -190,48 +173,11 @@ def test_recommend_never_plans_a_bucket_above_T():
     assert len(aligned.bucket_plan.capacities) >= 2 and aligned.bucket_plan.capacities[-1] <= 128
 
 
-@pytest.mark.parametrize(
-    ("kwargs", "error", "match"),
-    [
-        ({"padding_budget": 1.0}, ValueError, r"padding_budget must be a fraction of T in \[0, 1\), got 1.0"),
-        # Before: a bool or a string budget was a ValueError, buffer_sizes=32 a bare "'int' object is
-        # not iterable", and np.float32(0.5) (a real number) was refused.
-        ({"padding_budget": True}, TypeError, r"padding_budget must be a finite real number >= 0.0, got True"),
-        ({"padding_budget": "0.1"}, TypeError, r"padding_budget must be a finite real number >= 0.0, got '0.1'"),
-        ({"padding_budget": float("nan")}, ValueError, r"padding_budget must be a finite real number >= 0.0, got nan"),
-        ({"rule": InOrder}, TypeError, r"rule must be FirstFit or BestFit"),
-        ({"buffer_sizes": ()}, ValueError, r"buffer_sizes must hold at least one int, got none"),
-        ({"buffer_sizes": 32}, TypeError, r"buffer_sizes must be a sequence of ints, got int"),
-        ({"buffer_sizes": "32"}, TypeError, r"buffer_sizes must be a sequence of ints, got the string '32'"),
-        ({"buffer_sizes": [4, 0]}, ValueError, r"buffer_sizes\[1\] must be an int >= 1, got 0"),
-        ({"max_buckets": 1}, ValueError, r"max_buckets must be an int >= 2, got 1"),
-        ({"min_document_tokens": 10**6}, ValueError, r"lengths has no document of at least 1000000 tokens"),
-        # Reliability tail. Before: "'<' not supported between 'int' and 'NoneType'" (min() ran
-        # before the check) and numpy's "truth value of an array is ambiguous".
-        ({"max_piece_tokens": None}, TypeError, r"^max_piece_tokens must be an int >= 1, got None$"),
-        ({"max_piece_tokens": "8"}, TypeError, r"^max_piece_tokens must be an int >= 1, got '8'$"),
-        ({"rule": np.array([1])}, TypeError, r"^rule must be FirstFit or BestFit, got array\(\[1\]\)$"),
-    ],
-)
-def test_recommend_rejects_bad_arguments(kwargs, error, match):
-    with pytest.raises(error, match=match):
-        recommend([100, 200], 1024, **kwargs)
-
-
-def test_recommend_takes_a_numpy_budget():
-    """Before: np.float32(0.25), a real number, was refused as not a fraction."""
-    import numpy as np
-
-    assert recommend([100, 200] * 20, 1024, np.float32(0.25), passes=1) == recommend([100, 200] * 20, 1024, 0.25, passes=1)
-
-
 def test_step_token_rate_from_a_record():
     record = {"config": {"T": 4096}, "graph": {"step_us": 2048.0}, "eager": {"step_us": 4096.0}}
     assert step_token_rate(record) == {"T": 4096, "step_us": 2048.0, "batches_per_s": 1e6 / 2048,
                                        "tokens_per_s": 2e6}
     assert step_token_rate(record, "eager")["tokens_per_s"] == 1e6
-    with pytest.raises(ValueError, match=r"mode must be 'graph' or 'eager'"):
-        step_token_rate(record, "compiled")
 
 
 def test_packer_throughput_reports_consistent_rates():
@@ -247,8 +193,6 @@ def test_packer_throughput_reports_consistent_rates():
         assert rates["tokens_per_s"] / rates["documents_per_s"] == pytest.approx(result["tokens"] / 20)
     combined = result["pack_and_assemble"]["tokens_per_s"]
     assert combined < min(result["pack"]["tokens_per_s"], result["assemble"]["tokens_per_s"])
-    with pytest.raises(ValueError, match=r"documents must hold at least one token"):
-        packer_throughput(["", ""], ByteTokenizer(), min_seconds=0.01)
 
 
 def test_the_study_figure_draws_published_points_only_at_their_T():
@@ -308,14 +252,3 @@ def test_study_policies_are_in_order_then_each_rule_per_buffer_size():
     policies = study_policies([1, 8])
     assert [(type(p), getattr(p, "buffer_size", None)) for p in policies] == [
         (InOrder, None), (FirstFit, 1), (BestFit, 1), (FirstFit, 8), (BestFit, 8)]
-
-
-@pytest.mark.parametrize(("buffer_sizes", "error", "match"), [
-    (5, TypeError, r"buffer_sizes must be a sequence of ints, got int"),
-    ([], ValueError, r"buffer_sizes must hold at least one int, got none"),
-    ([8, 0], ValueError, r"buffer_sizes\[1\] must be an int >= 1, got 0"),
-    (["8"], TypeError, r"buffer_sizes\[0\] must be an int >= 1, got '8'"),
-])
-def test_study_policies_refuse_bad_buffer_sizes_by_name(buffer_sizes, error, match):
-    with pytest.raises(error, match=match):
-        study_policies(buffer_sizes)
