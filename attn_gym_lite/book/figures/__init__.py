@@ -1,0 +1,1 @@
+"""The book's figures, one module per chapter, all drawn in :mod:`.style`."""

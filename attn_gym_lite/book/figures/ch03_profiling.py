@@ -1,0 +1,139 @@
+"""Chapter 3, profiling: a trace's GPU side as a timeline, the compact step timeline and the
+phases of one training step."""
+
+from __future__ import annotations
+
+import matplotlib.pyplot as plt
+from matplotlib.patches import Patch
+
+from ...profiling.annotate import REGION_CATEGORY, REGION_TRACK_OFFSET
+from ...profiling.summary import device_events
+from ...profiling.trace import LANE_TID_BASE
+from .style import figure, legend_right, styled
+
+GREY = (0.6, 0.6, 0.6, 1.0)
+#: Rows of a compact timeline: host ops, kernel launches, other runtime calls, device events.
+TIMELINE_COLOURS = {"host": "tab:blue", "launch": "tab:orange", "runtime": "0.6", "device": "tab:green"}
+
+
+def _row_order(tid) -> tuple:
+    # Streams in id order, each with its region track first and its extra lanes after.
+    if not isinstance(tid, int):
+        return (float("inf"), 0, 0)
+    lane, base = divmod(tid, LANE_TID_BASE)
+    is_regions = base >= REGION_TRACK_OFFSET
+    return (base - REGION_TRACK_OFFSET if is_regions else base, 0 if is_regions else 1, lane)
+
+
+@styled
+def plot_timeline(trace: dict, ax=None, *, title: str | None = None, start_us: float | None = None,
+                  end_us: float | None = None):
+    """Draw a Chrome trace's GPU side: one row per stream (and per region track), a box per event.
+
+    Kernels are coloured by ``args["region"]`` (grey when unlabelled); the region boxes of
+    :func:`~attn_gym_lite.profiling.annotate_trace` get a row above their stream. Time is in µs
+    from the first device event; ``start_us``/``end_us`` choose the window shown.
+
+    Returns: the matplotlib ``Axes``.
+    """
+    events = device_events(trace)
+    if not events:
+        raise ValueError("plot_timeline: the trace has no kernel, memcpy or memset events (a trace recorded without a GPU has none)")
+    origin = events[0]["ts"]
+    every = trace.get("traceEvents", [])
+    boxes = [e for e in every if e.get("cat") == REGION_CATEGORY and e.get("ph") == "X"]
+    names = {e.get("tid"): str(e.get("args", {}).get("name")) for e in every if e.get("ph") == "M" and e.get("name") == "thread_name"}
+    shown = events + boxes
+    rows = {tid: row for row, tid in enumerate(sorted({e.get("tid") for e in shown}, key=_row_order, reverse=True))}
+    regions = sorted({str(e["args"]["region"]) for e in shown if e.get("args", {}).get("region")})
+    # tab20 comes in dark/light pairs: a region is dark, its backward the light shade of it.
+    bases = sorted({r.removesuffix(" backward") or r for r in regions})
+    colours = {r: plt.get_cmap("tab20")((2 * bases.index(r.removesuffix(" backward") or r) + r.endswith(" backward")) % 20)
+               for r in regions}
+    columns = 1 if len(regions) < 6 else 2
+    if ax is None:  # tall enough for the rows and for the legend (about 0.2 inch an entry)
+        ax = figure(height=max(1.0 + 0.5 * len(rows), 0.8 + 0.2 * -(-(len(regions) + 1) // columns) if regions else 0))[1]
+    ax.grid(False, axis="y")
+    box_ids = {id(b) for b in boxes}
+    for event in shown:
+        region = event.get("args", {}).get("region")
+        ax.broken_barh([(event["ts"] - origin, max(event["dur"], 1e-3))], (rows[event.get("tid")] - 0.4, 0.8),
+                       facecolors=colours[str(region)] if region else GREY,
+                       edgecolors="white" if id(event) in box_ids else "none", linewidth=0.3)
+    ax.set_yticks(list(rows.values()), [names.get(tid, f"stream {tid}") for tid in rows])
+    ax.set_xlabel("time from the first GPU event (µs)")
+    if start_us is not None or end_us is not None:
+        low, high = ax.get_xlim()
+        ax.set_xlim(low if start_us is None else start_us, high if end_us is None else end_us)
+    if title:
+        ax.set_title(title)
+    if regions:
+        legend_right(ax, handles=[Patch(color=colours[r], label=r) for r in regions] + [Patch(color=GREY, label="(unlabelled)")],
+                     ncols=columns)
+    return ax
+
+
+@styled
+def plot_timelines(traces, titles, *, start_us: float | None = None, end_us: float | None = None):
+    """Several traces (:func:`plot_timeline`), one above the other on a shared time axis."""
+    traces = list(traces)
+    fig, axes = figure(len(traces), 1, height=2.3 * len(traces), sharex=True, squeeze=False)
+    for ax, trace, title in zip(axes[:, 0], traces, titles):
+        plot_timeline(trace, ax=ax, title=title, start_us=start_us, end_us=end_us)
+    for ax in axes[:-1, 0]:
+        ax.set_xlabel("")
+    return fig
+
+
+@styled
+def plot_compact_timeline(timeline: dict, ax=None, *, title: str | None = None):
+    """Draw a :func:`~attn_gym_lite.profiling.compact.compact_timeline`: a row per track (host
+    threads, runtime calls, GPU streams), nested host slices thinner inside their row."""
+    tracks, events = timeline["tracks"], timeline["events"]
+    deepest = 1 + max(e[2] for e in events)
+    ax = ax or figure(height=1.0 + 0.5 * len(tracks))[1]
+    ax.grid(False, axis="y")
+    for name, track, depth, start, duration in events:
+        kind = tracks[track]
+        colour = TIMELINE_COLOURS["device" if kind.startswith("GPU") else "host" if not kind.startswith("CUDA")
+                                  else "launch" if "Launch" in name else "runtime"]
+        height = 0.8 * (1 - depth / (deepest + 1))
+        row = len(tracks) - 1 - track  # the first track on top
+        ax.broken_barh([(start, max(duration, 1e-3))], (row - height / 2, height), facecolors=colour,
+                       edgecolors="white", linewidth=0.2)
+    ax.set_yticks(range(len(tracks)), tracks[::-1])
+    ax.set_xlabel("time from the first event (µs)")
+    if title:
+        ax.set_title(title)
+    return ax
+
+
+@styled
+def plot_host_phases(phases: dict):
+    """One training step phase by phase (:func:`~attn_gym_lite.profiling.compact.host_phases`):
+    each phase's host span (solid) and the GPU span of its work (hatched), then a flame chart of
+    the longest phase, named where a box is wide enough."""
+    order, longest, flame = phases["order"], phases["longest"], phases["flame"]
+    fig, (phase_ax, flame_ax) = figure(2, 1, height=5 + 0.4 * len(order), gridspec_kw={"height_ratios": [len(order) + 1, 6]})
+    colours = plt.get_cmap("tab10")
+    for row, name in enumerate(order):
+        span, y = phases["phases"][name], len(order) - 1 - row
+        phase_ax.broken_barh([(span["start_us"], max(span["dur_us"], 1e-3))], (y - 0.35, 0.35), facecolors=colours(row))
+        if span["gpu_start_us"] is not None:
+            phase_ax.broken_barh([(span["gpu_start_us"], max(span["gpu_end_us"] - span["gpu_start_us"], 1e-3))], (y, 0.35),
+                                 facecolors="none", edgecolors=colours(row), hatch="///")
+    phase_ax.set_yticks(range(len(order)), order[::-1])
+    phase_ax.set(xlabel="time from the step's start (µs)", title="host span (solid) and GPU span (hatched) per phase")
+    duration = phases["phases"][longest]["dur_us"]
+    for name, depth, start, length in flame:
+        flame_ax.broken_barh([(start, length)], (-depth - 0.9, 0.9), facecolors=colours(order.index(longest)),
+                             edgecolors="white", linewidth=0.3, alpha=0.55)
+        if length > 0.12 * duration:
+            flame_ax.text(start + length / 2, -depth - 0.45, name.rsplit("/", 1)[-1][:40], ha="center", va="center",
+                          fontsize=6, clip_on=True)
+    flame_ax.set(xlim=(0, duration), ylim=(-(1 + max((f[1] for f in flame), default=0)) - 0.2, 0.2), yticks=[])
+    stacks = "Python frames and ops" if phases["stacks"] else "ops (no Python stacks recorded)"
+    flame_ax.set(xlabel=f"time from the start of {longest!r} (µs)", title=f"longest phase, {longest!r}: {stacks}")
+    for ax in (phase_ax, flame_ax):
+        ax.grid(False, axis="y")
+    return fig
