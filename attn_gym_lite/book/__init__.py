@@ -1,2 +1,2 @@
-"""What only the book needs: its figures (:mod:`.plots`), the pitfall demos (:mod:`.pitfalls`),
-loading recorded results (:mod:`.results`) and the seed article's published figures (:mod:`.seed`)."""
+"""What only the book needs: its figures (one module per chapter, :mod:`.figures`), the pitfall
+demos, loading the recorded results and the seed article's published figures."""

@@ -1,12 +1,7 @@
-"""Five ways a CUDA graph goes wrong, each run for real and reported as data.
-
-Every pitfall is a function that sets up a small graph on the GPU, commits the mistake, and
-returns what happened: the error CUDA/PyTorch raised, or numbers that show a silently wrong
-result. A failed capture can leave the CUDA context unusable, so :func:`run_pitfall` runs each
-one in a fresh Python process (:func:`attn_gym_lite.isolation.run_isolated`).
-
-The "Graph capture" chapter shows these live on a GPU and from ``results/`` on CPU.
-"""
+"""Ways a CUDA graph goes wrong, each run for real on a GPU and reported as data: the error
+PyTorch raised, or numbers that show a silently wrong result. A failed capture can leave the CUDA
+context unusable, so :func:`run_pitfall` runs each in a fresh process. The first line of each
+pitfall's docstring is what chapter 2 prints as the mistake."""
 
 from __future__ import annotations
 
@@ -14,7 +9,6 @@ from collections.abc import Callable
 
 import torch
 
-from ..checks import check_choice
 from ..graph.capture import StaticInputs, capture_graph
 from ..isolation import run_isolated
 from ..models import VarLenAttention
@@ -33,7 +27,6 @@ def _error(exc: BaseException) -> dict:
 
 
 def _outcome(mistake: Callable[[], object], expected: type[Exception]) -> dict:
-    """Run ``mistake``: the ``expected`` error it raised, as data, or ``no error``."""
     try:
         mistake()
     except expected as exc:
@@ -93,11 +86,9 @@ def rebinding_input() -> dict:
 
 @_pitfall
 def baked_max_seqlen() -> dict:
-    """``max_seqlen`` captured from the first batch; a later batch has a longer sequence.
-
-    FlashAttention-2's grid has ``ceil(max_seqlen / BLOCK_M)`` query blocks per sequence, fixed at
-    capture, so the query rows past the captured bound are never computed: no error, wrong rows.
-    """
+    """``max_seqlen`` captured from the first batch; a later batch has a longer sequence."""
+    # FlashAttention-2's grid has ceil(max_seqlen / BLOCK_M) query blocks per sequence, fixed at
+    # capture: the query rows past the captured bound are never computed. No error, wrong rows.
     torch.manual_seed(0)
     dim, heads, capacity = 512, 8, 4096
     model = VarLenAttention(dim, heads, impl="varlen_attn", device="cuda", dtype=torch.bfloat16)
@@ -149,18 +140,11 @@ def stale_output() -> dict:
 
 
 def run_pitfall(name: str) -> dict:
-    """Run pitfall ``name`` in a fresh Python process and return its report (JSON dict).
-
-    Raises:
-        ValueError: unknown ``name`` (the message lists the known ones).
-        IsolatedRunError: the child process failed for a reason other than the pitfall itself.
-    """
-    check_choice("name", name, sorted(PITFALLS))
+    """Pitfall ``name`` (a key of :data:`PITFALLS`) run in a fresh Python process: its report."""
     return run_isolated(pitfall_report, name)
 
 
 def pitfall_report(name: str) -> dict:
-    """Pitfall ``name`` run in this process: ``{"name", "what", **its result}``. Use
-    :func:`run_pitfall` to give it a fresh process."""
+    """Pitfall ``name`` run in this process: ``{"name", "what", **its result}``."""
     fn = PITFALLS[name]
     return {"name": fn.__name__, "what": fn.__doc__.strip().splitlines()[0], **fn()}
