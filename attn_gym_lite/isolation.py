@@ -1,15 +1,15 @@
-"""Run work in fresh processes, each in its own session, with timeouts and a shared time budget.
+"""Run work in fresh processes, each leading its own session, with timeouts and a shared budget.
 
-A CUDA fault poisons the process that hits it, and some demonstrations *mean* to fail: a fresh
-interpreter per run keeps one failure from taking the rest with it. Each run leads a new session,
-and a timeout ends its whole process group (``torchrun`` or ``torch.compile`` workers included), so
-no grandchild is left holding a GPU or our pipes. This module imports nothing from the package.
+A CUDA fault poisons its process and some demonstrations *mean* to fail: a fresh interpreter keeps
+one failure from taking the rest with it. A timeout ends the whole process group (``torchrun`` or
+compile workers included), so no grandchild keeps a GPU or our pipes. Imports nothing of the package.
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
+import importlib
 import json
 import os
 import signal
@@ -112,13 +112,10 @@ def describe_error(error: BaseException, max_chars: int | None = None) -> str:
 def run_within_budget(parts: Mapping[str, Callable[[float], Any]], *, timeout_s: float | Mapping[str, float],
                       budget_s: float | None, min_part_s: float = 15.0, clock: Callable[[], float] = time.monotonic,
                       describe: Callable[[BaseException], str] = describe_error) -> tuple[dict[str, Any], dict[str, str]]:
-    """Run ``parts`` (name -> function of its limit in s) in order, within one budget.
-
-    Each part gets ``min(timeout_s, what is left of budget_s)`` (``timeout_s`` may be per name;
-    ``budget_s=None``: no bound) and must keep to it, e.g. ``lambda limit: run_isolated(f,
-    timeout_s=limit)``; a part with less than ``min_part_s`` left is not started. Returns
-    ``(results, errors)``: every part is in one, with its result, ``describe(exception)`` or why it
-    did not run.
+    """Run ``parts`` (name -> function of its limit in s) in order within ``budget_s`` (``None``: no
+    bound). Each gets ``min(timeout_s, what is left)`` (``timeout_s`` may be per name) and must keep to
+    it; with less than ``min_part_s`` left it is not started. Returns ``(results, errors)``: each part
+    in one, with its result, ``describe(exception)`` or why it did not run.
     """
     began = clock()
     limits = timeout_s if isinstance(timeout_s, Mapping) else dict.fromkeys(parts, timeout_s)
@@ -144,8 +141,6 @@ def run_within_budget(parts: Mapping[str, Callable[[float], Any]], *, timeout_s:
 
 
 def _main(argv: Sequence[str]) -> None:
-    import importlib
-
     module, name, args = argv
     result = getattr(importlib.import_module(module), name)(*json.loads(args))
     print(_MARKER + json.dumps(result), flush=True)

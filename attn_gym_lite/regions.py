@@ -1,13 +1,5 @@
-"""Named regions of GPU work: :func:`mark_kernels`, the one thing models need from profiling.
-
-A model wraps its stages in ``with mark_kernels("attention"):``. That is always a
-``torch.profiler.record_function`` range (eager traces show it) and costs nothing else unless
-someone records: :func:`attn_gym_lite.profiling.record_annotations` turns on
-:func:`collect_region_names` to learn which regions a capture entered, and where torch's own graph
-annotations work (torch >= 2.14 with CUDA >= 13.1) a capture also enters
-``torch.cuda.graph_annotations.mark_kernels``. A leaf module: models and the capture machinery
-import it; profiling builds on it.
-"""
+"""Named regions of GPU work: :func:`mark_kernels`, a ``record_function`` range that costs nothing
+more unless ``record_annotations`` is collecting region names. A leaf module, below models and capture."""
 
 from __future__ import annotations
 
@@ -24,8 +16,7 @@ _COLLECTED: contextvars.ContextVar[set[str] | None] = contextvars.ContextVar("at
 
 
 def native_annotations_available() -> bool:
-    """True where ``torch.cuda.graph_annotations`` (torch >= 2.14) reports ``is_available()`` (a CUDA
-    device, ``cuda-bindings`` and a driver with ``cudaGraphNodeGetToolsId``, CUDA >= 13.1)."""
+    """True where ``torch.cuda.graph_annotations`` (torch >= 2.14) is available (CUDA >= 13.1)."""
     module = getattr(torch.cuda, "graph_annotations", None)
     return module is not None and torch.cuda.is_available() and bool(module.is_available())
 
@@ -46,13 +37,11 @@ def collect_region_names() -> Iterator[set[str]]:
 
 @contextmanager
 def mark_kernels(name: str) -> Iterator[None]:
-    """Label the GPU work launched inside the block as region ``name``.
+    """Label the GPU work launched inside the block as region ``name`` (a ``record_function`` range).
 
-    Always a ``record_function(name)`` range. Inside a capture within ``record_annotations``, the
-    graph nodes the block adds are attributed to ``name`` and, through autograd, their backward
-    kernels to ``"<name> backward"``. Nested regions: the innermost wins for forward work; a
-    backward kernel takes the forward region of its autograd node. No host synchronisation: safe
-    inside a captured function.
+    Inside a capture within ``record_annotations``, the graph nodes the block adds get ``name`` and
+    their backward kernels ``"<name> backward"``; nested, the innermost region wins. No host
+    synchronisation: safe inside a captured function.
     """
     if torch.compiler.is_compiling():
         # Under torch.compile the region is only a name: context variables and capture queries

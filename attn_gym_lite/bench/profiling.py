@@ -1,16 +1,13 @@
-"""Benchmark suite ``profiling``: traces of the "Graph capture" chapter's training step, eager and
-replayed, and what labelling the replayed kernels costs.
-
-It records the traces (gzipped beside the JSON, the replay also labelled by ``annotate_trace``, with
-the annotations in the JSON), their summaries, the profiler's inflation of step, launch and replay
-times against wall clocks taken with no profiler running, the cost of a capture with labels, and one
-step of the captured trainer phase by phase (``host_phases``).
+"""Benchmark suite ``profiling``: the "Graph capture" chapter's training step, eager and replayed,
+as traces (gzipped beside the JSON; the replay also labelled), their summaries, the profiler's
+inflation against wall clocks, the cost of labels, and one step phase by phase (``host_phases``).
 """
 
 from __future__ import annotations
 
 import statistics
 import time
+from collections import defaultdict
 from itertools import islice
 from pathlib import Path
 
@@ -28,8 +25,8 @@ from .timing import cuda_event_us, host_call_us, median
 TRACE_FOLDER = "profiling_traces"
 
 
-def _trainer(tokenizer, first_batch, use_graph: bool, dim: int, num_heads: int, seed: int = 0) -> FixedCapacityTrainer:
-    torch.manual_seed(seed)
+def _trainer(tokenizer, first_batch, use_graph: bool, dim: int, num_heads: int) -> FixedCapacityTrainer:
+    torch.manual_seed(0)
     model = PackedLM(tokenizer.vocab_size, dim, num_heads, device="cuda", dtype=torch.bfloat16)
     return FixedCapacityTrainer(model, first_batch, use_graph=use_graph)
 
@@ -60,13 +57,23 @@ def _wall_step_us(trainer: FixedCapacityTrainer, batches: list, repeats: int, sy
 def _graph_spans_us(trace: dict) -> list[float]:
     """GPU span (first start to last end) of each ``cudaGraphLaunch``'s device events."""
     launches = {e["args"]["correlation"] for e in trace["traceEvents"] if e.get("name") == "cudaGraphLaunch"}
-    spans: dict = {}
+    replays = defaultdict(list)
     for event in device_events(trace):
-        correlation = event["args"].get("correlation")
-        if correlation in launches:
-            start, end = spans.get(correlation, (event["ts"], event["ts"] + event["dur"]))
-            spans[correlation] = (min(start, event["ts"]), max(end, event["ts"] + event["dur"]))
-    return [end - start for start, end in spans.values()]
+        if event["args"].get("correlation") in launches:
+            replays[event["args"]["correlation"]].append(event)
+    return [max(e["ts"] + e["dur"] for e in es) - min(e["ts"] for e in es) for es in replays.values()]
+
+
+def _profiled_steps(trainer: FixedCapacityTrainer, warm: list, profiled: list) -> dict:
+    """The warm-up steps, then a trace of the profiled ones (the first of them the profiler's warm-up)."""
+    for batch in warm:
+        trainer.step(batch)
+    with profile(None, warmup=1) as recording:
+        for batch in profiled:
+            trainer.step(batch)
+            torch.cuda.synchronize()  # one step per ProfilerStep on the GPU side too
+            recording.step()
+    return recording.trace
 
 
 def _batches(token_capacity: int, sequence_capacity: int, steps: int):
@@ -114,10 +121,8 @@ def host_phase_trace(trainer: FixedCapacityTrainer, token_capacity: int, sequenc
 
 
 def wall_clocks(token_capacity: int, sequence_capacity: int, dim: int, num_heads: int, steps: int) -> dict:
-    """The suite's steps by wall clock, in a process where no profiler has run (run it through
-    ``run_isolated``): once the profiler has attached CUPTI to a process, its launches stay slower.
-    µs per step, per ``graph.replay()`` call (host) and per replay on the GPU (CUDA events);
-    ``graph`` is captured with labels, as the traced one, ``plain`` without."""
+    """The suite's steps by wall clock in a process no profiler has touched (``run_isolated``): CUPTI
+    slows a process's later launches. ``graph`` is captured with labels, ``plain`` without."""
     tokenizer, warm, profiled = _batches(token_capacity, sequence_capacity, steps)
     eager = _trainer(tokenizer, warm[0], False, dim, num_heads)
     plain = _trainer(tokenizer, warm[0], True, dim, num_heads)
@@ -151,15 +156,7 @@ def profiling_suite(out: Path | None = None, token_capacity: int = 4096, sequenc
                                "steps": steps, "tokenizer": tokenizer.name},
                     "route": "graph node id" if native_annotations_available() else "capture order"}
 
-    eager = _trainer(tokenizer, warm[0], False, dim, num_heads)
-    for batch in warm:
-        eager.step(batch)
-    with profile(None, warmup=1) as eager_profile:
-        for batch in profiled:
-            eager.step(batch)
-            torch.cuda.synchronize()  # one step per ProfilerStep on the GPU side too
-            eager_profile.step()
-
+    eager_trace = _profiled_steps(_trainer(tokenizer, warm[0], False, dim, num_heads), warm, profiled)
     plain_start = time.perf_counter()
     _trainer(tokenizer, warm[0], True, dim, num_heads)
     torch.cuda.synchronize()
@@ -169,16 +166,10 @@ def profiling_suite(out: Path | None = None, token_capacity: int = 4096, sequenc
         graph_trainer = _trainer(tokenizer, warm[0], True, dim, num_heads)
         torch.cuda.synchronize()
     labelled_capture_s = time.perf_counter() - labelled_start
-    for batch in warm:
-        graph_trainer.step(batch)
-    with profile(None, warmup=1) as graph_profile:
-        for batch in profiled:
-            graph_trainer.step(batch)
-            torch.cuda.synchronize()
-            graph_profile.step()
-    labelled = annotate_trace(graph_profile.trace, annotations)
+    graph_trace = _profiled_steps(graph_trainer, warm, profiled)
+    labelled = annotate_trace(graph_trace, annotations)
 
-    traces = {"eager": eager_profile.trace, "graph_stock": graph_profile.trace, "graph_labelled": labelled}
+    traces = {"eager": eager_trace, "graph_stock": graph_trace, "graph_labelled": labelled}
     if folder is not None:
         for name, trace in traces.items():
             save_trace(trace, folder / f"{name}.json.gz")

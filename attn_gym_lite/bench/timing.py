@@ -1,7 +1,5 @@
-"""Clocks for GPU work. ``wall_clock_us`` is host time over back-to-back calls (Python, dispatch and
-launch overhead included: what CUDA graphs remove); ``cuda_event_us`` is device time per call
-(including the GPU's idle gaps when the host cannot launch fast enough); ``step_intervals_us`` is
-the time from one training step's start to the next's."""
+"""Clocks for GPU work: host time over back-to-back calls (launch overhead included: what CUDA graphs
+remove), device time per call between CUDA events, and per training step, start to next start."""
 
 from __future__ import annotations
 

@@ -1,10 +1,8 @@
-"""Putting region labels on the kernels of a replay trace, and one box per region per replay.
+"""Region labels on the kernels of a replay trace, and one box per region per replay.
 
-Graph-node-id route: each replayed event's ``(graph id << 32) | graph node id`` looks up its label.
-Capture-order route: the device events of one ``cudaGraphLaunch`` (one ``correlation``) are, in
-start order, the graph's nodes in capture order; the replay is matched to a captured graph by its
-sequence of event kinds, and where several fit, by a ``record_function`` range around the replay
-named after one, or by their labels being the same (the buckets of one function).
+Capture order: the device events of one ``cudaGraphLaunch`` are, in start order, the graph's nodes;
+the replay is matched to a captured graph by its sequence of event kinds, where several fit by a
+``record_function`` range around the replay named after one, or by their labels being the same.
 """
 
 from __future__ import annotations
@@ -23,13 +21,10 @@ REGION_CATEGORY = "graph_region"
 def annotate_trace(trace: Trace, annotations: GraphAnnotations) -> Trace:
     """A copy of ``trace`` with ``args["region"]`` on the device events it can label, and boxes.
 
-    Replayed kernels are labelled from ``annotations`` (what ``record_annotations`` recorded);
-    kernels launched eagerly in the same trace (an optimizer step, a whole eager run) from the
-    regions open around their launch. Each region gets one box per replay and stream, from its
-    first to its last event, on a "stream <s> regions" track, for Perfetto and ``plot_timeline``.
-    The copy goes through ``split_overlapping_lanes``; its ``"attn_gym_lite"`` entry reports
-    ``{"route", "labelled_events", "replays", "unmatched_replays": [{"correlation", "events",
-    "reason"}], "labelled_eager_events"}``.
+    Replayed kernels get their labels from ``annotations`` (``record_annotations``); kernels
+    launched eagerly in the trace from the regions open around their launch. Each region gets a box
+    per replay and stream on a "stream <s> regions" track. The ``"attn_gym_lite"`` entry reports
+    ``{"route", "labelled_events", "replays", "unmatched_replays", "labelled_eager_events"}``.
     """
     out = copy.deepcopy(trace)
     events = out["traceEvents"]

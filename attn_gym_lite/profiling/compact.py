@@ -54,16 +54,12 @@ def _is_launch(name: str) -> bool:
 
 
 def compact_timeline(trace: Trace, *, max_depth: int = 2, max_events: int = 3000, name_chars: int = 80) -> dict[str, Any]:
-    """The rows a timeline picture of ``trace`` needs, small enough to store in a recording.
-
-    Tracks: ``"CPU thread <i>"`` (host ops and ``record_function`` ranges, without ``ProfilerStep#``,
-    nested at most ``max_depth`` deep), ``"CUDA runtime"`` (runtime and driver calls) and ``"GPU
-    stream <id>"``. Past ``max_events`` rows the deepest host slices go first, then the latest rows;
-    names are cut to ``name_chars``.
-
-    Returns ``{"tracks", "events": [[name, track, depth, start_us, dur_us], ...], "dropped",
-    "counts": {"host_ops", "runtime_calls", "launches", "device_events", "device_busy_us"},
-    "span_us"}``, times from the first kept row; the counts are over the whole trace.
+    """The rows a timeline picture of ``trace`` needs, small enough to store in a recording: tracks
+    ``"CPU thread <i>"`` (host ops and ranges but ``ProfilerStep#``, at most ``max_depth`` deep),
+    ``"CUDA runtime"`` and ``"GPU stream <id>"``. Past ``max_events`` rows the deepest host slices go
+    first, then the latest rows. Returns ``{"tracks", "events": [[name, track, depth, start_us,
+    dur_us], ...], "dropped", "counts": {"host_ops", "runtime_calls", "launches", "device_events",
+    "device_busy_us"} (of the whole trace), "span_us"}``.
     """
     check_trace(trace, "compact_timeline")
     if max_depth < 0:
@@ -96,13 +92,8 @@ def compact_timeline(trace: Trace, *, max_depth: int = 2, max_events: int = 3000
             stream %= LANE_TID_BASE
         streams.add(stream)
         rows.append((f"GPU stream {stream}", 0, event))
-    counts = {
-        "host_ops": host_ops,
-        "runtime_calls": len(runtime),
-        "launches": sum(_is_launch(str(e.get("name", ""))) for e in runtime),
-        "device_events": len(device),
-        "device_busy_us": round(busy_and_gaps((e["ts"], e["ts"] + e["dur"]) for e in device)[0], 3),
-    }
+    counts = {"host_ops": host_ops, "runtime_calls": len(runtime), "launches": sum(_is_launch(str(e.get("name", ""))) for e in runtime),
+              "device_events": len(device), "device_busy_us": round(busy_and_gaps((e["ts"], e["ts"] + e["dur"]) for e in device)[0], 3)}
     total = len(rows)
     rows = [row for row in rows if row[1] <= max_depth]
     depth = max_depth
@@ -116,27 +107,18 @@ def compact_timeline(trace: Trace, *, max_depth: int = 2, max_events: int = 3000
     index_of = {name: i for i, name in enumerate(tracks)}
     origin = min(row[2]["ts"] for row in rows)
     end = max(row[2]["ts"] + row[2]["dur"] for row in rows)
-    return {
-        "tracks": tracks,
-        "events": [[_short(e.get("name", ""), name_chars), index_of[track], d,
-                    round(e["ts"] - origin, 3), round(e["dur"], 3)] for track, d, e in rows],
-        "dropped": total - len(rows),
-        "counts": counts,
-        "span_us": round(end - origin, 3),
-    }
+    events = [[_short(e.get("name", ""), name_chars), index_of[track], d, round(e["ts"] - origin, 3), round(e["dur"], 3)]
+              for track, d, e in rows]
+    return {"tracks": tracks, "events": events, "dropped": total - len(rows), "counts": counts, "span_us": round(end - origin, 3)}
 
 
 def host_phases(trace: Trace, phases: Sequence[str], *, name_chars: int = 100) -> dict[str, Any]:
-    """Host and GPU spans of the ``record_function`` phases of one step, and where the longest
-    phase's host time went.
-
-    A phase is the last range of its name; its GPU span runs from the first to the last device event
-    launched inside it. For the longest phase, its Python frames give ``top_frames`` (per name: the
-    time and number of its outermost calls) and ``flame`` (frames and ops inside it).
-
-    Returns ``{"order", "phases": {phase: {"start_us", "dur_us", "gpu_start_us", "gpu_end_us",
-    "device_events", "launches"}}, "longest", "stacks", "top_frames": [[frame, total_us, calls]],
-    "flame": [[name, depth, start_us, dur_us]]}``, µs from the first phase's (flame: the longest's) start.
+    """Host and GPU spans of the ``record_function`` phases of one step (the last range of each name;
+    the GPU span of the device work launched inside it), and where the longest phase's host time
+    went: ``top_frames`` (per Python frame name, the time and number of its outermost calls) and
+    ``flame`` (frames and ops inside it). Returns ``{"order", "phases": {phase: {"start_us",
+    "dur_us", "gpu_start_us", "gpu_end_us", "device_events", "launches"}}, "longest", "stacks",
+    "top_frames", "flame": [[name, depth, start_us, dur_us]]}``.
     """
     raw = [e for e in trace["traceEvents"] if _complete(e)]
     ranges = {}

@@ -1,10 +1,7 @@
-"""What the caching allocator did during a step, small enough to store in a recording.
-
-:class:`record_memory_history` records the allocator's trace entries of a block (dicts with
-``action``, ``addr``, ``size``, optionally ``time_us`` and ``frames``); the reductions read such
-entries from a GPU or not. An allocation counts from its ``alloc`` to its ``free_completed`` entry
-(the allocator's own accounting: a block freed on a stream is reusable once the stream's work is done).
-"""
+"""What the caching allocator did during a step, small enough to store in a recording: reductions of
+its trace entries (dicts with ``action``, ``addr``, ``size``, maybe ``time_us`` and ``frames``). An
+allocation counts from ``alloc`` to ``free_completed`` (a block freed on a stream is reusable only
+once the stream's work is done)."""
 
 from __future__ import annotations
 
@@ -20,17 +17,9 @@ TOP_SITES = 10
 
 
 class record_memory_history:  # noqa: N801 -- a context manager, named like the torch call it wraps
-    """Record the CUDA caching allocator's history of the block, on the current device.
-
-    Usage::
-
-        with record_memory_history(max_entries=100_000) as history:
-            grads = forward_backward()
-            moment = history.mark()          # an index into history.entries
-        history.entries                      # this block's trace entries, oldest first
-
-    More than ``max_entries`` (the allocator's ring buffer) raises on exit: the start was overwritten.
-    """
+    """Record the CUDA caching allocator's history of the block on the current device: ``entries``
+    after exit, ``mark()`` the index of the next entry. More than ``max_entries`` (the allocator's
+    ring buffer) raises on exit: the start was overwritten."""
 
     def __init__(self, max_entries: int = 100_000) -> None:
         self.max_entries = max_entries
@@ -92,17 +81,10 @@ def find_blocks(entries: Sequence[dict], pointers: Iterable[int], alive_at: int,
 
 def allocation_timeline(entries: Sequence[dict], tags: dict[str, Iterable[int]] | None = None, *,
                         max_points: int = 4000) -> dict[str, Any]:
-    """Allocated (and reserved) bytes after each allocation and free, relative to the start.
-
-    ``tags``: name -> indices of ``alloc`` entries (:func:`find_blocks`); each gets the bytes of its
-    allocations alive at each point. Past ``max_points`` points the timeline is thinned, keeping the
-    first, the last and the peak.
-
-    Returns ``{"time": "µs" or "entry", "t", "entry", "allocated_bytes", "reserved_bytes", "tags",
-    "peak": {"t", "entry", "allocated_bytes", "tags"}, "tag_bytes", "allocs", "frees"}``: ``t`` is
-    ``time_us`` from the first entry (where every entry has one) or the entry index, ``entry`` the
-    index of the entry after which the point was taken.
-    """
+    """Allocated (and reserved) bytes after each allocation and free, relative to the start, with the
+    bytes of each tag's allocations (``tags``: name -> ``alloc`` entry indices, :func:`find_blocks`);
+    thinned to about ``max_points`` points, keeping the first, the last and the peak. ``t`` is
+    ``time_us`` from the first entry (where all have one) or the entry index."""
     if not all(isinstance(e, dict) for e in entries):
         raise TypeError("allocation_timeline: entries must be allocator trace entries (dicts with an 'action')")
     tags = {name: set(indices) for name, indices in (tags or {}).items()}
@@ -143,19 +125,13 @@ def allocation_timeline(entries: Sequence[dict], tags: dict[str, Iterable[int]] 
     if len(points) > max_points:
         stride = -(-len(points) // (max_points - 2))
         points = [points[i] for i in sorted({0, len(points) - 1, highest, *range(0, len(points), stride)})]
-    return {
-        "time": "µs" if timed else "entry",
-        "t": [round(p[0], 3) for p in points],
-        "entry": [p[4] for p in points],
-        "allocated_bytes": [p[1] for p in points],
-        "reserved_bytes": [p[2] for p in points],
-        "tags": {name: [p[3][k] for p in points] for k, name in enumerate(tags)},
-        "peak": {"t": round(peak[0], 3), "entry": peak[4], "allocated_bytes": peak[1],
-                 "tags": {name: peak[3][k] for k, name in enumerate(tags)}},
-        "tag_bytes": {name: sum(entries[i]["size"] for i in indices) for name, indices in tags.items()},
-        "allocs": allocs,
-        "frees": frees,
-    }
+    return {"time": "µs" if timed else "entry", "t": [round(p[0], 3) for p in points], "entry": [p[4] for p in points],
+            "allocated_bytes": [p[1] for p in points], "reserved_bytes": [p[2] for p in points],
+            "tags": {name: [p[3][k] for p in points] for k, name in enumerate(tags)},
+            "peak": {"t": round(peak[0], 3), "entry": peak[4], "allocated_bytes": peak[1],
+                     "tags": {name: peak[3][k] for k, name in enumerate(tags)}},
+            "tag_bytes": {name: sum(entries[i]["size"] for i in indices) for name, indices in tags.items()},
+            "allocs": allocs, "frees": frees}
 
 
 def _site(entry: dict) -> str:

@@ -1,26 +1,19 @@
 """Naming the kernels of a captured graph by region, on every torch the project supports.
 
-A replay runs no Python, so ``record_function`` ranges opened at capture time never reach a replay
-trace: the labels are recorded while capturing, then joined to the replay by ``annotate_trace``.
-
-* graph node id (torch >= 2.14, CUDA >= 13.1, ``cuda-bindings``): torch's own
-  ``torch.cuda.graph_annotations`` tags each node, and the profiler writes its id on each replayed
-  kernel. We delegate to it.
-* capture order (everywhere else, e.g. torch 2.11 with CUDA 13.0 on our H200): we profile the
-  capture. A launch on a capturing stream shows up as a runtime/driver call with no device
-  activity, nested in the ranges open at that moment, so the capture trace lists every node in
-  order with its region. A graph captured from one stream is a chain and replays in that order:
-  the k-th device event of a replay is the k-th captured launch.
-
-Backward kernels run inside autograd's ``evaluate_function`` ranges, whose sequence number names
-the forward op that created the node: a forward op in region R gives "R backward".
+A replay runs no Python, so labels are recorded while capturing and joined to the replay later.
+Where torch's ``torch.cuda.graph_annotations`` works (torch >= 2.14, CUDA >= 13.1) it tags each node
+and the profiler writes the node id on each replayed kernel: we delegate to it. Elsewhere (our H200:
+torch 2.11, CUDA 13.0) we profile the capture: a launch on a capturing stream appears as a runtime
+call with no device activity, inside the ranges open at that moment, so the capture trace lists
+every node in order with its region; a graph captured from one stream replays in that order.
+Backward kernels take the region of the forward op that created their autograd node
+(``evaluate_function`` ranges carry its sequence number): "R backward".
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
-import os
 import tempfile
 from collections import defaultdict
 from collections.abc import Iterator, Sequence
@@ -63,6 +56,7 @@ class GraphAnnotations:
         return {label.removesuffix(" backward") for label in labels if label != "backward"} | set(self.region_names)
 
     def to_dict(self) -> dict[str, Any]:
+        """JSON-ready (the ids as strings), as the profiling suite records it."""
         return {"route": self.route, "graphs": self.graphs, "nodes": {str(k): v for k, v in self.nodes.items()},
                 "region_names": sorted(self.region_names)}
 
@@ -70,15 +64,6 @@ class GraphAnnotations:
     def from_dict(cls, record: dict[str, Any]) -> GraphAnnotations:
         nodes = {int(key): label for key, label in record["nodes"].items()}
         return cls(record["route"], record["graphs"], nodes, record.get("region_names", []))
-
-    def save(self, path: str | os.PathLike) -> Path:
-        path = Path(path)
-        path.write_text(json.dumps(self.to_dict(), indent=1))
-        return path
-
-    @classmethod
-    def load(cls, path: str | os.PathLike) -> GraphAnnotations:
-        return cls.from_dict(json.loads(Path(path).read_text(encoding="utf-8")))
 
 
 @contextmanager
@@ -129,8 +114,7 @@ def _native_label(entries: list[Any]) -> str:
 
 
 def launch_kind(event: dict) -> str | None:
-    """``"kernel"``, ``"memset"`` or ``"memcpy"`` for a runtime/driver call that puts device work on
-    a stream (a graph node when the stream is capturing); ``None`` otherwise."""
+    """The device work (a graph node, when capturing) a runtime/driver call puts on a stream, or ``None``."""
     name = event.get("name", "")
     if event.get("cat") not in ("cuda_runtime", "cuda_driver") or "HostFunc" in name:  # host nodes run no device event
         return None
@@ -148,9 +132,8 @@ def _args(event: dict) -> dict:
 
 
 def graphs_from_capture_trace(trace: dict, regions: set[str], names: Sequence[str] | None = None) -> list[dict[str, Any]]:
-    """The capture-order labels of every graph captured in a profiled block: per
-    ``cudaStreamBeginCapture``/``EndCapture`` pair, the launch calls between them that produced no
-    device activity (a launch on a capturing stream does not run), in time order."""
+    """Per capture (``cudaStreamBeginCapture`` to ``EndCapture``) in a profiled block, its launches that
+    ran no device work (a launch on a capturing stream does not run), labelled, in time order."""
     events = [e for e in trace["traceEvents"] if e.get("ph") == "X" and "ts" in e]
     windows, paired = [], True  # (begin, end) of each capture, paired on the thread that made it
     for thread in {e.get("tid") for e in events if e.get("name") in ("cudaStreamBeginCapture", "cudaStreamEndCapture")}:

@@ -42,17 +42,10 @@ def trace_summary(trace: Trace, steps: int | None = None, min_gap_us: float = 0.
         regions[event.get("args", {}).get("region", "(unlabelled)")] += event["dur"]
     kernels = sum(e["cat"] == "kernel" for e in events)
     window = max(e["ts"] + e["dur"] for e in events) - events[0]["ts"]
-    return {
-        "steps": steps,
-        "kernels": kernels,
-        "kernels_per_step": kernels / steps,
-        "device_events": len(events),
-        "window_us": window,
-        "busy_us": busy,
-        "busy_fraction": busy / window if window > 0 else 1.0,
-        "gaps": {"count": len(counted), "total_us": sum(counted), "largest_us": max(counted, default=0.0)},
-        "region_us": dict(regions),
-    }
+    return {"steps": steps, "kernels": kernels, "kernels_per_step": kernels / steps, "device_events": len(events),
+            "window_us": window, "busy_us": busy, "busy_fraction": busy / window if window > 0 else 1.0,
+            "gaps": {"count": len(counted), "total_us": sum(counted), "largest_us": max(counted, default=0.0)},
+            "region_us": dict(regions)}
 
 
 def _profiler_steps(trace: Trace) -> int:
@@ -88,10 +81,5 @@ def replay_idle(trace: Trace) -> dict[str, Any]:
         for gap in busy_and_gaps((e["ts"], e["ts"] + e["dur"]) for e in events)[1]:
             idle += gap
     boundaries = sum(len(events) - 1 for events in replays.values())
-    return {
-        "replays": len(replays),
-        "node_boundaries": boundaries,
-        "idle_us": idle,
-        "idle_us_per_replay": idle / len(replays),
-        "idle_us_per_boundary": idle / boundaries if boundaries else 0.0,
-    }
+    return {"replays": len(replays), "node_boundaries": boundaries, "idle_us": idle, "idle_us_per_replay": idle / len(replays),
+            "idle_us_per_boundary": idle / boundaries if boundaries else 0.0}

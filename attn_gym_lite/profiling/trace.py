@@ -1,8 +1,7 @@
 """Recording a profiler trace as a plain ``dict`` (Chrome trace-event JSON) and writing it.
 
-Chrome JSON lets two complete slices on one track overlap without nesting (CUPTI timestamps of
-back-to-back graph kernels overlap by a few hundred nanoseconds); Perfetto hides a slice it cannot
-nest, so :func:`split_overlapping_lanes` moves such a slice onto an extra lane of its track.
+Chrome JSON lets slices on one track overlap without nesting (back-to-back graph kernels, by
+nanoseconds); Perfetto hides a slice it cannot nest, so :func:`split_overlapping_lanes` moves it.
 """
 
 from __future__ import annotations
@@ -26,7 +25,8 @@ TOLERANCE_US = 1e-3  # timestamps near 5e12 µs carry ~1e-3 µs of float error: 
 
 
 class profile:  # noqa: N801 -- named like the torch.profiler.profile it wraps
-    """Profile the block (CPU, and CUDA where available); the trace is ``.trace`` after exit.
+    """Profile the block (CPU, and CUDA where available); the trace is ``.trace`` after exit, its
+    overlapping slices split onto lanes.
 
     Usage::
 
@@ -34,13 +34,10 @@ class profile:  # noqa: N801 -- named like the torch.profiler.profile it wraps
             for batch in batches:
                 train_step(batch)
                 prof.step()
-        prof.trace  # {"traceEvents": [...], ...}, overlapping slices split onto lanes
 
     Args:
-        path: ``.json``, ``.json.gz`` or ``.pftrace`` (needs the ``perfetto`` package) to write on
-            exit, or ``None`` to keep the trace in memory only.
-        warmup: ``prof.step()`` calls profiled, then discarded (the profiler's start-up cost lands
-            there, not in the first recorded step).
+        path: ``.json``, ``.json.gz`` or ``.pftrace`` (needs ``perfetto``) to write, or ``None``.
+        warmup: ``prof.step()`` calls profiled, then discarded (the profiler's start-up cost).
         with_stack: record Python frames (``python_function`` slices).
     """
 
@@ -87,8 +84,7 @@ class profile:  # noqa: N801 -- named like the torch.profiler.profile it wraps
 
 
 def load_trace(path: str | os.PathLike) -> Trace:
-    """Read Chrome trace-event JSON (``.json`` or ``.json.gz``); the array form ``[event, ...]``
-    comes back as ``{"traceEvents": [...]}``."""
+    """Read Chrome trace JSON (``.json``, ``.json.gz``); the array form comes back as ``{"traceEvents": [...]}``."""
     path = Path(path)
     opener = gzip.open if path.name.endswith(".gz") else open
     with opener(path, "rt", encoding="utf-8") as file:
@@ -97,8 +93,7 @@ def load_trace(path: str | os.PathLike) -> Trace:
 
 
 def save_trace(trace: Trace, path: str | os.PathLike) -> Path:
-    """Write ``trace`` as Chrome JSON (``.json``, ``.json.gz``, gzip with ``mtime=0`` so the same
-    trace gives the same bytes) or Perfetto protobuf (``.pftrace``); missing folders are made."""
+    """Write ``trace`` as ``.json``, ``.json.gz`` (``mtime=0``: same trace, same bytes) or ``.pftrace``."""
     path = Path(path)
     data = perfetto_protobuf(trace) if path.suffix == ".pftrace" else json.dumps(trace).encode()
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -118,7 +113,7 @@ def check_trace(trace: object, where: str) -> None:
 
 
 def _slices(events: list[dict]) -> list[dict]:
-    """The complete slices (``"ph": "X"`` with ``ts`` and ``dur``); others cannot be placed in time."""
+    # Complete slices: an event without ts or dur cannot be placed in time.
     return [e for e in events if e.get("ph") == "X" and "ts" in e and "dur" in e]
 
 
@@ -128,12 +123,9 @@ def _thread_names(events: list[dict]) -> dict[tuple, Any]:
 
 
 def split_overlapping_lanes(trace: Trace) -> Trace:
-    """A copy of ``trace`` where no two complete slices on one track overlap without nesting.
-
-    Per track, slices go in start order (longer first) onto the first lane where they start after
-    everything open has ended or nest inside the innermost open slice, else onto a new lane ``k``:
-    ``tid = LANE_TID_BASE * k + tid``, named ``"<name> (lane k)"``; flow arrows move with them.
-    """
+    """A copy of ``trace`` where no two complete slices on one track overlap without nesting: a slice
+    that neither follows nor nests in what is open on a lane moves, with its flow arrows, to the next
+    lane ``k`` (``tid = LANE_TID_BASE * k + tid``, named ``"<name> (lane k)"``)."""
     out = copy.deepcopy(trace)
     events = out["traceEvents"]
     names = _thread_names(events)
@@ -175,8 +167,7 @@ def split_overlapping_lanes(trace: Trace) -> Trace:
 
 
 def perfetto_protobuf(trace: Trace) -> bytes:
-    """The complete slices of a Chrome trace as Perfetto TrackEvent protobuf: one track per
-    ``(pid, tid)`` named by its ``thread_name``, ``args`` as debug annotations."""
+    """The complete slices as Perfetto TrackEvents, one track per ``(pid, tid)``, args as annotations."""
     builder = _perfetto_builder()
     events = trace["traceEvents"]
     names = _thread_names(events)
