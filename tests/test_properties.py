@@ -35,8 +35,7 @@ TOLERANCE = 3e-2 if DTYPE == torch.bfloat16 else 2e-5
 
 @st.composite
 def valid_layouts(draw):
-    """(T, lengths, N): empty sequences anywhere, spare slots, spare rows (T > L or T = L), few
-    or many sequences (T < N possible), one long sequence."""
+    """(T, lengths, N): empty sequences anywhere, T > L or T = L, T < N possible, one long sequence."""
     kind = draw(st.sampled_from(["mixed", "one_long", "many_short", "all_empty"]))
     if kind == "one_long":
         lengths = [draw(st.integers(1, 48))]
@@ -64,9 +63,7 @@ def naive(q, k, v, bounds, causal):
 
 
 def per_sequence(q, k, v, bounds, causal):
-    """Float64 softmax attention, one sequence at a time (:func:`helpers.interval_attention`): the
-    loop's value in a few operations per sequence rather than several per row. The captured-graph
-    property below runs it after every replay; checked against :func:`naive` on CPU below."""
+    """:func:`naive` in a few operations per sequence rather than several per row (checked below)."""
     out = torch.zeros_like(q, dtype=torch.float64)
     for start, end in zip(bounds[:-1], bounds[1:]):
         if end > start:
@@ -187,8 +184,7 @@ GRAPH_T, GRAPH_N = 96, 8
 
 @st.composite
 def layouts_within(draw, token_capacity, sequence_capacity):
-    """Lengths of at most ``sequence_capacity`` sequences (empty ones anywhere) summing to at most
-    ``token_capacity``: L < T and L = T, one long sequence, many short ones."""
+    """At most ``sequence_capacity`` lengths (empty ones anywhere) summing to at most ``token_capacity``."""
     count = draw(st.integers(1, sequence_capacity))
     lengths = []
     for _ in range(count):
@@ -225,10 +221,7 @@ def _captured(schedule_name, causal):
 
 
 @pytest.mark.gpu
-# No shrinking: a failure is reported with its first example at once. On the H200 host a lane's
-# limit (120 s at 81d01ba and eb753bd) cut this test with no report, while shrinking or a slow loop
-# reference would both fit that picture; the per-sequence reference costs a few operations per
-# sequence instead of several per row.
+# No shrinking: a failure is reported with its first example at once, within a CI lane's time limit.
 @settings(max_examples=25, deadline=None, phases=(Phase.explicit, Phase.reuse, Phase.generate))
 @given(lengths=layouts_within(GRAPH_T, GRAPH_N), causal=st.booleans())
 @pytest.mark.parametrize("schedule_name", ["rect", "flat", "persistent", "dynamic"])

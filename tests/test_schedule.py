@@ -24,34 +24,24 @@ from attn_gym_lite.schedule import (
 )
 
 
-def test_seed_worked_example():
+def test_seed_worked_example_and_grid_sizes_by_hand():
     cu = torch.tensor([0, 65, 128], dtype=torch.int32)
     assert chunk_offsets(cu, 64).tolist() == [0, 2, 3]
     # The tempting shortcut ceil(cu_seqlens / C) loses the boundary: sequence 1 gets no chunk.
     assert (-(-cu // 64)).tolist() == [0, 2, 2]
     assert [decode_chunk([0, 2, 3], cu, f, 64) for f in range(3)] == [(0, 0, 0), (0, 1, 64), (1, 0, 65)]
     assert G_active([65, 63], 64) == 3 and G_rect(2, 65, 64) == 4
-
-
-def test_grid_sizes_by_hand():
     # T=16384, N=256, C=128: M_max = 256, capacity 256 + 16128 // 128 = 382 chunks per head.
     assert chunk_capacity(16384, 256, 128) == 382
     assert G_rect(256, 16384, 128) == 256 * 128
     # Fewer tokens than slots: at most T sequences can be non-empty.
-    assert chunk_capacity(5, 8, 4) == 5
-    assert chunk_capacity(0, 3, 4) == 0
-    assert persistent_workers(382 * 16, 132, 1) == 132
-    assert persistent_workers(10, 132, 2) == 10
-    assert persistent_workers(0, 132, 1) == 1
+    assert chunk_capacity(5, 8, 4) == 5 and chunk_capacity(0, 3, 4) == 0
+    assert [persistent_workers(*args) for args in ((382 * 16, 132, 1), (10, 132, 2), (0, 132, 1))] == [132, 10, 1]
 
 
 @settings(max_examples=300, deadline=None)
-@given(
-    lengths=st.lists(st.integers(0, 300), min_size=1, max_size=40),
-    spare_slots=st.integers(0, 5),
-    spare_tokens=st.integers(0, 300),
-    C=st.integers(1, 130),
-)
+@given(lengths=st.lists(st.integers(0, 300), min_size=1, max_size=40), spare_slots=st.integers(0, 5),
+       spare_tokens=st.integers(0, 300), C=st.integers(1, 130))
 def test_active_chunks_never_exceed_capacity(lengths, spare_slots, spare_tokens, C):
     T = sum(lengths) + spare_tokens
     N = len(lengths) + spare_slots
@@ -72,11 +62,8 @@ def test_capacity_is_attained(T, N, C):
 
 
 @settings(max_examples=200, deadline=None)
-@given(
-    lengths=st.lists(st.integers(0, 90), min_size=1, max_size=24),
-    spare_slots=st.integers(0, 4),
-    C=st.integers(1, 40),
-)
+@given(lengths=st.lists(st.integers(0, 90), min_size=1, max_size=24), spare_slots=st.integers(0, 4),
+       C=st.integers(1, 40))
 def test_oracle_decodes_every_chunk_exactly_once(lengths, spare_slots, C):
     cu = pad_cu_seqlens(cu_seqlens_from_lengths(lengths), len(lengths) + spare_slots)
     offsets = chunk_offsets(cu, C)
@@ -94,13 +81,10 @@ def test_oracle_decodes_every_chunk_exactly_once(lengths, spare_slots, C):
         assert start == bounds[seq] + local * C and bounds[seq] <= start < bounds[seq + 1]
 
 
-def test_choose_schedule_is_static():
+def test_choose_schedule_and_launch_grids():
     # 1 chunk-capacity per head * 16 heads fits in 132 resident CTAs: flat; a big capacity: dynamic.
     assert choose_schedule(100, 1, 128, 16, 132, 1) == "flat"
     assert choose_schedule(16384, 256, 128, 16, 132, 1) == "dynamic"
-
-
-def test_launch_grids():
     sizes = dict(T=1000, N=10, C=64, heads=4, num_sms=8, ctas_per_sm=2)
     assert launch_grid("rect", max_seqlen=300, **sizes) == (5, 10, 4)
     assert launch_grid("flat", **sizes) == (chunk_capacity(1000, 10, 64), 4)
@@ -138,60 +122,6 @@ def test_grid_sizes_and_their_figure():
     widths = [p.get_width() for p in ax.patches]
     # Working part then idle part, for rect, flat, persistent (persistent has no idle part here).
     assert widths == [144, 144, 132, 524288 - 144, 6112 - 144, 0]
-
-
-def _fake_sweep_record():
-    """A record in the ``schedulers`` suite's format (in memory, not a measurement)."""
-    def rows(points):
-        return [{"L": L, "M": M, "S_max": 1, "captured_us": 2.0 * i + 3, "exact_us": i + 1.0,
-                 "ratio": (2.0 * i + 3) / (i + 1)} for i, (L, M) in enumerate(points)]
-    series = lambda points: {"varlen_attn": rows(points), "persistent": rows(points)}
-    table = {name: {"fwd_tflops": 100.0 + i, "fwd_bwd_tflops": 80.0 + i, "fwd_us": 1.0, "fwd_bwd_us": 2.0}
-             for i, name in enumerate(("varlen_attn", "persistent"))}
-    return {
-        "fragmentation": {"T": 8192, "N": 256, "series": series([(8192, 1), (8192, 256)])},
-        "overcapture": {"T": 16384, "N": 256, "series": series([(16384, 64), (1024, 64)])},
-        "constant": {"T": 16384, "N": 128, "length": 128, "series": series([(16384, 128), (1024, 8)])},
-        "throughput": {"zipf_full": table},
-    }
-
-
-def test_sweep_and_throughput_figures_read_the_suite_format():
-    import matplotlib
-
-    from attn_gym_lite.book.plots import plot_sweeps, plot_throughput
-
-    matplotlib.use("Agg")
-    record = _fake_sweep_record()
-    fig = plot_sweeps(record)
-    assert len(fig.axes) == 3
-    frag, over, const = fig.axes
-    solid, dashed = frag.lines[0], frag.lines[1]  # varlen_attn: captured, then exact
-    assert solid.get_linestyle() == "-" and dashed.get_linestyle() == "--"
-    assert list(solid.get_xdata()) == [1, 256] and list(solid.get_ydata()) == [3.0, 5.0]
-    assert list(over.lines[0].get_xdata()) == [16384, 1024]
-    assert list(const.lines[0].get_xdata()) == [1.0, 8 / 128]
-    # Only the sweeps a record holds get a panel (a live run may hold one).
-    assert len(plot_sweeps({"overcapture": record["overcapture"]}).axes) == 1
-    bars = [p.get_height() for p in plot_throughput(record).axes[0].patches]
-    assert bars == [100.0, 101.0, 80.0, 81.0]
-
-
-def test_schedulers_suite_records_a_failing_implementation_and_goes_on(monkeypatch):
-    # Each implementation runs in its own process; without CUDA every child fails, and the suite
-    # must still return the sweeps' frame with the failure under "errors" instead of raising.
-    if torch.cuda.is_available():
-        pytest.skip("checks the failure path, which needs a machine without CUDA")
-    from attn_gym_lite.bench import schedulers
-
-    monkeypatch.setattr(schedulers, "IMPLEMENTATIONS", ("flat",))
-    monkeypatch.setattr(schedulers, "DENSE_IMPLEMENTATIONS", ("sdpa_flash",))
-    result = schedulers.schedulers_suite(iters=1, timeout_s=120)
-    assert set(result["errors"]) == {"flat", "sdpa_flash"} and "Traceback" in result["errors"]["flat"]
-    assert result["eager"]["rows"] == {} and result["eager"]["shape"]["T"] == 4096
-    assert [(result[s]["T"], result[s]["N"], result[s]["series"]) for s in ("fragmentation", "overcapture", "constant")] \
-        == [(8192, 256, {}), (16384, 256, {}), (16384, 128, {})]
-    assert result["throughput"] == {}
 
 
 def test_dense_gap_and_eager_overhead_read_a_record():
