@@ -150,8 +150,7 @@ def check_folder(argument: str, path: str | os.PathLike, *, must_exist: bool = T
 
 
 class SignatureCache:
-    """A bounded dict keyed by tensor metadata plus flags (no key while ``torch.compile`` traces,
-    nor for a non-tensor or an unhashable flag). Kept while tests/test_attention.py tests it."""
+    """A bounded dict keyed by tensor metadata and flags; no key while ``torch.compile`` traces."""
 
     def __init__(self, capacity: int = 256):
         self.capacity = capacity

@@ -133,8 +133,7 @@ def active_token_mask(x_or_token_capacity: Tensor | int, cu_seqlens: Tensor) -> 
 
 
 def positions_in_sequence(cu_seqlens: Tensor, token_capacity: int) -> Tensor:
-    """int32 ``[T]``: each row's position in its own sequence (RoPE, convolution taps); rows past
-    ``L`` count on as one more sequence. Capture-safe."""
+    """int32 ``[T]``, each row's position in its own sequence (rows past ``L`` count on). Capture-safe."""
     check_host_cu_seqlens_values(cu_seqlens, token_capacity=token_capacity)
     rows = torch.arange(token_capacity, device=cu_seqlens.device, dtype=torch.int32)
     # right=True: the last boundary <= t, stepping over empty sequences.
