@@ -90,8 +90,7 @@ def test_recorded_results_come_from_the_cli_on_a_gpu(path):
     assert p["gpu"]["name"] and p["gpu"]["sm_count"] > 0 and p["cuda"]
     assert p["command"].startswith(f"python -m attn_gym_lite.bench {record['suite']} --out ")
     assert record["suite"] in SUITES and path.stem == record["suite"].replace("-", "_")
-    # A full 40-hex commit, nothing else: at f3e7c20 a hand-typed ATTN_GYM_LITE_GIT_COMMIT gave eight
-    # recordings the non-existent "f3e7c20c"; scripts/gpu_record.sh now refuses such a value.
+    # A full 40-hex commit, nothing else (a hand-typed short one names no commit).
     assert re.fullmatch(r"[0-9a-f]{40}", p["commit"] or ""), (
         f"a recording must name the full commit it measured, not {p['commit']!r}")
 
@@ -102,53 +101,13 @@ def test_there_are_recordings_for_the_book():
 
 
 def test_load_result_names_what_exists(tmp_path):
-    with pytest.raises(FileNotFoundError, match="no recording .*nope.json; recorded for 'h200'.*GPU folders under root: .*'h200'"):
+    with pytest.raises(FileNotFoundError, match="nope.json"):
         load_result("nope")
-    # The bench CLI's --out is a GPU folder; given as root, the message says how to load it instead.
     mine = tmp_path / "my-gpu"
     mine.mkdir()
     minimal = {"suite": "packing-study", "provenance": {"gpu": None, "date": "2026-12-02", "command": "x", "commit": None}}
     (mine / "packing_study.json").write_text(json.dumps(minimal))
-    with pytest.raises(FileNotFoundError, match=r"GPU folders under root: \[\]; .*itself holds packing_study.json.*"
-                                                 r"gpu='my-gpu'"):
-        load_result("packing-study", root=mine)
     assert load_result("packing-study", gpu="my-gpu", root=tmp_path) == minimal
-
-    class Fspath:  # an os.PathLike that is not a pathlib.Path (py.path.local, say)
-        def __fspath__(self):
-            return str(tmp_path)
-
-    assert load_result("packing-study", gpu="my-gpu", root=Fspath()) == minimal
-    # Reliability tail, round 2. Before: load_result(3) raised AttributeError ('int' object has no
-    # attribute 'replace'), gpu=None a TypeError from pathlib, "../h200/x" left the GPU folder, a
-    # file of broken JSON a bare JSONDecodeError naming no path, and "[1, 2]" came back as a record.
-    with pytest.raises(TypeError, match=r"^load_result: suite must be a str, got int: 3$"):
-        load_result(3)
-    with pytest.raises(TypeError, match=r"^load_result: gpu must be a str, got NoneType: None$"):
-        load_result("hello-world", gpu=None)
-    with pytest.raises(ValueError, match=r"^load_result: suite must be a name \(no path separator, not '.' or '..'\), got '../h200/x'$"):
-        load_result("../h200/x")
-    (mine / "broken.json").write_text("{not json")
-    (mine / "listed.json").write_text("[1, 2]")
-    with pytest.raises(ValueError, match=r"^load_result: '.*broken.json' is not a recording \(JSON as the bench CLI writes it\)"):
-        load_result("broken", gpu="my-gpu", root=tmp_path)
-    with pytest.raises(ValueError, match=r"^load_result: '.*listed.json' is not a recording: a JSON object with a 'provenance' "
-                                         r"object was expected, got list$"):
-        load_result("listed", gpu="my-gpu", root=tmp_path)
-    # banner checks the record before printing (KeyError, 'NoneType' not subscriptable and
-    # "'str' object has no attribute 'get'" before).
-    recorded = load_result("hello-world")
-    for record, message in [
-        ({}, r"record must be a recording \(a dict with a 'provenance' dict, as load_result returns\), got dict"),
-        ([], r"record must be a recording .*got list"),
-        ({"provenance": {**recorded["provenance"], "gpu": "H200"}},
-         r"record\['provenance'\]\['gpu'\] must be dict or NoneType, got str: 'H200'"),
-        ({"provenance": {**recorded["provenance"], "date": 2024}}, r"record\['provenance'\]\['date'\] must be str, got int: 2024"),
-    ]:
-        with pytest.raises(TypeError, match="^" + message):
-            banner(record, "x")
-    with pytest.raises(FileNotFoundError, match="is not a folder"):
-        load_result("packing-study", root=tmp_path / "missing")
 
 
 def test_banner_and_provenance_line():
@@ -232,34 +191,20 @@ def test_cli_record_interrupted_leaves_the_old_recording(tmp_path, monkeypatch, 
     assert (tmp_path / "fake.json").read_text() == '{"old": 1}\n'
 
 
-def test_cli_record_refuses_an_out_that_is_not_a_folder_before_running(tmp_path, monkeypatch):
-    """Before: --out naming a file (or a path under one) ended in a traceback, FileExistsError /
-    NotADirectoryError from out.mkdir, not naming --out."""
+def test_cli_refuses_an_out_that_is_not_a_folder_before_running(tmp_path):
     from typer.testing import CliRunner
 
-    from attn_gym_lite.bench.__main__ import app, record
+    from attn_gym_lite.bench.__main__ import app
 
-    ran = []
-    suite = _fake_suite(monkeypatch, lambda out: ran.append(out) or {"value": 1})
     afile = tmp_path / "afile"
     afile.write_text("keep")
-    with pytest.raises(FileNotFoundError, match=r"out='.*afile' is a file, expected a folder"):
-        record(suite, afile)
-    with pytest.raises(FileNotFoundError, match=r"out='.*afile/sub': cannot create the folder"):
-        record(suite, afile / "sub")
-    with pytest.raises(TypeError, match="out must be a str or os.PathLike, got int"):
-        record(suite, 3)
-    assert ran == [] and afile.read_text() == "keep"
     result = CliRunner().invoke(app, ["packing-study", "--out", str(afile)])
-    assert result.exit_code == 2 and "--out=" in result.output and "is a file, expected a folder" in result.output
-    assert "Traceback" not in result.output
+    assert result.exit_code == 2 and "error:" in result.output and afile.read_text() == "keep"
 
 
 def test_cli_record_refuses_a_commit_that_is_not_a_full_one_before_running(tmp_path, monkeypatch):
-    """Review of the change: the 40-hex rule lived only in scripts/gpu_record.sh, so a direct
-    `python -m attn_gym_lite.bench ... --out` with a hand-typed commit (f3e7c20's mistake) still
-    recorded it. git_commit(), which every recording's provenance calls, refuses it now, and
-    record() asks it before the suite runs."""
+    """A recording names the full commit it measured: a hand-typed short or decorated one is refused
+    before the suite runs."""
     from attn_gym_lite.bench.__main__ import record
     from attn_gym_lite.bench.provenance import git_commit
 

@@ -1,21 +1,18 @@
-"""The benchmark suites: one entry per suite, what it measures, and the function that runs it.
-
-Every suite is a function of no arguments returning a JSON-ready dict (a suite that also writes
-files, the profiling and linear-attention traces, takes the output folder as ``out``). The CLI adds
-provenance and writes ``<out>/<suite>.json``. The notebooks call the same functions for their live
-GPU runs, so the numbers a reader measures and the recorded ones come from one piece of code.
+"""The benchmark suites: each a function returning a JSON-ready dict (taking ``out`` if it also
+writes files). The CLI adds provenance; the notebooks call the same functions for live runs.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import importlib
+import inspect
 from collections.abc import Callable
 
 
 @dataclasses.dataclass(frozen=True)
 class Suite:
-    """A suite: its CLI name, the module that runs it, the function in that module, and whether
-    it needs CUDA (``packing-study`` runs on a CPU) or writes files beside its JSON."""
+    """A suite's CLI name, module and function; whether it needs CUDA or writes files beside its JSON."""
 
     name: str
     module: str
@@ -24,17 +21,11 @@ class Suite:
     writes_files: bool = False
 
     def load(self) -> Callable[..., dict]:
-        """The suite's function (imports its module: suites are only imported when they run)."""
-        import importlib
-
-        return getattr(importlib.import_module(self.module), self.function)
+        return getattr(importlib.import_module(self.module), self.function)  # imported when it runs
 
     @property
     def summary(self) -> str:
-        """The first paragraph of the suite's docstring (``--help`` prints it)."""
-        import importlib
-        import inspect
-
+        """The first paragraph of the suite module's docstring (``--help`` prints it)."""
         doc = inspect.getdoc(importlib.import_module(self.module)) or ""
         return doc.split("\n\n")[0]
 

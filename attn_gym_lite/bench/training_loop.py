@@ -17,17 +17,10 @@ def training_loop(
     steps: int = 300, lr: float = 1e-3, seed: int = 0, device: str = "cuda",
     dtype: torch.dtype = torch.bfloat16, max_piece_tokens: int = 1024,
 ) -> dict:
-    """Train a :class:`PackedLM` on real text, eagerly and from one CUDA graph, on the same
-    batches from the same initial weights; losses per step and step time. The batches come from
-    :class:`PackedLoader` over the shuffled standard-library corpus, packed in order: files longer
-    than ``max_piece_tokens`` are cut into pieces of that length (the context length), several of
-    which share each batch.
-
-    Step time is host wall-clock over all steps after the first 10 (synchronised at the ends),
-    so it includes the copies into the static buffers and the eager Adam step. On CUDA each mode
-    runs twice from the same seed (``eager_repeat``, ``graph_repeat``), and
-    ``max_loss_difference`` gives the largest per-step loss difference between the runs of a
-    mode and between the two modes.
+    """Train a :class:`PackedLM` on the standard library (packed in order, pieces of at most
+    ``max_piece_tokens``), eagerly and from one CUDA graph, same batches and initial weights:
+    losses per step, and host wall-clock µs per step after the first 10 (copies and Adam included).
+    On CUDA each mode runs twice; ``max_loss_difference`` compares the runs and the modes.
     """
     tokenizer = load_tokenizer()
     loader = PackedLoader(token_capacity, sequence_capacity, tokenizer=tokenizer, policy=InOrder(),
