@@ -50,10 +50,6 @@ from attn_gym_lite.testing.exactness import (
 )
 
 # ---------------------------------------------------------------------------------------------
-# Shared helpers
-
-
-# ---------------------------------------------------------------------------------------------
 # The primitives
 
 
@@ -93,24 +89,6 @@ def test_gradient_barrier_is_identity_forward_and_selects_in_backward(layout, fi
     (grad,) = torch.autograd.grad(out, x, upstream)
     assert torch.equal(grad[:active_tokens], upstream[:active_tokens])
     assert torch.equal(grad[active_tokens:], torch.zeros_like(grad[active_tokens:]))
-
-
-@pytest.mark.parametrize("function", [mask_inactive_tokens, mask_inactive_token_gradients])
-def test_masks_reject_bad_arguments(function):
-    x = torch.zeros(4, 2)
-    name = function.__name__
-    with pytest.raises(TypeError, match=f"{name}: active must have dtype torch.bool, got torch.int64"):
-        function(x, torch.ones(4, dtype=torch.int64))
-    with pytest.raises(ValueError, match=r"active must have shape \[T\] = \[4\] \(x's token dimension\), got \(3,\)"):
-        function(x, torch.ones(3, dtype=torch.bool))
-    with pytest.raises(ValueError, match="active must be on x's device cpu, got meta"):
-        function(x, torch.ones(4, dtype=torch.bool, device="meta"))
-    with pytest.raises(TypeError, match="x must be a torch.Tensor of shape \\[T, ...\\], got list"):
-        function([1.0], torch.ones(1, dtype=torch.bool))
-    with pytest.raises(TypeError, match="active must be a bool torch.Tensor of shape \\[T\\].*got list"):
-        function(x, [True] * 4)
-    with pytest.raises(ValueError, match="got a 0-d tensor"):
-        function(torch.tensor(1.0), torch.ones(1, dtype=torch.bool))
 
 
 @pytest.mark.parametrize("enabled", [False, True])
@@ -237,85 +215,20 @@ def test_capacity_loss_is_the_inner_product_over_active_rows():
     assert loss.item() == 1 * 1 + 2 * 0.5 + 3 * 2 - 4 + 6  # = 10, by hand
     (grad,) = torch.autograd.grad(loss, y)
     assert torch.equal(grad, torch.tensor([[1.0, 0.5], [2.0, -1.0], [0.0, 1.0], [0.0, 0.0]]))
-    with pytest.raises(ValueError, match=r"capacity_loss: target must have y's shape \(4, 2\), got \(4, 3\)"):
-        capacity_loss(y, torch.zeros(4, 3), active_token_mask(y, cu))
-    # Reliability tail. Before: an integer y gave an integer "loss" with no gradient, a complex y a
-    # complex one, a 1-D y the sum over all entries; the target's dtype was not checked either.
-    active = active_token_mask(y, cu)
-    for bad_y, bad_target, error, message in [
-        (torch.ones(4, 2, dtype=torch.int64), target, TypeError,
-         r"capacity_loss: y must have dtype float16, bfloat16, float32, float64, got torch.int64"),
-        (torch.ones(4, 2, dtype=torch.complex64), target, TypeError, r"capacity_loss: y must have dtype .*got torch.complex64"),
-        (torch.ones(4), target, ValueError, r"capacity_loss: y must have shape \[T, D\], got shape \(4,\)"),
-        (y, torch.ones(4, 2, dtype=torch.int32), TypeError, r"capacity_loss: target must have dtype .*got torch.int32"),
-        (y, [[1.0, 0.5]] * 4, TypeError, r"capacity_loss: target must be a torch.Tensor of shape \[T, D\], got list"),
-        (y, torch.ones(4, 2, 1), ValueError, r"capacity_loss: target must have shape \[T, D\], got shape \(4, 2, 1\)"),
-        # Before: "active must be on x's device meta, got cpu", blaming active.
-        (y, torch.ones(4, 2, device="meta"), ValueError, r"capacity_loss: target must be on device cpu, got meta"),
-    ]:
-        with pytest.raises(error, match="^" + message):
-            capacity_loss(bad_y, bad_target, active)
     # float16 target with a float64 y: accumulated in float64 (promote(y, float32)), same value.
-    assert capacity_loss(y.double(), target.half(), active).item() == 10
+    assert capacity_loss(y.double(), target.half(), active_token_mask(y, cu)).item() == 10
 
 
-def test_exact_gradients_of_no_tokens_are_zero_and_comparisons_name_mismatches():
+def test_exact_gradients_of_no_tokens_are_zero():
     module = _Projection(masked=True)
     x, target = torch.randn(5, 4, dtype=torch.float64), torch.randn(5, 3, dtype=torch.float64)
     loss, grads = exact_gradients(module, x, target, pad_cu_seqlens(cu_seqlens_from_lengths([0]), 2))
     assert loss.item() == 0 and set(grads) == {"input", "proj.weight"}
     assert all(torch.equal(g, torch.zeros_like(g)) for g in grads.values())
-    with pytest.raises(ValueError, match="compare_gradients: at_capacity and exact must have the same gradient names"):
-        compare_gradients((loss, grads), (loss, {"input": grads["input"]}))
-    with pytest.raises(TypeError, match="gradients_at_capacity: module must be a torch.nn.Module, got builtin_"):
-        gradients_at_capacity(print, x, target, cu_seqlens_from_lengths([5]), 5)
-    # A wrong dtype is a TypeError (it was a ValueError: reliability tail), a wrong shape a ValueError.
-    one_d = r"exact_gradients: x must be a floating tensor of shape \[T, D\], got torch.float64 of shape \(5,\)"
-    with pytest.raises(ValueError, match=one_d):
-        exact_gradients(module, torch.zeros(5, dtype=torch.float64), target, cu_seqlens_from_lengths([5]))
-    with pytest.raises(TypeError, match=r"exact_gradients: x must be a floating tensor of shape \[T, D\], got torch.int64"):
-        exact_gradients(module, torch.zeros(5, 4, dtype=torch.int64), target, cu_seqlens_from_lengths([5]))
-
-
-def test_exactness_helpers_refuse_malformed_arguments_by_name():
-    """Break-it round 8. Before: capacity_loss(3, ...) raised AttributeError ('int' object has no
-    attribute 'dtype'); compare_gradients with a result that is not a (loss, dict) pair raised
-    unpacking errors, AttributeError ('list' object has no attribute 'items'/'shape', 'float'
-    object has no attribute 'detach'); exact_gradients took a target with more rows than T
-    (gradients_at_capacity refuses it); gradients_at_capacity took max_seqlen=True."""
-    module = _Projection(masked=True)
-    x, target = torch.randn(5, 4, dtype=torch.float64), torch.randn(5, 3, dtype=torch.float64)
-    cu = pad_cu_seqlens(cu_seqlens_from_lengths([2, 2]), 3)
-    result = gradients_at_capacity(module, x, target, cu, 5)
-    with pytest.raises(TypeError, match=r"capacity_loss: y must be a torch.Tensor of shape \[T, D\], got int"):
-        capacity_loss(3, target, active_token_mask(x, cu))
-    for bad, message in [
-        (None, r"exact must be a \(loss, gradients\) pair: .*got NoneType None"),
-        ((result[0],), r"exact must be a \(loss, gradients\) pair"),
-        ((1.0, result[1]), r"exact\[0\] must be a one-element loss tensor, got float"),
-        ((torch.ones(2), result[1]), r"exact\[0\] must be a one-element loss tensor, got shape \(2,\)"),
-        ((result[0], list(result[1].values())), r"exact\[1\] must be a dict of name -> gradient tensor, got list"),
-        ((result[0], {**result[1], "input": [0.0]}), r"exact\[1\] must be a dict of name -> gradient tensor, got 'input': list"),
-    ]:
-        with pytest.raises(TypeError, match="compare_gradients: " + message):
-            compare_gradients(result, bad)
-    for rows in (3, 7):
-        with pytest.raises(ValueError, match=rf"exact_gradients: target must have x's T = 5 rows, got shape \({rows}, 3\)"):
-            exact_gradients(module, x, torch.randn(rows, 3, dtype=torch.float64), cu)
-    with pytest.raises(TypeError, match=r"exact_gradients: target must be a torch.Tensor of shape \[T, D_out\], got str"):
-        exact_gradients(module, x, "target", cu)
-    with pytest.raises(TypeError, match=r"gradients_at_capacity: max_seqlen must be an int >= 0, got True"):
-        gradients_at_capacity(module, x, target, cu, True)
-    # numpy integers are integers; the result is the same
-    np = pytest.importorskip("numpy")
-    loss, grads = gradients_at_capacity(module, x, target, cu, np.int64(5))
-    assert torch.equal(loss, result[0]) and all(torch.equal(grads[k], result[1][k]) for k in grads)
 
 
 def test_compare_gradients_and_error_stats_stay_json_ready_and_exact():
-    """Break-it round 8. Before: a NaN exact loss came back as float('nan') (not JSON) while the
-    capacity one became None; error_stats of complex tensors dropped the imaginary part
-    (|1 - 1j| came out as 1, not sqrt(2))."""
+    """A NaN loss becomes None (JSON has no NaN); complex differences keep their imaginary part."""
     module = _Projection(masked=True)
     x, target = torch.randn(5, 4, dtype=torch.float64), torch.randn(5, 3, dtype=torch.float64)
     cu = pad_cu_seqlens(cu_seqlens_from_lengths([2, 2]), 3)
