@@ -99,26 +99,23 @@ def _kernels_against_the_loop(tokens, cu, channels, width, fill, activation, see
     torch.testing.assert_close(grad_weight.cpu().double(), expected_grad_weight, rtol=1e-5, atol=1e-5 * active)
 
 
-def test_auto_resolves_to_the_kernels_where_they_run_and_triton_is_refused_elsewhere():
+def test_auto_resolves_to_the_kernels_where_they_run_and_refuses_bad_arguments():
     x = torch.zeros(4, 3, dtype=torch.float64)
     assert resolve_short_conv_impl("auto", x) == "torch"  # float64: the tensor ops
-    assert resolve_short_conv_impl("torch", x) == "torch"
     assert resolve_short_conv_impl("auto", x.float().to(DEVICE)) == ("triton" if TRITON_RUNS else "torch")
+    assert resolve_short_conv_impl("auto", torch.empty(6, 2, device="meta")) == "torch"
     cu = torch.tensor([0, 4], dtype=torch.int32)
-    with pytest.raises(ValueError, match=r"impl must be one of \('auto', 'torch', 'triton'\), got 'cuda'"):
-        short_conv(x, torch.zeros(3, 2, dtype=torch.float64), cu, impl="cuda")
-    with pytest.raises(ValueError, match=r"activation must be one of \(None, 'silu'\), got 'relu'"):
-        short_conv(x, torch.zeros(3, 2, dtype=torch.float64), cu, activation="relu")
+    with pytest.raises(ValueError, match="weight"):  # the kernels would read past the weight
+        short_conv(x, torch.zeros(2, 2, dtype=torch.float64), cu)
     if TRITON_RUNS:
-        with pytest.raises(ValueError, match=r"short_conv\(impl='triton'\) needs x as .* in bfloat16, float16 or "
-                                             r"float32, got a \w+ tensor of torch.float64: use impl='auto' or 'torch'"):
+        with pytest.raises(ValueError, match="impl='triton'"):
             short_conv(x.to(DEVICE), torch.zeros(3, 2, dtype=torch.float64, device=DEVICE), cu.to(DEVICE), impl="triton")
 
 
 @pytest.mark.parametrize("activation", [None, "silu"])
 def test_the_tensor_ops_differentiate_twice_without_nan_from_inactive_rows(activation):
-    # Before: NaN in the inactive rows of dy (or of x, with the SiLU) reached the second-order
-    # gradients of active rows and of the weight: the backward multiplied before it selected.
+    # NaN in the inactive rows of dy (or of x, with the SiLU) must not reach the second-order
+    # gradients of active rows and of the weight: the backward selects before it multiplies.
     torch.manual_seed(0)
     tokens, active, channels, width = 7, 5, 2, 3
     cu = torch.tensor([0, 2, 5], dtype=torch.int32)
@@ -142,31 +139,14 @@ def test_the_tensor_ops_differentiate_twice_without_nan_from_inactive_rows(activ
 
 
 @needs_triton
-def test_the_kernels_refuse_a_second_backward_by_name():
+def test_the_kernels_refuse_a_second_backward():
     x = torch.randn(6, 2, device=DEVICE, requires_grad=True)
     w = torch.randn(2, 3, device=DEVICE, requires_grad=True)
     cu = torch.tensor([0, 4], dtype=torch.int32, device=DEVICE)
     loss = short_conv(x, w, cu, impl="triton")[:4].pow(2).sum()
-    with pytest.raises(RuntimeError, match=r"short_conv\(impl='triton'\) is differentiable once only: for a double "
-                                           r"backward \(create_graph=True\) use impl='torch'"):
-        torch.autograd.grad(loss, (x, w), create_graph=True)
-    # Without create_graph the same backward runs.
-    assert torch.autograd.grad(loss, (w,))[0].shape == (2, 3)
-
-
-def test_resolution_takes_the_kernels_only_on_their_device():
-    # Before: under TRITON_INTERPRET=1 every non-CUDA tensor went to the kernels, a meta one
-    # included ("Cannot copy out of meta tensor"); and a non-tensor x raised AttributeError.
-    meta = torch.empty(6, 2, device="meta")
-    assert resolve_short_conv_impl("auto", meta) == "torch"
-    assert short_conv(meta, torch.empty(2, 3, device="meta"), torch.tensor([0, 4], dtype=torch.int32,
-                                                                            device="meta")).shape == (6, 2)
-    with pytest.raises(TypeError, match="x must be a torch.Tensor, got NoneType"):
-        resolve_short_conv_impl("auto", None)
-    if TRITON_RUNS:
-        with pytest.raises(ValueError, match=r"short_conv\(impl='triton'\) needs x as .*, got a meta tensor"):
-            short_conv(meta, torch.empty(2, 3, device="meta"), torch.tensor([0, 4], dtype=torch.int32, device="meta"),
-                       impl="triton")
+    (gx,) = torch.autograd.grad(loss, (x,), create_graph=True)
+    with pytest.raises(RuntimeError, match="differentiate twice"):  # not a silent zero second derivative
+        gx.sum().backward()
 
 
 @FAST
@@ -209,27 +189,6 @@ def test_documents_never_see_the_previous_document():
     assert not torch.allclose(a[5:8], b[5:8])
     # The first token of a document is its own tap times the last weight column, nothing else.
     torch.testing.assert_close(a[[0, 5, 8]], x[[0, 5, 8]] * weight[:, 3])
-
-
-def test_bad_arguments_are_named():
-    x, w = torch.zeros(4, 3), torch.zeros(3, 4)
-    cu = torch.tensor([0, 4], dtype=torch.int32)
-    with pytest.raises(TypeError, match=r"cu_seqlens must have dtype torch.int32 .*got torch.int64"):
-        short_conv(x, w, cu.long())
-    with pytest.raises(ValueError, match=r"weight must have shape \[D, W\] = \[3, W >= 1\], got \(4, 4\)"):
-        short_conv(x, torch.zeros(4, 4), cu)
-    with pytest.raises(TypeError, match="weight must have dtype float32, got torch.float64"):
-        short_conv(x, w.double(), cu)
-    with pytest.raises(ValueError, match=r"x must have shape \[T, D\], got shape \(4,\)"):
-        short_conv(torch.zeros(4), w, cu)
-    with pytest.raises(TypeError, match="x must have dtype float16, bfloat16, float32, float64, got torch.int64"):
-        short_conv(torch.zeros(4, 3, dtype=torch.int64), w, cu)
-    with pytest.raises(ValueError, match="cu_seqlens must be on device cpu, got meta"):
-        short_conv(x, w, cu.to("meta"))
-    with pytest.raises(ValueError, match="kernel_size must be an int >= 1, got 0"):
-        ShortConv(3, 0)
-    with pytest.raises(TypeError, match=r"^dim must be an int >= 1, got 1.5$"):  # before: a ValueError
-        ShortConv(1.5)
 
 
 def test_module_initialises_like_a_depthwise_conv1d():
@@ -304,26 +263,3 @@ def test_cuda_graph_replay_with_new_layouts_matches_the_reference(dtype, impl):
         torch.testing.assert_close(grad_x[:active].double().cpu(), e_grad_x, **tolerance)
         torch.testing.assert_close(grad_weight.double().cpu(), e_grad_w, rtol=tolerance["rtol"],
                                    atol=tolerance["atol"] * max(1.0, active ** 0.5))
-
-
-def test_short_conv_module_names_a_bad_device_or_dtype():
-    # torch's RuntimeError from torch.empty for "foo"; an int dtype failed in nn.init.uniform_.
-    with pytest.raises(ValueError, match=r"device must be a torch.device, a device string .*, got 'foo'"):
-        ShortConv(4, 3, device="foo")
-    with pytest.raises(TypeError, match=r"dtype must be a floating torch.dtype or None, got torch.int32"):
-        ShortConv(4, 3, dtype=torch.int32)
-    assert ShortConv(4, 3, device="meta").weight.is_meta
-
-
-def test_one_rule_says_where_the_kernels_run():
-    """triton_support.kernels_take: the rule the attention's and the short convolution's "auto"
-    share (two near-copies before): compiled kernels take CUDA tensors, the interpreter CPU ones."""
-    from attn_gym_lite.ops.triton_support import kernels_take
-
-    dtypes = (torch.bfloat16, torch.float16, torch.float32)
-    cpu = torch.zeros(2, 2)
-    assert kernels_take(cpu, True, dtypes) and not kernels_take(cpu, False, dtypes)
-    assert not kernels_take(torch.zeros(2, 2, device="meta"), True, dtypes)
-    assert not kernels_take(cpu.double(), True, dtypes)
-    with pytest.raises(TypeError, match=r"^x must be a torch.Tensor, got list$"):
-        kernels_take([0.0], True, dtypes)

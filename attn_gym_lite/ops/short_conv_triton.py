@@ -1,38 +1,21 @@
 """The ragged short convolution as Triton kernels: one launch forward, one or two backward (plus a sum).
 
-:func:`attn_gym_lite.ops.short_conv.short_conv` builds the same convolution from tensor ops:
-about ``3 W`` elementwise passes over ``[T, D]`` each way, each one a kernel that reads and writes
-the whole float32 activation. In a KDA layer at T = 4096 (D = 12288 channels) that was 30 kernels
-forward and 52 backward, 43% of the layer's replay on the H200 (``linear_attention.json``, trace
-part, at eb753bd). Here the forward is one pass over ``x`` with the ``W`` taps read from cache and
-the SiLU that every linear-attention layer applies next fused in; the backward is one pass over
-``x`` and ``dy`` (two with the SiLU).
-
-The math, for row ``t`` at position ``p_t`` in its sequence and ``W`` taps (``w[c, W-1]`` multiplies
-the current row)::
+The tensor-op version (:func:`attn_gym_lite.ops.short_conv.short_conv`, ``impl="torch"``) makes
+about ``3 W`` elementwise passes over ``[T, D]`` each way; in a KDA layer that was 43% of the
+layer's replay on the H200. Here the forward is one pass over ``x`` with the SiLU fused in, the
+backward one pass over ``x`` and ``dy`` (two with the SiLU). For row ``t`` at position ``p_t`` in
+its sequence::
 
     z[t, c] = Σ_{j < W, j <= p_t} w[c, W-1-j] · x[t-j, c]        (pre-activation)
-    y[t, c] = silu(z[t, c])  or  z[t, c]
     g[t, c] = dy[t, c] · silu'(z[t, c])  or  dy[t, c]             (gradient of z)
     dx[u, c] = Σ_{j < W, j <= p_{u+j}, u+j < L} w[c, W-1-j] · g[u+j, c]
     dw[c, W-1-j] = Σ_{t < L, j <= p_t} g[t, c] · x[t-j, c]
 
-Grid: row blocks of ``BT`` rows by channel blocks of ``BD``. ``L`` is read on the device from
-``cu_seqlens[N]`` (clamped into ``[0, T]``) and row blocks past it return at once, so the launch
-sizes nothing by the layout (capturable, as chapter 4's flat grid). With the SiLU, a first backward
-kernel recomputes ``z`` and writes ``g`` once in float32; the second reads ``g`` and ``x`` at the
-``W`` row shifts (from cache: neighbouring blocks read the same rows) for ``dx`` and ``dw``. Each row
-block writes its part of ``dw`` to a ``[row blocks, D, W]`` float32 buffer that one ``sum(0)``
-reduces: deterministic, unlike atomics. Offsets are 64-bit only in each block's base pointer
-(``T * D`` may pass 2^31) and 32-bit within the block.
-
-Every load is masked: rows ``>= L`` read nothing (their ``dy`` or ``x`` may be NaN), a tap reads row
-``t - j`` only when ``j <= p_t`` and ``t - j >= 0``; so a malformed device ``cu_seqlens`` gives
-wrong numbers, never an access outside the tensors. Rows ``L..T-1`` of ``y`` and ``dx`` are never
-written (undefined, as the tensor-op version's contract says).
-
-Source: the short convolution of Mamba (Gu & Dao, 2023) and flash-linear-attention's
-``ShortConvolution`` (activation fused); the kernels are this package's own.
+The grid is row blocks by channel blocks; ``L`` is read on the device and blocks past it return
+at once, so nothing is sized by the layout (capturable). Each row block writes its part of ``dw``
+to a ``[row blocks, D, W]`` buffer that one ``sum(0)`` reduces: deterministic, unlike atomics.
+Every load is masked, so a malformed device ``cu_seqlens`` gives wrong numbers, never an access
+outside the tensors; rows ``L..T-1`` of ``y`` and ``dx`` are never written.
 """
 
 from __future__ import annotations
@@ -40,18 +23,16 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+from torch.autograd.function import once_differentiable
 
 from ..ragged import positions_in_sequence
 
 Tensor = torch.Tensor
 
-# Row and channel block sizes, and warps: a memory-bound stencil, so blocks need only be wide enough
-# for 128-byte loads along the channels (64 bfloat16 channels). Tuned on the H200 with
-# scripts/explore_short_conv.py at the KDA layer's shape (T = 4096, D = 12288, W = 4, bfloat16, SiLU;
-# CUDA-graph replays, median of 30, 2026-12-02): of six tiles, 32 x 64 on 4 warps took 715 us for the
-# forward and backward against 1,735 us at the 16 x 128, 8-warp tile used before (forward alone:
-# 112 against 231 us; 16 x 128 on 4 warps is the fastest forward, 92 us, but 823 us with the
-# backward). Taller row blocks mean fewer float32 dw parts to write and sum in the backward.
+# A memory-bound stencil: blocks need only be wide enough for 128-byte loads along the channels.
+# Tuned on the H200 (scripts/explore_short_conv.py, KDA layer shape, bfloat16, SiLU): 32 x 64 on
+# 4 warps was the fastest forward and backward of the tiles tried. Taller row blocks also mean
+# fewer float32 dw parts to write and sum.
 BLOCK_T = 32
 BLOCK_D = 64
 NUM_WARPS = 4
@@ -60,9 +41,8 @@ NUM_WARPS = 4
 @triton.jit
 def _pre_activation(x_rows, w, position, local, rows, cols, row_ok, col_ok, stride_x,
                     W: tl.constexpr, BT: tl.constexpr, BD: tl.constexpr):
-    """``z`` for a block of rows and ``cols`` in float32: the taps ``j`` rows back within each row's
-    sequence. ``x_rows`` points at the block's first row; ``local`` numbers the block's rows from 0
-    (32-bit offsets inside the block, one 64-bit base per program)."""
+    # z in float32 for a block of rows: x_rows points at the block's first row, local numbers the
+    # block's rows from 0 (32-bit offsets inside the block, one 64-bit base per program).
     acc = tl.zeros((BT, BD), dtype=tl.float32)
     for j in tl.static_range(W):
         # Tap j lies in the row's own sequence iff position >= j; rows >= j keeps a malformed
@@ -77,7 +57,7 @@ def _pre_activation(x_rows, w, position, local, rows, cols, row_ok, col_ok, stri
 
 @triton.jit
 def _active_rows(cu_seqlens, num_seqs, T):
-    """``L = cu_seqlens[N]`` clamped into ``[0, T]`` (a malformed value stays inside the tensors)."""
+    # L, clamped into [0, T]: a malformed value stays inside the tensors.
     return tl.minimum(tl.maximum(tl.load(cu_seqlens + num_seqs), 0), T)
 
 
@@ -105,7 +85,7 @@ def short_conv_forward_kernel(x, w, y, position, cu_seqlens, num_seqs, T, D, str
 @triton.jit
 def short_conv_silu_backward_kernel(x, w, dy, g, position, cu_seqlens, num_seqs, T, D, stride_x, stride_dy,
                                     W: tl.constexpr, BT: tl.constexpr, BD: tl.constexpr):
-    """``g = dy * silu'(z)`` in float32 on the active rows, ``z`` recomputed (rows ``>= L`` not written)."""
+    # g = dy * silu'(z) in float32 on the active rows, z recomputed.
     L = _active_rows(cu_seqlens, num_seqs, T)
     first_row = tl.program_id(0) * BT
     if first_row >= L:
@@ -129,8 +109,7 @@ def short_conv_silu_backward_kernel(x, w, dy, g, position, cu_seqlens, num_seqs,
 def short_conv_backward_kernel(x, w, g, dx, dw_parts, position, cu_seqlens, num_seqs, T, D,
                                stride_x, stride_g, stride_dx,
                                W: tl.constexpr, BT: tl.constexpr, BD: tl.constexpr):
-    """``dx`` on the active rows and this row block's part of ``dw``, from ``g`` (the gradient of
-    the pre-activation ``z``: ``dy`` itself without an activation)."""
+    # dx on the active rows and this row block's part of dw, from g (dy itself without the SiLU).
     L = _active_rows(cu_seqlens, num_seqs, T)
     block = tl.program_id(0)
     first_row = block * BT
@@ -173,9 +152,7 @@ def _grid(tokens: int, channels: int) -> tuple[int, int]:
 
 
 class ShortConvTriton(torch.autograd.Function):
-    """The autograd Function behind ``short_conv(..., impl="triton")``: arguments already checked
-    there (``x [T, D]`` and ``weight [D, W]`` in one floating dtype on one device, int32
-    ``cu_seqlens``)."""
+    """The autograd Function behind ``short_conv(..., impl="triton")``."""
 
     @staticmethod
     def forward(ctx, x: Tensor, weight: Tensor, cu_seqlens: Tensor, silu: bool) -> Tensor:
@@ -192,10 +169,8 @@ class ShortConvTriton(torch.autograd.Function):
         return y
 
     @staticmethod
+    @once_differentiable  # the kernels have no backward of their own: a double backward raises
     def backward(ctx, grad_y: Tensor) -> tuple[Tensor, Tensor, None, None]:
-        if torch.is_grad_enabled():  # a backward with create_graph=True: the kernels have no backward of their own
-            raise RuntimeError("short_conv(impl='triton') is differentiable once only: for a double backward "
-                               "(create_graph=True) use impl='torch'")
         x, weight, position, cu_seqlens = ctx.saved_tensors
         grad_y = grad_y.contiguous()
         tokens, channels = x.shape
