@@ -1,20 +1,13 @@
 """Benchmark suite ``scale-out``: chapter 8's model trained data-parallel on one and two GPUs,
 eager DDP against DDP captured as one CUDA graph per rank.
 
-The model and the two workloads (``pretraining``, ``sft``) are the end-to-end suite's; every rank
-reads its own shard, so ``W`` GPUs train on ``W`` times the tokens per step (weak scaling). The
-step is :class:`~attn_gym_lite.graph.distributed.DataParallelTrainer` (the loss is the mean over
-every rank's loss-masked tokens). This process builds every rank's batches and starts, per world
-size, ``torchrun --standalone --nproc_per_node=W`` on this module (:func:`worker_main`) with
-:data:`~attn_gym_lite.graph.distributed.CAPTURE_ENVIRONMENT` and a timeout; rank 0 writes what the
-ranks measured after every part, so a failed or hung launch still hands back what it finished.
-
-Reported: ``runs`` (per workload, ``W`` and mode: step times between consecutive step starts,
-tokens/s per timed step with median and p10/p50/p90, losses, set-up time, peak memory);
-``scaling`` (:func:`scaling`); ``gradient_check`` (``W = 2``: the first step's gradient against
-one process on both ranks' batches packed together, and the wrong loss beside it);
-``traces`` (:func:`communication_overlap` of a profiled step per rank); ``fsdp2`` (does FSDP2 train
-under the same whole-step capture); ``gpu_count``, ``launches`` and ``errors``.
+The end-to-end suite's model and workloads, every rank on its own shard (weak scaling), trained
+by :class:`~attn_gym_lite.graph.distributed.DataParallelTrainer`. Per world size this process
+builds every rank's batches and runs ``torchrun`` on this module (:func:`worker_main`); rank 0
+writes what the ranks measured after every part, so a failed or hung launch still hands back
+what it finished. Reported: ``runs``, ``scaling``, ``gradient_check`` (two ranks against one
+process on their batches packed together), ``traces`` (:func:`communication_overlap`),
+``fsdp2`` (does FSDP2 train under the same capture), ``launches`` and ``errors``.
 
 Source: PyTorch's CUDA semantics notes ("CUDA Graphs" -> "Usage with DistributedDataParallel"),
 ``torchrun``, FSDP2's ``fully_shard`` API reference.
@@ -286,7 +279,7 @@ def _train(workload: str, mode: str, batches: list, spec: dict, device: torch.de
         try:
             summary = _profiled(trainer.step, batches[1:], config["profile_steps"], cuda)
         except Exception as error:  # recorded, the run goes on
-            summary = {"error": f"{type(error).__name__}: {error}"[-2000:]}
+            summary = {"error": error_text(error, 2000, summary=True)}
         gathered = [None] * world_size
         dist.all_gather_object(gathered, summary)
         results.data["traces"][f"W={world_size} / {mode}"] = {f"rank {r}": s for r, s in enumerate(gathered)}
@@ -368,8 +361,7 @@ def _fsdp2(spec: dict, device: torch.device, results: _Results) -> None:
     try:
         graph, captured_loss = capture_graph(step)  # 3 warm-up steps on the capturing stream
     except Exception as error:  # the finding is the error itself
-        report["capture"] = "failed"
-        report["capture_error"] = f"{type(error).__name__}: {error}"[-2000:]
+        report.update(capture="failed", capture_error=error_text(error, 2000, summary=True))
         results.save()
         return
     report["capture"] = "ok"
@@ -440,36 +432,30 @@ def worker_main(argv: list[str] | None = None) -> None:
 # The suite: build the batches, launch torchrun per world size, collect.
 
 
-def _child_environment(cuda: bool) -> dict[str, str]:
-    env = {**os.environ, **CAPTURE_ENVIRONMENT}
-    # The workers import the same package as this process, installed or from a checkout.
-    package_parent = str(Path(attn_gym_lite.__file__).resolve().parents[1])
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (package_parent, env.get("PYTHONPATH", "")) if p)
-    if not cuda:
-        env["OMP_NUM_THREADS"] = "1"
-        if "GLOO_SOCKET_IFNAME" not in env and Path("/sys/class/net/lo").exists():
-            env["GLOO_SOCKET_IFNAME"] = "lo"  # stay on the loopback interface
-    return env
-
-
 def launch(world_size: int, spec: dict, folder: Path | str, tag: str, timeout_s: float) -> tuple[dict | None, dict]:
     """One launch, ``torchrun --standalone --nproc_per_node=W`` on :func:`worker_main`, as a process
     group of its own that a timeout ends whole. Returns what rank 0 wrote (``None`` if nothing) and
     ``{"command", "seconds", "returncode", "timed_out", "timeout_s"}`` (and ``"log_tail"`` if it failed)."""
-    folder = Path(folder)
+    folder, cuda = Path(folder), spec["config"]["device"] == "cuda"
     result_path, spec_path, log_path = (folder / f"{tag}.{suffix}" for suffix in ("result.json", "spec.json", "log"))
     spec_path.write_text(json.dumps({**spec, "result": str(result_path)}))
+    env = {**os.environ, **CAPTURE_ENVIRONMENT}
+    # The workers import the same package as this process, installed or from a checkout.
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(Path(attn_gym_lite.__file__).resolve().parents[1]),
+                                                    env.get("PYTHONPATH", "")) if p)
+    if not cuda:
+        env["OMP_NUM_THREADS"] = "1"
+        if "GLOO_SOCKET_IFNAME" not in env and Path("/sys/class/net/lo").exists():
+            env["GLOO_SOCKET_IFNAME"] = "lo"  # stay on the loopback interface
     module = "attn_gym_lite.bench.scale_out"
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={world_size}",
                "-m", module, "--spec", str(spec_path)]
-    run = run_process_group(command, timeout_s=timeout_s, env=_child_environment(spec["config"]["device"] == "cuda"),
-                            log=log_path, grace_s=STOP_GRACE_S)
+    run = run_process_group(command, timeout_s=timeout_s, env=env, log=log_path, grace_s=STOP_GRACE_S)
     info = {"command": f"torchrun --standalone --nproc_per_node={world_size} -m {module} --spec <spec>",
             "seconds": run.seconds, "returncode": run.returncode, "timed_out": run.timed_out, "timeout_s": timeout_s}
     if run.returncode != 0:
         info["log_tail"] = log_path.read_text(errors="replace")[-3000:]
-    result = json.loads(result_path.read_text()) if result_path.is_file() else None
-    return result, info
+    return (json.loads(result_path.read_text()) if result_path.is_file() else None), info
 
 
 def scale_out_suite(world_sizes: tuple[int, ...] = (1, 2), config: dict = CONFIG, modes: tuple[str, ...] = MODES,
@@ -481,93 +467,78 @@ def scale_out_suite(world_sizes: tuple[int, ...] = (1, 2), config: dict = CONFIG
     bounds each launch, batch building included. A ``W`` above the GPU count, and whatever fails
     in a launch, is recorded under ``errors``.
     """
-    workloads, budget_s = WORKLOADS, SUITE_BUDGET_S
     cuda = config["device"] == "cuda"
     gpu_count = torch.cuda.device_count() if torch.cuda.is_available() else 0
     result: dict = {"gpu_count": gpu_count, "environment": dict(CAPTURE_ENVIRONMENT), "workloads": {}, "runs": [],
                     "traces": {}, "launches": {}, "errors": {}}
     try:
         tokenizer = load_tokenizer()
-        config = {**config, "vocab_size": tokenizer.vocab_size}
     except Exception as error:  # recorded, not raised
         result["errors"]["tokenizer"] = f"{type(error).__name__}: {error}"
         return {"config": dict(config), **result}
-    result["config"] = {**config, "world_sizes": list(world_sizes), "workloads": list(workloads), "modes": list(modes),
-                        "budget_s": budget_s,
+    config = {**config, "vocab_size": tokenizer.vocab_size}
+    result["config"] = {**config, "world_sizes": list(world_sizes), "workloads": list(WORKLOADS), "modes": list(modes),
+                        "budget_s": SUITE_BUDGET_S,
                         "timing": "tokens/s of a step = active tokens over all ranks / time between consecutive step "
                                   "starts (CUDA events on rank 0); median and p10/p50/p90 over the timed steps"}
     with tempfile.TemporaryDirectory(prefix="scale_out.") as folder:
-        built: set[tuple[str, int]] = set()
+        built: dict[tuple[str, int], list[int]] = {}
 
         def build(workload: str, world_size: int) -> list[int]:
-            per_rank = [workload_batches(workload, config["steps"], config, rank=r, world_size=world_size,
-                                         tokenizer=tokenizer) for r in range(world_size)]
-            for rank, batches in enumerate(per_rank):
-                torch.save(batches, _batch_file(folder, workload, rank, world_size))
-            built.add((workload, world_size))
-            return [sum(step) for step in zip(*[[b.active_tokens for b in batches] for batches in per_rank])]
+            """Every rank's batches, saved for the workers; the active tokens of each step over all ranks."""
+            if (workload, world_size) not in built:
+                per_rank = [workload_batches(workload, config["steps"], config, rank=r, world_size=world_size,
+                                             tokenizer=tokenizer) for r in range(world_size)]
+                for rank, batches in enumerate(per_rank):
+                    torch.save(batches, _batch_file(folder, workload, rank, world_size))
+                built[workload, world_size] = [sum(b.active_tokens for b in step) for step in zip(*per_rank)]
+            return built[workload, world_size]
 
-        def launch_within(limit: float, began: float, world_size: int, spec: dict, key: str) -> None:
-            left = limit - (time.monotonic() - began)
-            if left < MIN_LAUNCH_S:
-                result["errors"][key] = f"building the batches took {limit - left:.0f} s of the launch's {limit:.0f} s: not launched"
-                return
-            data, result["launches"][key] = launch(world_size, {**spec, "collective_timeout_s": left}, folder,
-                                                   key.replace("W=", "w"), left)
-            _merge(result, data, key)
-
-        def train_at(world_size: int):
-            def part(limit: float) -> None:
-                began, key = time.monotonic(), f"W={world_size}"
+        def part(key: str, world_size: int, workloads: tuple[str, ...]):
+            def run(limit: float) -> None:
+                began = time.monotonic()
                 tokens = {workload: build(workload, world_size) for workload in workloads}
-                result["workloads"][key] = {w: {"global_active_tokens": t,
-                                                "mean_fill": sum(t) / (len(t) * world_size * config["T"])}
-                                            for w, t in tokens.items()}
-                spec = {"config": config, "workloads": list(workloads), "modes": list(modes), "parts": ["train"],
-                        "batches": folder, "global_tokens": tokens}
-                launch_within(limit, began, world_size, spec, key)
-            return part
-
-        def try_fsdp2(limit: float) -> None:
-            began, workload = time.monotonic(), config["fsdp2_workload"]
-            if (workload, 2) not in built:
-                build(workload, 2)
-            spec = {"config": config, "workloads": [], "modes": [], "parts": ["fsdp2"], "batches": folder,
-                    "global_tokens": {}}
-            launch_within(limit, began, 2, spec, "fsdp2")
+                if key != "fsdp2":
+                    result["workloads"][key] = {w: {"global_active_tokens": t,
+                                                    "mean_fill": sum(t) / (len(t) * world_size * config["T"])}
+                                                for w, t in tokens.items()}
+                left = limit - (time.monotonic() - began)
+                if left < MIN_LAUNCH_S:
+                    result["errors"][key] = f"building the batches took {limit - left:.0f} s of the launch's {limit:.0f} s"
+                    return
+                spec = {"config": config, "workloads": list(workloads), "modes": list(modes), "batches": folder,
+                        "parts": ["fsdp2"] if key == "fsdp2" else ["train"], "global_tokens": tokens,
+                        "collective_timeout_s": left}
+                data, info = launch(world_size, spec, folder, key.replace("W=", "w"), left)
+                result["launches"][key] = info
+                if data is None:
+                    result["errors"].setdefault(f"result {key}", "rank 0 wrote no result")
+                    return
+                result["runs"] += data.get("runs", [])
+                result["traces"].update(data.get("traces", {}))
+                result["errors"].update(data.get("errors", {}))
+                result.update({name: data[name] for name in ("gradient_check", "fsdp2") if name in data})
+                info["ranks"] = {k: data.get(k) for k in ("world_size", "backend", "device", "nccl")}
+            return run
 
         parts, timeouts = {}, {}
         for world_size in world_sizes:
             if cuda and gpu_count < world_size:
                 result["errors"][f"W={world_size}"] = f"needs {world_size} GPUs, this host has {gpu_count}: not run"
             else:
-                parts[f"W={world_size}"], timeouts[f"W={world_size}"] = train_at(world_size), timeout_s
+                parts[f"W={world_size}"], timeouts[f"W={world_size}"] = part(f"W={world_size}", world_size, WORKLOADS), timeout_s
         if fsdp2 and cuda and config.get("fsdp2_workload"):
             if gpu_count < 2:
                 result["fsdp2"] = {"not run": f"needs 2 GPUs, this host has {gpu_count}"}
             else:
-                parts["fsdp2"], timeouts["fsdp2"] = try_fsdp2, FSDP2_TIMEOUT_S
-        _, errors = run_parts(parts, timeout_s=timeouts, budget_s=budget_s, min_part_s=MIN_LAUNCH_S)
-        result["errors"].update(errors)
+                parts["fsdp2"], timeouts["fsdp2"] = part("fsdp2", 2, (config["fsdp2_workload"],)), FSDP2_TIMEOUT_S
+        result["errors"].update(run_parts(parts, timeout_s=timeouts, budget_s=SUITE_BUDGET_S, min_part_s=MIN_LAUNCH_S)[1])
     for key, info in result["launches"].items():
         if info["timed_out"] or info["returncode"] != 0:
             reason = f"timed out after {info['timeout_s']:.0f} s" if info["timed_out"] else f"exited with {info['returncode']}"
             result["errors"][f"launch {key}"] = f"{reason}; end of its log:\n{info.get('log_tail', '')}"
     result["scaling"] = scaling(result["runs"])
     return result
-
-
-def _merge(result: dict, data: dict | None, key: str) -> None:
-    if data is None:
-        result["errors"].setdefault(f"result {key}", "rank 0 wrote no result")
-        return
-    result["runs"] += data.get("runs", [])
-    result["traces"].update(data.get("traces", {}))
-    result["errors"].update(data.get("errors", {}))
-    for name in ("gradient_check", "fsdp2"):
-        if name in data:
-            result[name] = data[name]
-    result["launches"][key]["ranks"] = {k: data.get(k) for k in ("world_size", "backend", "device", "nccl")}
 
 
 if __name__ == "__main__":
