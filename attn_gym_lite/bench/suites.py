@@ -43,6 +43,7 @@ SUITES: dict[str, Suite] = {
         Suite("packing-study", f"{_BENCH}.packing", "packing_study_suite", needs_cuda=False),
         Suite("profiling", f"{_BENCH}.profiling", "profiling_suite", writes_files=True),
         Suite("end-to-end", f"{_BENCH}.end_to_end", "end_to_end_suite"),
+        Suite("end-to-end-large", f"{_BENCH}.end_to_end", "end_to_end_large_suite"),
         Suite("linear-attention", f"{_BENCH}.linear_attention", "linear_attention_suite", writes_files=True),
         Suite("scale-out", f"{_BENCH}.scale_out", "scale_out_suite"),
     )
