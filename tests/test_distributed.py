@@ -22,9 +22,9 @@ import torch.nn.functional as F
 
 from attn_gym_lite.data import PackedBatch, PackedLoader, batch_from_pieces
 from attn_gym_lite.data.sharding import ShardedPackedLoader, global_batch, shard_corpus
-from attn_gym_lite.graph.distributed import DataParallelTrainer, global_token_mean_loss, token_loss_sum
+from attn_gym_lite.graph.distributed import DataParallelTrainer, global_token_mean_loss
 from attn_gym_lite.graph.training import FixedCapacityTrainer
-from attn_gym_lite.models import PackedLM, PackedTransformer, packed_lm_loss
+from attn_gym_lite.models import PackedLM, PackedTransformer
 
 HAS_GLOO = dist.is_available() and dist.is_gloo_available()
 needs_gloo = pytest.mark.skipif(not HAS_GLOO, reason="torch.distributed with the gloo backend is not available")
@@ -176,28 +176,6 @@ def world_of_one(tmp_path):
         dist.destroy_process_group()
 
 
-def test_token_loss_sum_over_its_count_is_packed_lm_loss():
-    torch.manual_seed(1)
-    logits = torch.randn(T, VOCAB)
-    batch = rank_batch(1)
-    total, count = token_loss_sum(logits, batch.labels, batch.loss_mask)
-    assert total.dtype == torch.float32 and count.dtype == torch.int64 and int(count) == 10
-    torch.testing.assert_close(total / count, packed_lm_loss(logits, batch.labels, batch.loss_mask))
-    # float64 logits stay float64; half precision is summed in float32, as packed_lm_loss does.
-    assert token_loss_sum(logits.double(), batch.labels, batch.loss_mask)[0].dtype == torch.float64
-    assert token_loss_sum(logits.bfloat16(), batch.labels, batch.loss_mask)[0].dtype == torch.float32
-    # Inactive rows are selected away: garbage there changes nothing.
-    garbage = logits.clone()
-    garbage[~batch.loss_mask] = float("nan")
-    assert torch.equal(token_loss_sum(garbage, batch.labels, batch.loss_mask)[0], total)
-    # Against log-sum-exp minus the target logit, row by row; stale labels on unselected rows are not read.
-    logits = torch.randn(6, VOCAB, dtype=torch.float64)
-    labels = torch.tensor([3, 0, 10, 4, -1, 99])
-    total, count = token_loss_sum(logits, labels, torch.tensor([True, True, True, True, False, False]))
-    torch.testing.assert_close(total, sum(torch.logsumexp(logits[t], 0) - logits[t, labels[t]] for t in range(4)))
-    assert count.item() == 4
-
-
 def test_in_a_world_of_one_the_loss_is_the_local_mean(world_of_one):
     total, count = torch.tensor(6.0, dtype=torch.float64, requires_grad=True), torch.tensor(4)
     loss = global_token_mean_loss(total, count)
@@ -222,16 +200,21 @@ def test_in_a_world_of_one_the_trainer_trains_like_fixed_capacity_trainer(world_
         torch.testing.assert_close(p, r)
 
 
-def test_global_batch_keeps_a_sequence_after_an_empty_one():
-    """Before: a rank batch with an empty sequence between two others ([0, 3, 3, 4]) lost its last
-    sequence's end: taking cu_seqlens[1 : M + 1] merged it into the next rank's first sequence."""
+def test_the_global_batch_is_the_concatenation_of_the_ranks_sequences():
+    pieces = ([[5, 9, 2, 7, 1], [3, 3, 8]], [[4, 1, 6, 2, 9, 0, 5], [7, 7], [2, 8, 1, 3]], [[6, 6, 6]])
+    expected = batch_from_pieces([s for p in pieces for s in p], 48, 12)
+    got = global_batch([batch_from_pieces(p, 16, 4) for p in pieces])
+    for name in ("input_ids", "labels", "loss_mask", "cu_seqlens"):
+        assert torch.equal(getattr(got, name), getattr(expected, name)), name
+    assert (got.active_tokens, got.active_sequences, got.max_seqlen) == (24, 6, 7)
+    # A rank batch with an empty sequence between two others keeps its last sequence's end.
     with_gap = PackedBatch(
         input_ids=torch.tensor([5, 9, 2, 7, 0, 0]), labels=torch.tensor([9, 2, 0, 0, 0, 0]),
         loss_mask=torch.tensor([True, True, False, False, False, False]),
         cu_seqlens=torch.tensor([0, 3, 3, 4, 4], dtype=torch.int32), active_tokens=4, active_sequences=2, max_seqlen=3)
     other = batch_from_pieces([[4, 1, 6], [3, 3]], 8, 3)
     merged = global_batch([with_gap, other])
-    assert sequences(merged) == sequences(with_gap) + sequences(other) == [[5, 9, 2], [7], [4, 1, 6], [3, 3]]
+    assert sequences(merged) == [[5, 9, 2], [7], [4, 1, 6], [3, 3]]
     assert merged.active_sequences == 4 and merged.active_tokens == 9
 
 

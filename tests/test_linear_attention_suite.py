@@ -1,7 +1,6 @@
 """The ``linear-attention`` suite's CPU-testable pieces (layouts, comparisons, the exactness harness,
 the region table, the budget, the output folder) and, on a GPU, its parts at small shapes."""
 
-import dataclasses
 import re
 from pathlib import Path
 
@@ -14,7 +13,7 @@ from attn_gym_lite.bench import linear_attention as la
 from attn_gym_lite.isolation import IsolatedRunError
 from attn_gym_lite.models.kda import KDA_REGIONS
 from attn_gym_lite.ops.kda import kda_chunked
-from attn_gym_lite.profiling import CAPTURE_ORDER, GraphAnnotations, annotate_trace, graphs_from_capture_trace, load_trace
+from attn_gym_lite.profiling import load_trace
 from attn_gym_lite.testing.exactness import error_stats
 
 
@@ -238,45 +237,6 @@ def test_region_table_against_a_hand_computation():
         "kda.core", "kda.core", "backward", la.UNLABELLED]
 
 
-def test_region_table_reads_what_the_profiling_layer_labels():
-    """The labelling chain the trace part uses, on hand-made traces (capture order route): a capture
-    with a projection, the core (a kernel and a memset) and the backward of each, then one replay of
-    that graph; annotate_trace labels the replay and region_table sums it."""
-    capture = {"traceEvents": [
-        _host("cudaStreamBeginCapture", 10, 1, cat="cuda_runtime", correlation=101),
-        _host("kda.qkv_proj", 11, 10, cat="user_annotation"),
-        _host("aten::mm", 12, 5, **{"Sequence number": 1}),
-        _host("cudaLaunchKernel", 13, 1, cat="cuda_runtime", correlation=102),
-        _host("kda.core", 30, 20, cat="user_annotation"),
-        _host("KDAFunction", 31, 10, **{"Sequence number": 2}),
-        _host("cuLaunchKernelEx", 32, 1, cat="cuda_driver", correlation=103),
-        _host("cudaMemsetAsync", 34, 1, cat="cuda_runtime", correlation=104),
-        _host("autograd::engine::evaluate_function: KDAFunctionBackward", 60, 10, tid=11, **{"Sequence number": 2}),
-        _host("cuLaunchKernelEx", 61, 1, cat="cuda_driver", tid=11, correlation=105),
-        _host("autograd::engine::evaluate_function: MmBackward0", 72, 5, tid=11, **{"Sequence number": 1}),
-        _host("cudaLaunchKernel", 73, 1, cat="cuda_runtime", tid=11, correlation=106),
-        _host("cudaStreamEndCapture", 90, 1, cat="cuda_runtime", correlation=107),
-    ]}
-    annotations = GraphAnnotations(CAPTURE_ORDER, graphs_from_capture_trace(capture, set(KDA_REGIONS), ["kda layer"]),
-                                   region_names=["kda.core", "kda.qkv_proj"])
-    replay = {"traceEvents": [
-        _host("ProfilerStep#1", 190, 100), _host("cudaGraphLaunch", 200, 5, cat="cuda_runtime", correlation=7),
-        _device("kernel", 300, 10), _device("kernel", 312, 40), _device("gpu_memset", 353, 2),
-        _device("kernel", 356, 60), _device("kernel", 417, 5), _host("ProfilerStep#2", 290, 1),
-    ]}
-    labelled = annotate_trace(replay, annotations)
-    assert labelled["attn_gym_lite"]["labelled_events"] == 5 and labelled["attn_gym_lite"]["unmatched_replays"] == []
-    table = la.region_table(labelled)
-    total = 10 + 40 + 2 + 60 + 5
-    assert table["device_us"] == total and table["window_us"] == 422 - 300 and table["busy_us"] == total
-    assert {name: (r["us"], r["kernels"], r["device_events"]) for name, r in table["regions"].items()} == {
-        "kda.core backward": (60, 1, 1), "kda.core": (42, 1, 2), "kda.qkv_proj": (10, 1, 1),
-        "kda.qkv_proj backward": (5, 1, 1)}
-    assert {name: (r["us"], r["kernels"]) for name, r in table["stages"].items()} == {
-        "kda.core": (102, 2), "kda.qkv_proj": (15, 2)}
-    assert table["stages"]["kda.core"]["share"] == pytest.approx(102 / 117)
-
-
 def test_the_trace_part_runs_last_and_alone_gets_the_output_folder(monkeypatch, tmp_path):
     assert la.PARTS == ("exactness", "exact_shape", "overcapture", "amdahl", "trace")
     calls = []
@@ -286,35 +246,6 @@ def test_the_trace_part_runs_last_and_alone_gets_the_output_folder(monkeypatch, 
     calls.clear()
     la.linear_attention_suite()
     assert calls[-1] == ("trace", (None,))
-
-
-def test_the_cli_publishes_the_trace_beside_the_suites_json(monkeypatch, tmp_path):
-    """What the recording does, with fake parts: ``python -m attn_gym_lite.bench linear-attention``
-    passes its staging folder as ``out``, the trace part writes into it, and the trace ends up
-    under ``<out>/linear_attention_traces/`` next to ``linear_attention.json``."""
-    import json
-
-    from attn_gym_lite.bench.__main__ import record
-    from attn_gym_lite.bench.suites import SUITES
-
-    assert SUITES["linear-attention"].writes_files
-
-    def fake_trace(out):
-        path = Path(out) / la.TRACE_FOLDER / la.TRACE_FILE
-        path.parent.mkdir(parents=True)
-        path.write_bytes(b"trace")
-        return {"trace_file": f"{la.TRACE_FOLDER}/{la.TRACE_FILE}", "errors": {}}
-
-    def fake_run(function, *args, timeout_s):
-        return fake_trace(*args) if function.__name__ == "trace" else {"errors": {}}
-
-    monkeypatch.setattr(harness, "run_isolated", fake_run)
-    monkeypatch.delenv(la.BUDGET_ENV, raising=False)
-    path = record(dataclasses.replace(SUITES["linear-attention"], needs_cuda=False), tmp_path)
-    written = json.loads(path.read_text())
-    assert written["trace"]["trace_file"] == "linear_attention_traces/kda_layer_replay.json.gz"
-    assert (tmp_path / written["trace"]["trace_file"]).read_bytes() == b"trace"
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["linear_attention.json", "linear_attention_traces"]
 
 
 @pytest.mark.gpu
