@@ -5,9 +5,6 @@ from __future__ import annotations
 
 import math
 import operator
-import os
-from collections.abc import Collection, Iterable
-from pathlib import Path
 
 import torch
 
@@ -71,82 +68,22 @@ def check_cu_seqlens_values(cu_seqlens: Tensor, *, token_capacity: int | None = 
 
 def check_host_cu_seqlens_values(cu_seqlens: Tensor, *, token_capacity: int | None = None,
                                  max_seqlen: int | None = None, argument: str = "cu_seqlens") -> Tensor:
-    """Layout, and values where reading them costs no sync: a CPU tensor outside ``torch.compile``.
-    Capture-safe: a CUDA one is not read (the kernels clamp)."""
+    """Layout; values only for a CPU tensor outside ``torch.compile`` (a CUDA one is not read: capture-safe)."""
     check_cu_seqlens(cu_seqlens, argument=argument)
     if cu_seqlens.device.type == "cpu" and not torch.compiler.is_compiling():
         check_cu_seqlens_values(cu_seqlens, token_capacity=token_capacity, max_seqlen=max_seqlen, argument=argument)
     return cu_seqlens
 
 
-# -----------------------------------------------------------------------------
-# Conversions with a range, for the few entry points that take sizes from users.
-
-
-def _expected(kind: str, minimum: float | None = None, maximum: float | None = None, above: float | None = None) -> str:
-    if minimum is not None and maximum is not None and above is None:
-        return f"{kind} in [{minimum}, {maximum}]"
-    return kind + "".join(f" {op} {bound}" for op, bound in ((">=", minimum), (">", above), ("<=", maximum))
-                          if bound is not None)
-
-
-def check_int(argument: str, value: object, *, minimum: int | None = None, maximum: int | None = None) -> int:
-    """``value`` as an int within ``[minimum, maximum]`` (either bound optional)."""
-    value = operator.index(value)
-    if (minimum is not None and value < minimum) or (maximum is not None and value > maximum):
-        raise ValueError(f"{argument} must be {_expected('an int', minimum, maximum)}, got {value}")
-    return value
-
-
 def check_int_sequence(argument: str, values: object, *, minimum: int | None = None, maximum: int | None = None,
                        **_ignored: object) -> list[int]:
-    """``values`` (ints, or a 1-D integer tensor or array) as a list of ints, each as :func:`check_int`."""
-    values = values.tolist() if hasattr(values, "tolist") else values
-    return [check_int(f"{argument}[{i}]", v, minimum=minimum, maximum=maximum) for i, v in enumerate(values)]
-
-
-def check_real(argument: str, value: object, *, minimum: float | None = None, maximum: float | None = None,
-               above: float | None = None) -> float:
-    """``value`` as a finite float within the bounds (``above`` is exclusive)."""
-    value = float(value)
-    if not (math.isfinite(value) and (minimum is None or value >= minimum) and (maximum is None or value <= maximum)
-            and (above is None or value > above)):
-        raise ValueError(f"{argument} must be {_expected('a finite real number', minimum, maximum, above)}, "
-                         f"got {value!r}")
-    return value
-
-
-def check_choice(argument: str, value: object, choices: Collection[object]) -> object:
-    """``value`` if it is one of ``choices``."""
-    if value not in choices:
-        raise ValueError(f"{argument} must be one of {tuple(choices)}, got {value!r}")
-    return value
-
-
-def check_choices(argument: str, values: Iterable[object], choices: Collection[object]) -> tuple:
-    """``values`` as a tuple, each one of ``choices``."""
-    return tuple(check_choice(f"{argument}[{i}]", value, choices) for i, value in enumerate(values))
-
-
-def check_keys(argument: str, value: dict, required: Collection[str]) -> dict:
-    """``value`` if it holds every key of ``required`` (before work that would need them late)."""
-    missing = sorted(set(required) - set(value))
-    if missing:
-        raise ValueError(f"{argument} must be a dict with the keys {sorted(required)}, missing {missing}")
-    return value
-
-
-def check_file(argument: str, path: str | os.PathLike) -> Path:
-    """``path`` as a :class:`~pathlib.Path` (opening it names a missing file)."""
-    return Path(path)
-
-
-def check_folder(argument: str, path: str | os.PathLike, *, must_exist: bool = True) -> Path:
-    """``path`` as a :class:`~pathlib.Path` to a folder that exists, unless ``must_exist=False``."""
-    path = Path(path)
-    if must_exist and not path.is_dir():
-        raise FileNotFoundError(f"{argument}={str(path)!r}: no such folder")
-    return path
+    """``values`` (ints, or a 1-D integer tensor or array) as a list of ints within ``[minimum, maximum]``."""
+    values = [operator.index(v) for v in (values.tolist() if hasattr(values, "tolist") else values)]
+    low, high = -math.inf if minimum is None else minimum, math.inf if maximum is None else maximum
+    for i, v in enumerate(values):
+        if not low <= v <= high:
+            raise ValueError(f"{argument}[{i}] must be an int in [{low}, {high}], got {v}")
+    return values
 
 
 class SignatureCache:

@@ -60,8 +60,7 @@ def pad_cu_seqlens(cu_seqlens: Tensor, sequence_capacity: int) -> Tensor:
 
 
 def validate_cu_seqlens(cu_seqlens: Tensor, token_capacity: int | None = None, *, max_seqlen: int | None = None) -> None:
-    """Check ``cu_seqlens``'s layout and values (:func:`~attn_gym_lite.checks.check_cu_seqlens_values`).
-    Eager: reads it on the host, so check a batch before copying it into a graph's buffers."""
+    """Check ``cu_seqlens``'s layout and values; eager (reads them), so before a graph replays it."""
     check_cu_seqlens_values(cu_seqlens, token_capacity=token_capacity, max_seqlen=max_seqlen)
 
 
