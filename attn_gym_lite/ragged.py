@@ -60,7 +60,7 @@ def pad_cu_seqlens(cu_seqlens: Tensor, sequence_capacity: int) -> Tensor:
 
 
 def validate_cu_seqlens(cu_seqlens: Tensor, token_capacity: int | None = None, *, max_seqlen: int | None = None) -> None:
-    """Check ``cu_seqlens``'s layout and values; eager (reads them), so before a graph replays it."""
+    """Check ``cu_seqlens``'s layout and values; eager (it reads them), so call it outside capture."""
     check_cu_seqlens_values(cu_seqlens, token_capacity=token_capacity, max_seqlen=max_seqlen)
 
 
