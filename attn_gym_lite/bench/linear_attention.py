@@ -1,27 +1,18 @@
 r"""Benchmark suite ``linear-attention``: KDA on ragged batches under CUDA graphs, against fla.
 
-Five parts, each in a fresh process, all within a time budget:
+Five parts, each in a fresh process, within one time budget: ``exactness`` (the package's Triton
+KDA, "ours", against float64 ``kda_chunked`` on hard ragged layouts, eager and replayed at
+capacity, inactive rows NaN), ``exact_shape`` (ours and fla's ``chunk_kda`` timed at ``T = L``),
+``overcapture`` (a graph captured at capacity over one captured for the exact shape, ``L`` from
+``T/16`` to ``T``), ``amdahl`` (the :class:`~attn_gym_lite.models.kda.KDAAttention` layer against its
+KDA core alone) and ``trace`` (one labelled replay of the layer, written under
+``<out>/linear_attention_traces/``, with the device time of each region).
 
-* ``exactness``: the package's Triton KDA ("ours") against float64 ``kda_chunked`` on ragged
-  layouts with empty and length-1 sequences, output and the gradients of ``q, k, v, g, beta``,
-  eagerly and replayed from one graph captured at capacity; inactive rows hold NaN.
-* ``exact_shape``: forward and forward + backward time of ours and fla's ``chunk_kda`` at
-  ``T = L``, ``N = M`` (graphs for ours and ``chunk_kda(use_graph=True)``, eager for all).
-* ``overcapture``: ``T = 8192``, ``N = 128``, ``L`` from ``T/16`` to ``T``: replay time of a graph
-  captured at capacity over one captured for the exact shape, and the difference of their outputs.
-* ``amdahl``: :class:`~attn_gym_lite.models.kda.KDAAttention` forward + backward against its KDA
-  core alone, both from exact-shape graphs, at ``T = 4096``, half of it and two smaller ``T``.
-* ``trace``: one labelled replay of the Amdahl layer graph, written as gzipped Chrome JSON under
-  ``<out>/linear_attention_traces/``, with the device time of each region (:func:`region_table`).
+Inputs as in fla's tests (``q, k`` L2-normalised, ``g = logsigmoid(N(0, 1))``, ``beta =
+sigmoid(N(0, 1))``), bfloat16, ``H = 16``, ``K = V = 128``. The baseline, ``fla-core`` 0.6.0, is on
+the GPU host only; if it cannot be imported its rows hold the error. Timing: median of CUDA events.
 
-Shapes: ``H = 16``, ``K = V = 128``, bfloat16 (``g`` float32); ``q, k`` L2-normalised,
-``g = logsigmoid(N(0, 1))``, ``beta = sigmoid(N(0, 1))`` (fla's test inputs). The Amdahl layer has
-the seed's hidden size (2304) and heads (32), head width 128. The baseline is ``fla-core`` 0.6.0,
-installed on the GPU host only; if it cannot be imported its rows hold the error. Timing: median of
-CUDA-event timings.
-
-Source: the seed article's KDA case study; Kimi Linear report (arXiv:2510.26692);
-flash-linear-attention ``chunk_kda``.
+Source: the seed article's KDA case study; Kimi Linear (arXiv:2510.26692); flash-linear-attention.
 """
 
 from __future__ import annotations
@@ -35,7 +26,10 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from ..graph.capture import capture_graph
+from ..models.kda import KDAAttention
 from ..ops.kda import kda_chunked, kda_recurrent
+from ..profiling import annotate_trace, device_events, profile, record_annotations, save_trace, trace_summary
 from ..ragged import cu_seqlens_from_lengths, pad_cu_seqlens, zipf_lengths
 from ..testing.exactness import error_stats
 from .harness import device_us, error_text, isolated, recorded, run_parts
@@ -205,8 +199,6 @@ class KDAStep:
             self.cu_seqlens.copy_(cu_seqlens)
 
     def capture(self) -> None:
-        from ..graph.capture import capture_graph
-
         self.graph, self.outputs = capture_graph(self)
 
     def run(self) -> dict[str, Tensor]:
@@ -253,8 +245,6 @@ def region_table(trace: dict) -> dict:
     """Device µs, share and kernels per region of a labelled trace of one replay (``regions``), and
     per stage, forward + backward (``stages``), both by decreasing µs; ``device_us`` is the sum of
     the events' durations, ``busy_us`` their union, ``window_us`` first start to last end."""
-    from ..profiling import device_events, trace_summary
-
     summary = trace_summary(trace, steps=1)
     labels = [(e.get("args", {}).get("region", UNLABELLED), e["cat"] == "kernel") for e in device_events(trace)]
     total = sum(summary["region_us"].values())
@@ -317,8 +307,8 @@ def exactness(token_capacity: int = 1024, sequence_capacity: int = 16, heads: in
     }
 
 
-def _timed_step(implementation: str, inputs: dict[str, Tensor], cu: Tensor, N: int, *, backward: bool,
-                graph: bool, iters: int) -> float:
+def _timed_step(implementation: str, inputs: dict[str, Tensor], cu: Tensor, N: int, backward: bool, graph: bool,
+                iters: int) -> float:
     step = KDAStep(implementation, inputs, N, backward=backward)
     step.load(None, cu)
     if graph:
@@ -337,8 +327,8 @@ def exact_shape(token_capacity: int = SHAPE["T"], active_sequences: int = SHAPE[
     for implementation in IMPLEMENTATIONS:
         with recorded(errors, implementation, _describe):
             rows[implementation] = {
-                f"{'graph' if graph else 'eager'}_{name}_us": _timed_step(
-                    implementation, inputs, cu, active_sequences, backward=backward, graph=graph, iters=iters)
+                f"{'graph' if graph else 'eager'}_{name}_us":
+                    _timed_step(implementation, inputs, cu, active_sequences, backward, graph, iters)
                 for graph in ((True, False) if implementation in CAPTURABLE else (False,))
                 for name, backward in (("fwd", False), ("fwd_bwd", True))
             }
@@ -414,8 +404,6 @@ class LayerStep:
     @classmethod
     def build(cls, token_count: int, hidden_size: int, num_heads: int, head_dim: int, active_sequences: int,
               seed: int) -> LayerStep:
-        from ..models.kda import KDAAttention
-
         torch.manual_seed(seed)
         layer = KDAAttention(hidden_size, num_heads, head_dim, device="cuda", dtype=torch.bfloat16)
         generator = torch.Generator().manual_seed(seed)
@@ -435,8 +423,6 @@ def amdahl(hidden_size: int = LAYER["hidden_size"], num_heads: int = LAYER["num_
            token_counts: Sequence[int] = AMDAHL_T, iters: int = 30, seed: int = 0) -> dict:
     """Forward + backward µs of the whole layer and of its KDA core alone (on the layer's own core
     inputs), each replayed from an exact-shape graph, at each ``T``."""
-    from ..graph.capture import capture_graph
-
     points, errors = [], {}
     for T in token_counts:
         with recorded(errors, f"T={T}", _describe):
@@ -473,9 +459,6 @@ def trace(out: str | None = None, hidden_size: int = LAYER["hidden_size"], num_h
     recorded one), labelled with the layer's regions and summarised by :func:`region_table`.
     The trace goes to ``out/linear_attention_traces/kda_layer_replay.json.gz`` (``out=None``: not written).
     """
-    from ..graph.capture import capture_graph
-    from ..profiling import annotate_trace, profile, record_annotations, save_trace
-
     step = LayerStep.build(token_count, hidden_size, num_heads, head_dim, active_sequences, seed)
     with record_annotations(["kda layer"]) as annotations:
         graph, _ = capture_graph(step)

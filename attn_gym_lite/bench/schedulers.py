@@ -1,13 +1,10 @@
 """Benchmark suite ``schedulers``: ragged attention under CUDA graphs captured for the worst case.
 
-Each point of a sweep is the forward + backward replay time of a graph captured once at the worst
-case (``T``, ``N``, ``max_seqlen = T``) and replayed with the point's ``cu_seqlens``, and of a graph
-captured for the point's exact shape; their ratio is what overcapture costs. Implementations:
-torch's ``varlen_attn``, this package's ``rect``, ``flat``, ``persistent`` and ``dynamic``
-schedules, its ``default`` call, and ``persistent+zero`` (with the writes that zero rows past
-``L``). The sweeps are the seed article's: fragmentation (``M`` varies), token overcapture (``L``
-varies) and constant length; beside them exact-shape TFLOP/s (dense SDPA backends too) and eager
-host time. Each implementation runs in a process of its own.
+Each sweep point times a graph captured once at the worst case (``T``, ``N``, ``max_seqlen = T``)
+and replayed with the point's ``cu_seqlens`` against a graph captured for its exact shape: the
+ratio is what overcapture costs. The sweeps are the seed article's (fragmentation, token
+overcapture, constant length), beside exact-shape TFLOP/s and eager host time; each
+implementation runs in a process of its own.
 """
 
 from __future__ import annotations
