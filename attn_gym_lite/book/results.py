@@ -2,8 +2,6 @@
 ``python -m attn_gym_lite.bench`` on a GPU, each with a ``provenance`` block; how to load them and
 the banner a notebook prints above a recorded figure."""
 
-from __future__ import annotations
-
 import json
 import re
 import textwrap

@@ -1,7 +1,5 @@
 """Chapter 1, ragged tensors: one packed batch, and the lengths of a corpus's documents."""
 
-from __future__ import annotations
-
 import numpy as np
 
 from ...data.study import nearest_rank

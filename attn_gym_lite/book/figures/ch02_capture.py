@@ -1,7 +1,5 @@
 """Chapter 2, graph capture: eager against replay, as bars, loss curves and step timelines."""
 
-from __future__ import annotations
-
 import numpy as np
 from matplotlib.patches import Patch
 
@@ -17,23 +15,26 @@ def running_mean(values, window: int) -> np.ndarray:
     return np.convolve(np.asarray(values, dtype=float), np.ones(window) / window, mode="valid")
 
 
+def _eager_and_replay_bars(ax, labels, values, fmt, padding=0):
+    # Labels read "<mode>\n<recorded or live>": eager red, replay blue, a live run hatched.
+    bars = ax.bar(labels, values, color=[EAGER_AND_REPLAY[0 if label.startswith("eager") else 1] for label in labels],
+                  hatch=[LIVE_HATCH if label.endswith("live") else "" for label in labels], edgecolor="white")
+    ax.bar_label(bars, fmt=fmt, padding=padding)
+    ax.margins(y=0.15)  # room for the bar labels
+    ax.grid(False, axis="x")
+
+
 @styled
 def plot_hello_world(recorded: dict, live: dict | None = None):
-    """µs per forward + backward, eager against graph replay, one panel per model size of the
-    ``hello-world`` recording (a live run's bars hatched beside them)."""
+    """µs per forward + backward, eager against replay, a panel per model size (live bars hatched)."""
     runs = recorded["runs"]
     fig, axes = figure(1, len(runs), squeeze=False)
     for index, ax in enumerate(axes[0]):
-        labels, values, hatches = [], [], []
+        labels, values = [], []
         for name, record, _, _ in sources(recorded, live):
-            run = record["runs"][index]
             labels += [f"eager\n{name}", f"replay\n{name}"]
-            values += [run["eager_wall_us"], run["replay_wall_us"]]
-            hatches += [LIVE_HATCH if name == "live" else ""] * 2
-        bars = ax.bar(labels, values, color=EAGER_AND_REPLAY * (len(labels) // 2), hatch=hatches, edgecolor="white")
-        ax.bar_label(bars, fmt="%.0f")
-        ax.margins(y=0.12)
-        ax.grid(False, axis="x")
+            values += [record["runs"][index]["eager_wall_us"], record["runs"][index]["replay_wall_us"]]
+        _eager_and_replay_bars(ax, labels, values, "%.0f")
         c = runs[index]["config"]
         ax.set(title=f"dim {c['dim']}, {c['num_heads']} heads, T={c['T']}, N={c['N']}", ylabel="fwd+bwd, wall clock (µs)")
     return fig
@@ -41,10 +42,9 @@ def plot_hello_world(recorded: dict, live: dict | None = None):
 
 @styled
 def plot_training_loop(recorded: dict, live: dict | None = None):
-    """Loss per step, eager and graph on the same batches (faint: per step, bold: running mean),
-    and the step time, whiskers spanning a mode's repeated run (``<mode>_repeat``)."""
+    """Loss per step, eager and graph on the same batches, and the step time (whiskers: its repeat)."""
     fig, (loss_ax, time_ax) = figure(1, 2, gridspec_kw={"width_ratios": [2, 1]})
-    labels, values, ranges = [], [], []
+    labels, values, whiskers = [], [], []
     for name, record, linestyle, _ in sources(recorded, live):
         for mode, colour in zip(("eager", "graph"), EAGER_AND_REPLAY):
             if mode not in record:
@@ -55,30 +55,24 @@ def plot_training_loop(recorded: dict, live: dict | None = None):
             loss_ax.plot(np.arange(window - 1, len(losses)), running_mean(losses, window), linestyle, color=colour,
                          label=f"{mode} ({name}), {window}-step mean")
             if record[mode]["step_us"] is not None:
+                runs = [record[key]["step_us"] / 1e3 for key in (mode, f"{mode}_repeat") if record.get(key, {}).get("step_us") is not None]
+                if len(runs) > 1:  # the suite runs each mode twice: the range of the runs
+                    whiskers.append((len(labels), min(runs), max(runs)))
                 labels.append(f"{mode}\n{name}")
-                values.append(record[mode]["step_us"] / 1e3)
-                runs = [record[key]["step_us"] / 1e3 for key in (mode, f"{mode}_repeat")
-                        if record.get(key, {}).get("step_us") is not None]
-                ranges.append((min(runs), max(runs), len(runs)))
+                values.append(runs[0])
     loss_ax.set(xlabel="training step", ylabel="loss (nats/token)", title="same batches, same initial weights")
     loss_ax.legend()
-    bars = time_ax.bar(labels, values, color=[EAGER_AND_REPLAY[0 if label.startswith("eager") else 1] for label in labels],
-                       hatch=[LIVE_HATCH if "live" in label else "" for label in labels], edgecolor="white")
-    repeated = [i for i, (_, _, count) in enumerate(ranges) if count > 1]
-    if repeated:
-        spread_bars(time_ax, repeated, [ranges[i][0] for i in repeated], [ranges[i][1] for i in repeated])
-    time_ax.bar_label(bars, fmt="%.2f", padding=4)
-    time_ax.margins(y=0.15)
-    time_ax.grid(False, axis="x")
+    _eager_and_replay_bars(time_ax, labels, values, "%.2f", padding=4)
+    if whiskers:
+        spread_bars(time_ax, *zip(*whiskers))
     time_ax.set(ylabel="training step, wall clock (ms)",
-                title="step time" + (" (bar: first run,\nwhisker: range of its repeats)" if repeated else ""))
+                title="step time" + (" (bar: first run,\nwhisker: range of its repeats)" if whiskers else ""))
     return fig
 
 
 @styled
 def plot_hello_world_timelines(recorded: dict):
-    """One eager forward + backward above one graph replay of the same step, on one time axis
-    (``recorded["timelines"]`` of ``hello-world``), with launches and GPU busy time in the titles."""
+    """One eager forward + backward above one replay of the same step (``hello-world``'s timelines)."""
     timelines = recorded["timelines"]
     modes = [m for m in ("eager", "replay") if m in timelines]
     heights = [len(timelines[m]["tracks"]) + 1 for m in modes]

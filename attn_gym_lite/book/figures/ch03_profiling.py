@@ -1,7 +1,4 @@
-"""Chapter 3, profiling: a trace's GPU side as a timeline, the compact step timeline and the
-phases of one training step."""
-
-from __future__ import annotations
+"""Chapter 3, profiling: a trace's GPU side, the compact step timeline, the phases of one step."""
 
 import matplotlib.pyplot as plt
 from matplotlib.patches import Patch
@@ -28,14 +25,8 @@ def _row_order(tid) -> tuple:
 @styled
 def plot_timeline(trace: dict, ax=None, *, title: str | None = None, start_us: float | None = None,
                   end_us: float | None = None):
-    """Draw a Chrome trace's GPU side: one row per stream (and per region track), a box per event.
-
-    Kernels are coloured by ``args["region"]`` (grey when unlabelled); the region boxes of
-    :func:`~attn_gym_lite.profiling.annotate_trace` get a row above their stream. Time is in µs
-    from the first device event; ``start_us``/``end_us`` choose the window shown.
-
-    Returns: the matplotlib ``Axes``.
-    """
+    """A Chrome trace's GPU side: a row per stream (and per region track of ``annotate_trace``), a
+    box per event coloured by its region; time in µs from the first device event."""
     events = device_events(trace)
     if not events:
         raise ValueError("plot_timeline: the trace has no kernel, memcpy or memset events (a trace recorded without a GPU has none)")
@@ -54,19 +45,14 @@ def plot_timeline(trace: dict, ax=None, *, title: str | None = None, start_us: f
     if ax is None:  # tall enough for the rows and for the legend (about 0.2 inch an entry)
         ax = figure(height=max(1.0 + 0.5 * len(rows), 0.8 + 0.2 * -(-(len(regions) + 1) // columns) if regions else 0))[1]
     ax.grid(False, axis="y")
-    box_ids = {id(b) for b in boxes}
     for event in shown:
         region = event.get("args", {}).get("region")
         ax.broken_barh([(event["ts"] - origin, max(event["dur"], 1e-3))], (rows[event.get("tid")] - 0.4, 0.8),
                        facecolors=colours[str(region)] if region else GREY,
-                       edgecolors="white" if id(event) in box_ids else "none", linewidth=0.3)
+                       edgecolors="white" if event.get("cat") == REGION_CATEGORY else "none", linewidth=0.3)
     ax.set_yticks(list(rows.values()), [names.get(tid, f"stream {tid}") for tid in rows])
-    ax.set_xlabel("time from the first GPU event (µs)")
-    if start_us is not None or end_us is not None:
-        low, high = ax.get_xlim()
-        ax.set_xlim(low if start_us is None else start_us, high if end_us is None else end_us)
-    if title:
-        ax.set_title(title)
+    ax.set(xlabel="time from the first GPU event (µs)", title=title or "")
+    ax.set_xlim(start_us, end_us)  # None keeps that side's limit
     if regions:
         legend_right(ax, handles=[Patch(color=colours[r], label=r) for r in regions] + [Patch(color=GREY, label="(unlabelled)")],
                      ncols=columns)
@@ -76,7 +62,6 @@ def plot_timeline(trace: dict, ax=None, *, title: str | None = None, start_us: f
 @styled
 def plot_timelines(traces, titles, *, start_us: float | None = None, end_us: float | None = None):
     """Several traces (:func:`plot_timeline`), one above the other on a shared time axis."""
-    traces = list(traces)
     fig, axes = figure(len(traces), 1, height=2.3 * len(traces), sharex=True, squeeze=False)
     for ax, trace, title in zip(axes[:, 0], traces, titles):
         plot_timeline(trace, ax=ax, title=title, start_us=start_us, end_us=end_us)
@@ -87,8 +72,7 @@ def plot_timelines(traces, titles, *, start_us: float | None = None, end_us: flo
 
 @styled
 def plot_compact_timeline(timeline: dict, ax=None, *, title: str | None = None):
-    """Draw a :func:`~attn_gym_lite.profiling.compact.compact_timeline`: a row per track (host
-    threads, runtime calls, GPU streams), nested host slices thinner inside their row."""
+    """A :func:`~attn_gym_lite.profiling.compact.compact_timeline`, a row per track; nested host slices thinner."""
     tracks, events = timeline["tracks"], timeline["events"]
     deepest = 1 + max(e[2] for e in events)
     ax = ax or figure(height=1.0 + 0.5 * len(tracks))[1]
@@ -102,17 +86,14 @@ def plot_compact_timeline(timeline: dict, ax=None, *, title: str | None = None):
         ax.broken_barh([(start, max(duration, 1e-3))], (row - height / 2, height), facecolors=colour,
                        edgecolors="white", linewidth=0.2)
     ax.set_yticks(range(len(tracks)), tracks[::-1])
-    ax.set_xlabel("time from the first event (µs)")
-    if title:
-        ax.set_title(title)
+    ax.set(xlabel="time from the first event (µs)", title=title or "")
     return ax
 
 
 @styled
 def plot_host_phases(phases: dict):
-    """One training step phase by phase (:func:`~attn_gym_lite.profiling.compact.host_phases`):
-    each phase's host span (solid) and the GPU span of its work (hatched), then a flame chart of
-    the longest phase, named where a box is wide enough."""
+    """:func:`~attn_gym_lite.profiling.compact.host_phases`: each phase's host span (solid) and GPU
+    span (hatched), then a flame chart of the longest phase."""
     order, longest, flame = phases["order"], phases["longest"], phases["flame"]
     fig, (phase_ax, flame_ax) = figure(2, 1, height=5 + 0.4 * len(order), gridspec_kw={"height_ratios": [len(order) + 1, 6]})
     colours = plt.get_cmap("tab10")

@@ -1,7 +1,5 @@
 """Chapter 4, schedulers: the grids each schedule launches, the overcapture sweeps and throughput."""
 
-from __future__ import annotations
-
 import numpy as np
 
 from .style import SERIES_COLOURS, captured_and_exact, figure, legend_right, log_ticks, sources, styled
@@ -21,8 +19,7 @@ SWEEPS = {
 
 @styled
 def plot_grid_sizes(sizes: dict):
-    """CTAs launched per schedule (log scale), split into CTAs with work and CTAs that exit at once
-    (:func:`~attn_gym_lite.schedule.grid_sizes`)."""
+    """CTAs each schedule launches (:func:`~attn_gym_lite.schedule.grid_sizes`): with work, or exiting at once."""
     ax = figure(height=3.0)[1]
     ax.grid(False, axis="y")
     names = ["rect", "flat", "persistent"]
@@ -40,9 +37,8 @@ def plot_grid_sizes(sizes: dict):
 
 @styled
 def plot_sweeps(recorded: dict, live: dict | None = None):
-    """The overcapture sweeps of the ``schedulers`` suite, one panel per sweep the record holds:
-    replay µs of the graph captured at capacity (solid) and of the exact-shape graph (dashed) per
-    implementation; a live run dotted beside them."""
+    """The ``schedulers`` sweeps, a panel per sweep the record holds: replay µs of the graph captured
+    at capacity (solid) and of the exact-shape graph (dashed) per implementation; live dotted."""
     sweeps = [sweep for sweep in SWEEPS if sweep in recorded]
     axes = figure(1, len(sweeps), height=4.2, squeeze=False)[1][0]
     for ax, sweep in zip(axes, sweeps):

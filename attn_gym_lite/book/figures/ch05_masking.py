@@ -1,7 +1,5 @@
 """Chapter 5, masking: which masks keep the gradients exact at capacity, and what they cost."""
 
-from __future__ import annotations
-
 import numpy as np
 from matplotlib.colors import ListedColormap
 from matplotlib.patches import Patch
@@ -13,10 +11,8 @@ VERDICT_COLOURS = {"ok": "tab:green", "WRONG": "tab:orange", "non-finite": "tab:
 
 @styled
 def plot_masking(verdicts: dict[str, dict[str, str]], cost_points):
-    """Left: the block ablation, a row per set of masks and a column per gradient, each cell green
-    (exact), orange (finite but wrong) or red (non-finite), as
-    :func:`~attn_gym_lite.bench.masking.ablation_verdicts` returns them. Right: masked and unmasked
-    replay time against the active tokens ``L`` (``mask_cost`` points)."""
+    """Left: the block ablation's verdicts (``ablation_verdicts``), a row per set of masks, a column
+    per gradient. Right: masked and unmasked replay time against ``L`` (``mask_cost`` points)."""
     variants, names, kinds = list(verdicts), list(next(iter(verdicts.values()))), list(VERDICT_COLOURS)
     grid = np.array([[kinds.index("non-finite" if v.endswith("non-finite") else v) for v in verdicts[r].values()] for r in variants])
     fig, (table_ax, cost_ax) = figure(1, 2, height=3.8, gridspec_kw={"width_ratios": [3, 2]})

@@ -1,7 +1,4 @@
-"""Chapter 6, graph buckets: replay time against ``L``, the padding a bucket plan leaves, and the
-memory at the optimizer boundary."""
-
-from __future__ import annotations
+"""Chapter 6, graph buckets: replay time against ``L``, padding per plan, memory at the optimizer step."""
 
 import numpy as np
 from matplotlib.ticker import PercentFormatter
@@ -16,8 +13,7 @@ MEMORY_BANDS = {"parameters": "tab:blue", "Adam state": "tab:purple", "captured 
 
 @styled
 def plot_bucket_compute(recorded: dict, live: list[dict] | None = None):
-    """Forward + backward replay time against active tokens ``L``: one graph at ``T`` against the
-    smallest bucket that fits ``L`` (``recorded["compute"]`` of ``buckets``; ``live``, a ``compute()`` list)."""
+    """Replay time against ``L``: one graph at ``T`` against the smallest bucket that fits ``L``."""
     fig, ax = figure()
     for name, points, linestyle, alpha in sources(recorded["compute"], live):
         ls = [p["L"] for p in points]
@@ -33,8 +29,8 @@ def plot_bucket_compute(recorded: dict, live: list[dict] | None = None):
 
 @styled
 def plot_padding_versus_buckets(plans: list, samples_mean: float):
-    """Left: the expected padding (share of replayed rows) of each :class:`~attn_gym_lite.data.capacity.BucketPlan`
-    against its number of buckets ``k = 1, 2, ...``. Right: the capacities each plan chose."""
+    """The expected padding of :class:`~attn_gym_lite.data.capacity.BucketPlan` s with k = 1, 2, ...
+    buckets, and the capacities each chose."""
     fig, (ax, ladder) = figure(1, 2, height=3.4, gridspec_kw={"width_ratios": [3, 2]})
     ks = list(range(1, len(plans) + 1))
     padding = [1 - p.expected_fill for p in plans]
@@ -52,7 +48,7 @@ def plot_padding_versus_buckets(plans: list, samples_mean: float):
 
 def boundary_memory_bands(mode_record: dict) -> dict[str, np.ndarray]:
     """Bytes per timeline point of each band: what was allocated before the step stays flat, the
-    fresh gradients are the tagged allocations, everything else allocated is the rest of the total."""
+    fresh gradients are the tagged allocations, the rest of the total is everything else."""
     before, timeline = mode_record["before"], mode_record["timeline"]
     total = before["allocated_bytes"] + np.asarray(timeline["allocated_bytes"], dtype=np.float64)
     flat = {"parameters": "parameter_bytes", "Adam state": "optimizer_state_bytes", "captured gradient buffers": "captured_gradient_bytes"}
@@ -64,9 +60,8 @@ def boundary_memory_bands(mode_record: dict) -> dict[str, np.ndarray]:
 
 @styled
 def plot_boundary_memory(recorded: dict):
-    """Allocated MiB over one training step at the optimizer boundary, a panel per mode
-    (``optimizer_boundary_memory`` of ``buckets``), a dotted line where every fresh gradient is
-    complete. Where red and orange stand together, the gradients exist twice."""
+    """Allocated MiB over one step at the optimizer boundary, a panel per mode. Where red and orange
+    stand together, the gradients exist twice."""
     record = recorded.get("optimizer_boundary_memory", recorded)
     modes = [m for m in record if isinstance(record[m], dict) and "timeline" in record[m]]
     fig, axes = figure(1, len(modes), height=3.8, sharey=True, squeeze=False)

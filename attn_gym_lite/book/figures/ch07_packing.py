@@ -1,7 +1,5 @@
 """Chapter 7, data packing: what each policy does to the same pieces, the packing study, one run."""
 
-from __future__ import annotations
-
 import numpy as np
 from matplotlib.ticker import NullLocator
 
@@ -15,8 +13,7 @@ SEED_MARKERS = {"Dolma 3": "*", "FineWeb sample-10BT": "P"}
 
 @styled
 def plot_policy_batches(pieces, policies, token_capacity: int):
-    """Each policy's batches of the same pieces, a row per batch; a piece keeps its colour across
-    panels, so reordering shows."""
+    """Each policy's batches of the same pieces; a piece keeps its colour, so reordering shows."""
     runs = [list(policy.batches(pieces, token_capacity)) for policy in policies]
     rows = max(len(batches) for batches in runs)
     fig, axes = figure(1, len(policies), height=0.35 * rows + 1.4, sharey=True, squeeze=False)
@@ -31,10 +28,8 @@ def plot_policy_batches(pieces, policies, token_capacity: int):
 
 @styled
 def plot_packing_study(rows, *, seed_published: dict = SEED_PUBLISHED):
-    """:func:`~attn_gym_lite.data.study.packing_study` rows, a column per ``T``. Top: mean padding
-    (% of ``T``) against the buffer size ``B`` (in order: a horizontal line). Bottom: p99 and max
-    ``M`` against ``B``, the median-to-max band shaded, and the bound ``M <= B``. The seed
-    article's published points are drawn where their ``T`` matches."""
+    """:func:`~attn_gym_lite.data.study.packing_study` rows, a column per ``T``: mean padding, then
+    ``M`` against the buffer size ``B``, with the seed article's published points."""
     capacities = sorted({row["T"] for row in rows})
     fig, axes = figure(2, len(capacities), height=6.4, squeeze=False, sharex=True, sharey="row")
     for column, capacity in enumerate(capacities):
@@ -80,8 +75,7 @@ def plot_packing_study(rows, *, seed_published: dict = SEED_PUBLISHED):
 
 @styled
 def plot_packing_run(batch_lengths, token_capacity: int, bound: int):
-    """One packing run (:func:`~attn_gym_lite.data.study.pack_lengths`): the fill of every batch in
-    order, and the histogram of ``M`` beside the policy's guaranteed ``bound``."""
+    """One packing run: the fill of every batch, and the histogram of ``M`` beside its ``bound``."""
     fill = [100 * sum(batch) / token_capacity for batch in batch_lengths]
     sizes = [len(batch) for batch in batch_lengths]
     fig, (left, right) = figure(1, 2, height=3.0, gridspec_kw={"width_ratios": [2, 1]})

@@ -1,7 +1,4 @@
-"""Chapter 8, putting it together: the ``end-to-end`` suite's losses and throughput per stack, and
-the chapter's own small runs."""
-
-from __future__ import annotations
+"""Chapter 8, putting it together: the ``end-to-end`` suite's losses and throughput per stack."""
 
 import numpy as np
 
@@ -39,8 +36,7 @@ def plot_series(series: dict, *, ylabel: str, title: str, ylim=None, markers: bo
 
 @styled
 def plot_end_to_end_losses(record: dict):
-    """Loss per step of every stack (running mean of 10 steps), a panel per workload: the
-    same model, weights and batches, so the curves must lie on each other."""
+    """Loss per step of every stack, a panel per workload: the same batches, so the curves must agree."""
     table = by_workload(record)
     fig, axes = figure(1, len(table), squeeze=False)
     for ax, (workload, runs) in zip(axes[0], table.items()):
@@ -55,7 +51,7 @@ def plot_end_to_end_losses(record: dict):
 
 @styled
 def plot_end_to_end_throughput(record: dict, live: dict | None = None):
-    """Real tokens per second of every stack, a panel per workload (a live run hatched over it)."""
+    """Real tokens per second of every stack, a panel per workload (live hatched over it)."""
     table, live_table = by_workload(record), by_workload(live) if live else {}
     fig, axes = figure(1, len(table), height=3.8, squeeze=False)
     first_names = list(next(iter(table.values()), {}))

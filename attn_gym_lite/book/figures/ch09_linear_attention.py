@@ -1,22 +1,18 @@
 """Chapter 9, linear attention (KDA): overcapture at a fixed capacity, and the module-level Amdahl study."""
 
-from __future__ import annotations
-
 import numpy as np
 
 from .style import SERIES_COLOURS, captured_and_exact, figure, log_ticks, sources, styled
 
 KDA_COLOURS = {"ours": SERIES_COLOURS["ours"], "fla_graph": SERIES_COLOURS["fla"]}
-GOAL = 1.05  # captured / exact, the goal for ours
 KDA_LABELS = {"ours": "ours (kda_triton)", "fla_graph": "fla chunk_kda(use_graph=True)"}
+GOAL = 1.05  # captured / exact, the goal for ours
 
 
 @styled
 def plot_kda_overcapture(recorded: dict, live: dict | None = None):
-    """The ``linear-attention`` suite's overcapture sweep (the record, or its ``"overcapture"``
-    part). Left: forward + backward µs per replay of the graph captured at capacity (solid) and of
-    the exact-shape graph (dashed) against ``L``. Right: their ratio, beside the :data:`GOAL` line. A
-    series that failed is named in the title; a live run is drawn dotted."""
+    """The KDA overcapture sweep: replay µs of the graph captured at capacity (solid) and of the
+    exact-shape graph (dashed) against ``L``, and their ratio; live dotted."""
     record = recorded.get("overcapture", recorded)
     fig, (times, ratios) = figure(1, 2, height=4.0)
     for name, rec, linestyle, alpha in sources(record, live and live.get("overcapture", live)):
@@ -27,9 +23,9 @@ def plot_kda_overcapture(recorded: dict, live: dict | None = None):
             ratios.plot(L, [row["ratio"] for row in rows], linestyle, marker="o", ms=3, color=colour, alpha=alpha, label=label)
     ratios.axhline(1.0, color=SERIES_COLOURS["reference"], linewidth=0.8)
     ratios.axhline(GOAL, color="0.3", linestyle=":", linewidth=1.0, label=f"goal {GOAL:.2f}x")
-    c, failed = record["config"], sorted(record.get("errors", {}))
+    c, failed = record["config"], ", ".join(sorted(record.get("errors", {})))
     times.set(xscale="log", yscale="log", xlabel="active tokens L (tokens)", ylabel="fwd+bwd replay (µs)",
-              title=f"T={c['T']}, N={c['N']}, M={c['M']}, H={c['H']}, K=V={c['K']}" + (f" (failed: {', '.join(failed)})" if failed else ""))
+              title=f"T={c['T']}, N={c['N']}, M={c['M']}, H={c['H']}, K=V={c['K']}" + (f" (failed: {failed})" if failed else ""))
     ratios.set(xscale="log", xlabel="active tokens L (tokens)", ylabel="captured / exact (ratio of times)",
                title="cost of capturing once at capacity")
     log_ticks(times)
@@ -41,38 +37,34 @@ def plot_kda_overcapture(recorded: dict, live: dict | None = None):
 
 @styled
 def plot_kda_amdahl(recorded: dict, live: dict | None = None):
-    """The ``linear-attention`` suite's Amdahl study (the record, or its ``"amdahl"`` part). Left:
-    forward + backward ms of the KDA core and of the rest of the layer, stacked, per token count
-    ``T``. Right: each time relative to its value at the largest ``T``, beside ``T / T_max``: the
-    gap to that line is the time that does not shrink with the tokens. A live run is drawn dotted."""
+    """The module-level Amdahl study: the KDA core and the rest of the layer per ``T``, and each
+    time relative to the largest ``T`` beside ``T / T_max``: the gap does not shrink with the tokens."""
     record = recorded.get("amdahl", recorded)
     if not record["points"]:
         raise ValueError(f"plot_kda_amdahl: the record holds no points; errors: {record.get('errors')}")
-    live_record = live.get("amdahl", live) if live else None
-    fig, (bars, scaling) = figure(1, 2, height=4.0)
-    for name, rec, linestyle, _ in sources(record, live_record if live_record and live_record["points"] else None):
-        points = sorted(rec["points"], key=lambda p: p["T"])
-        T = np.array([p["T"] for p in points], dtype=float)
-        suffix = "" if name == "recorded" else " (live)"
-        for key, colour, label in (("module_us", "0.3", "whole layer"), ("core_us", KDA_COLOURS["ours"], "core")):
-            values = np.array([p[key] for p in points])
-            scaling.plot(T, values / values[-1], linestyle, marker="o", ms=3, color=colour, label=label + suffix)
     points = sorted(record["points"], key=lambda p: p["T"])
-    T = np.array([p["T"] for p in points], dtype=float)
-    scaling.plot(T, T / T[-1], "--", color=SERIES_COLOURS["reference"], label="proportional to T")
-    scaling.set(xscale="log", yscale="log", xlabel="tokens T (tokens)", ylabel=f"time / time at T={points[-1]['T']} (ratio)",
-                title="what shrinks with the tokens")
-    log_ticks(scaling)
-    scaling.legend()
+    fig, (bars, scaling) = figure(1, 2, height=4.0)
     bars.grid(False, axis="x")
-    labels = [str(p["T"]) for p in points]
     core, rest = (np.array([p[key] for p in points]) / 1e3 for key in ("core_us", "rest_us"))
-    bars.bar(labels, core, color=KDA_COLOURS["ours"], label="KDA core")
-    bars.bar(labels, rest, bottom=core, color="0.7", label="rest of the layer")
+    bars.bar([str(p["T"]) for p in points], core, color=KDA_COLOURS["ours"], label="KDA core")
+    bars.bar([str(p["T"]) for p in points], rest, bottom=core, color="0.7", label="rest of the layer")
     for i, p in enumerate(points):
         bars.text(i, (core[i] + rest[i]) * 1.01, f"core {p['core_share']:.0%}", ha="center", va="bottom")
     c = record["config"]
     bars.set(xlabel="tokens T (tokens, exact shape)", ylabel="fwd+bwd replay (ms)",
              title=f"KDAAttention, hidden {c['hidden_size']}, {c['num_heads']} heads of {c['head_dim']}")
     bars.legend()
+    live_record = live.get("amdahl", live) if live else None
+    for name, rec, linestyle, _ in sources(record, live_record if live_record and live_record["points"] else None):
+        rows = sorted(rec["points"], key=lambda p: p["T"])
+        for key, colour, label in (("module_us", "0.3", "whole layer"), ("core_us", KDA_COLOURS["ours"], "core")):
+            values = np.array([p[key] for p in rows])
+            scaling.plot([p["T"] for p in rows], values / values[-1], linestyle, marker="o", ms=3, color=colour,
+                         label=label + ("" if name == "recorded" else " (live)"))
+    T = np.array([p["T"] for p in points], dtype=float)
+    scaling.plot(T, T / T[-1], "--", color=SERIES_COLOURS["reference"], label="proportional to T")
+    scaling.set(xscale="log", yscale="log", xlabel="tokens T (tokens)", ylabel=f"time / time at T={points[-1]['T']} (ratio)",
+                title="what shrinks with the tokens")
+    log_ticks(scaling)
+    scaling.legend()
     return fig

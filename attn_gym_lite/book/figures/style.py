@@ -1,8 +1,5 @@
-"""The one style every figure of the book draws in: one width, one set of fonts, one colour per
-recurring series. It is applied per call (``@styled``), never globally, so importing the figures
-leaves the reader's matplotlib settings alone."""
-
-from __future__ import annotations
+"""The one style of the book's figures: one width, one set of fonts, one colour per series. It is
+applied per call (``@styled``), never globally: the reader's matplotlib settings stay theirs."""
 
 import matplotlib as mpl
 import matplotlib.pyplot as plt
@@ -50,8 +47,7 @@ def sources(recorded, live):
 
 
 def captured_and_exact(ax, x, rows, colour, label, linestyle="-", alpha=1.0):
-    """One implementation's overcapture rows: the graph captured at capacity solid (dashed for the
-    exact-shape graph); a live run dotted for both."""
+    """Overcapture rows: the graph captured at capacity solid, the exact-shape one dashed (live: dotted)."""
     ax.plot(x, [r["captured_us"] for r in rows], linestyle, marker="o", ms=3, color=colour, alpha=alpha, label=label)
     ax.plot(x, [r["exact_us"] for r in rows], "--" if linestyle == "-" else linestyle, color=colour, alpha=alpha)
 
@@ -76,8 +72,7 @@ def spread_bars(ax, x, low, high):
 
 
 def packed_row(ax, y, pieces, token_capacity):
-    """One buffer of ``token_capacity`` rows as a horizontal strip: ``pieces`` are ``(length,
-    colour index)`` in order, then the padding, grey and hatched (drawn even when empty)."""
+    """A buffer of ``token_capacity`` rows: ``(length, colour index)`` pieces, then hatched padding."""
     colours = plt.get_cmap("tab20").colors
     left = 0
     for length, index in pieces:
