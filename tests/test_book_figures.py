@@ -12,7 +12,7 @@ from attn_gym_lite.book.figures.ch03_profiling import plot_timelines
 from attn_gym_lite.book.figures.ch05_masking import plot_masking
 from attn_gym_lite.book.figures.ch06_buckets import plot_padding_versus_buckets
 from attn_gym_lite.book.figures.ch08_end_to_end import plot_series
-from attn_gym_lite.book.results import BANNER_WIDTH, banner, load_result, pitfall_markdown, provenance_line, step_token_rate
+from attn_gym_lite.book.results import BANNER_WIDTH, banner, load_result, pitfall_markdown, provenance_line
 from attn_gym_lite.data.capacity import plan_buckets
 
 matplotlib.use("Agg")
@@ -65,14 +65,6 @@ def test_pitfall_markdown_turns_docstring_literals_into_code_spans():
         assert "``" not in pitfall_markdown(recorded, "recorded")
 
 
-def test_step_token_rate_is_T_over_the_recorded_step():
-    training = load_result("training-loop")
-    for mode in ("graph", "eager"):
-        rate = step_token_rate(training, mode)
-        assert rate["tokens_per_s"] == pytest.approx(training["config"]["T"] / (training[mode]["step_us"] * 1e-6))
-        assert rate["batches_per_s"] * rate["step_us"] == pytest.approx(1e6)
-
-
 def test_masking_figure_colours_each_verdict_and_plots_the_cost():
     verdicts = {"all": {"input": "ok", "w": "ok"}, "none": {"input": "12 non-finite", "w": "WRONG"}}
     points = [{"L": 8192, "masked_us": 2000.0, "unmasked_us": 1900.0}, {"L": 1024, "masked_us": 1500.0, "unmasked_us": 1400.0}]
@@ -84,18 +76,12 @@ def test_masking_figure_colours_each_verdict_and_plots_the_cost():
     assert list(unmasked.get_ydata()) == [1.9, 1.4]
 
 
-def test_plot_series_draws_each_series_as_given():
+def test_plot_series_and_plot_timelines_draw_what_they_are_given():
     fig = plot_series({"a": [0.5, 0.25, 1.0], "b": [2.0, 3.0]}, ylabel="loss (nats/token)", title="t", ylim=(0, 4))
     lines = fig.axes[0].get_lines()
-    assert [line.get_label() for line in lines] == ["a", "b"]
-    assert [list(line.get_ydata()) for line in lines] == [[0.5, 0.25, 1.0], [2.0, 3.0]]
-    assert [list(line.get_xdata()) for line in lines] == [[0, 1, 2], [0, 1]]
+    assert [(line.get_label(), list(line.get_xdata()), list(line.get_ydata())) for line in lines] == [
+        ("a", [0, 1, 2], [0.5, 0.25, 1.0]), ("b", [0, 1], [2.0, 3.0])]
     assert fig.axes[0].get_ylim() == (0, 4)
-
-
-def test_plot_timelines_stacks_one_axes_per_trace():
-    trace = {"traceEvents": [{"ph": "X", "cat": "kernel", "name": "k", "ts": 10.0, "dur": 5.0, "pid": 0, "tid": 7},
-                             {"ph": "X", "cat": "kernel", "name": "k", "ts": 20.0, "dur": 5.0, "pid": 0, "tid": 7}]}
+    trace = {"traceEvents": [{"ph": "X", "cat": "kernel", "name": "k", "ts": ts, "dur": 5.0, "pid": 0, "tid": 7} for ts in (10.0, 20.0)]}
     fig = plot_timelines([trace, trace], ["first", "second"], start_us=5)
-    assert [ax.get_title() for ax in fig.axes] == ["first", "second"]
-    assert [ax.get_xlim()[0] for ax in fig.axes] == [5, 5]
+    assert [(ax.get_title(), ax.get_xlim()[0]) for ax in fig.axes] == [("first", 5), ("second", 5)]

