@@ -5,13 +5,14 @@ One model (:class:`~attn_gym_lite.models.PackedTransformer`), the same initial w
 batches of real text, many ways to run its training step (forward, backward, fused Adam):
 
 * ``eager padded``: each batch's documents right-padded to its longest, dense SDPA;
-* ``eager packed`` (all ``T`` rows) and ``eager packed, L rows``, torch's ``varlen_attn``;
+* ``eager packed``: all ``T`` rows at fixed shapes, torch's ``varlen_attn``;
 * ``compile`` and ``compile reduce-overhead`` (CUDA Graph Trees) on each batch's own ``L`` rows and
   ``max_seqlen``, and ``compile reduce-overhead, fixed capacity`` on all ``T`` rows;
-* ``graph varlen_attn``, ``graph ours``, ``buckets ours``: the package's trainer, one graph at ``T``
-  or graph buckets, with torch's kernel at ``max_seqlen = T`` or the package's kernels;
-* ``compile + graph ...`` and ``compile + buckets ours``: the same with the loss ``torch.compile`` d
-  first, compiled before the capture.
+* ``graph ours``, ``buckets ours``: the package's trainer, one graph at ``T`` or graph buckets, with
+  the package's kernels;
+* ``compile + graph ours``, ``compile + buckets ours``: the same with the loss ``torch.compile`` d
+  first, compiled before the capture, and ``compile + graph varlen_attn`` with torch's kernel at
+  ``max_seqlen = T`` in the same place.
 
 Two workloads: ``pretraining`` (best-fit packing of a shuffled corpus cut into pieces of at most
 ``pretraining_piece`` tokens, so batches hold several documents) and ``sft`` (a fixed number of
@@ -42,9 +43,8 @@ from ..models import PackedTransformer
 from ..profiling import annotate_trace, profile, record_annotations, trace_summary
 
 MIB = 2**20
-STACKS = ("eager padded", "eager packed", "eager packed, L rows", "compile", "compile reduce-overhead",
-          "compile reduce-overhead, fixed capacity", "graph varlen_attn", "graph ours", "buckets ours",
-          "compile + graph varlen_attn", "compile + graph ours", "compile + buckets ours")
+STACKS = ("eager padded", "eager packed", "compile", "compile reduce-overhead", "compile reduce-overhead, fixed capacity",
+          "graph ours", "buckets ours", "compile + graph varlen_attn", "compile + graph ours", "compile + buckets ours")
 #: The stacks that are the package's own (the recipe picks the fastest of them).
 OURS = ("graph ours", "buckets ours", "compile + graph ours", "compile + buckets ours")
 WORKLOADS = ("pretraining", "sft")
@@ -129,9 +129,8 @@ def _build(stack: str, model_args: dict, batches: list, config: dict):
     model = PackedTransformer(**model_args, impl=impl, device=device, dtype=dtype)
     if stack == "eager padded":
         return _LossStep(model, None, "active", lr, compiled=False).step, [padded_batch(b) for b in batches]
-    if stack.startswith("eager packed"):
-        rows = "active" if stack.endswith("L rows") else "capacity"
-        return FixedCapacityTrainer(model, batches[0], use_graph=False, lr=lr, eager_rows=rows).step, batches
+    if stack == "eager packed":
+        return FixedCapacityTrainer(model, batches[0], use_graph=False, lr=lr).step, batches
     if stack.startswith("compile reduce-overhead") or stack == "compile":
         mode = "reduce-overhead" if "reduce-overhead" in stack else None
         return _LossStep(model, mode, "capacity" if "fixed capacity" in stack else "active", lr).step, batches

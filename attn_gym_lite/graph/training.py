@@ -48,8 +48,6 @@ class FixedCapacityTrainer:
         max_seqlen: the bound baked into the graphs where the attention sizes its grid by one
             (``model.needs_max_seqlen``); default ``T``, the only value safe for every batch.
         lr: Adam's learning rate.
-        eager_rows: without a graph, run all ``T`` rows (``"capacity"``) or the ``L`` real rows
-            only (``"active"``: new shapes every step).
 
     The graph's key is ``(T, N)`` and, where the attention reads one, ``max_seqlen``: :meth:`step`
     refuses a batch outside it rather than replay a grid that silently skips rows.
@@ -57,8 +55,8 @@ class FixedCapacityTrainer:
 
     def __init__(self, model: nn.Module, first_batch: PackedBatch, *, use_graph: bool,
                  capacities: Sequence[int] | None = None, compile: bool = False, max_seqlen: int | None = None,
-                 lr: float = 1e-3, eager_rows: str = "capacity") -> None:
-        self.model, self.use_graph, self.eager_rows = model, use_graph, eager_rows
+                 lr: float = 1e-3) -> None:
+        self.model, self.use_graph = model, use_graph
         self.capacity = (first_batch.token_capacity, first_batch.sequence_capacity)
         self.max_seqlen = max_seqlen or first_batch.token_capacity
         self.needs_max_seqlen = bool(getattr(model, "needs_max_seqlen", False))
@@ -118,10 +116,8 @@ class FixedCapacityTrainer:
             loss, grads = self._outputs
         elif self.buckets is not None:  # (3) buckets: the smallest capacity that holds L
             loss, *grads = self.buckets.replay({n: getattr(batch, n) for n in FIELDS}, batch.active_tokens)
-        else:  # (4) eager, on all T rows or on the L real ones
-            rows = batch.active_tokens if self.eager_rows == "active" else batch.token_capacity
-            inputs = {n: getattr(batch, n)[:rows].to(self.device, non_blocking=True) for n in FIELDS[:3]}
-            inputs["cu_seqlens"] = batch.cu_seqlens.to(self.device, non_blocking=True)
+        else:  # (4) eager, the same step on the same T rows
+            inputs = {n: getattr(batch, n).to(self.device, non_blocking=True) for n in FIELDS}
             loss, grads = self._forward_backward(inputs, max(batch.max_seqlen, 1))
         for parameter, grad in zip(self.parameters, grads):  # (5) attached, not copied: Adam reads them in place
             parameter.grad = grad
