@@ -37,12 +37,8 @@ def _projections(dim: int) -> nn.Module:
 
 
 def memory_point(config: str, token_capacity: int, dim: int, k: int) -> dict:
-    """Capture ``config`` in this process (run it in a fresh one) and report its memory in MiB.
-
-    The workload is the seed's two projections, forward under ``no_grad``. Every graph configuration
-    is :class:`GraphBuckets`, so they differ only in how many graphs there are and whether they
-    share a pool.
-    """
+    """Capture ``config`` (the seed's two projections, forward) in this process, a fresh one, and
+    report its memory in MiB; the graph configurations differ only in graph count and pool sharing."""
     core = _projections(dim)
     capacities = [token_capacity >> i for i in range(k)][::-1]
     x = torch.zeros(token_capacity, dim, device="cuda", dtype=torch.bfloat16)
@@ -317,11 +313,8 @@ def _boundary_memory(mode: str, static: dict, vocab_size: int, token_capacity: i
 
 def optimizer_boundary_memory(token_capacity: int = 4096, dim: int = 1024, num_heads: int = 8,
                               max_entries: int = 200_000) -> dict:
-    """The allocator's history over one eager step per mode of :data:`BOUNDARY_MODES`: gradients
-    copied into the buffers a captured Adam reads (until the fresh ones are freed, every gradient
-    exists twice), or attached to eager fused Adam. Per mode: what was allocated before, the
-    timeline with the fresh gradients tagged, the top allocation sites and the peak. Run it in a
-    fresh process."""
+    """The allocator's history over one eager step per mode of :data:`BOUNDARY_MODES`: gradients copied
+    into the buffers a captured Adam reads (every gradient then exists twice), or attached to eager Adam."""
     tokenizer = load_tokenizer()
     batch = next(iter(PackedLoader(token_capacity, 32, tokenizer=tokenizer, policy=InOrder(), max_piece_tokens=1024)))
     static = {k: getattr(batch, k).cuda() for k in ("input_ids", "labels", "loss_mask", "cu_seqlens")}

@@ -80,7 +80,6 @@ FSDP2_UNTIMED_STEPS = 2
 #: two-rank side also sums its bucket in bfloat16), so they differ by a few roundoffs: 2^-5 is 8.
 GRADIENT_TOLERANCE = {"bfloat16": 2.0**-5, "float16": 2.0**-8, "float32": 1e-4, "float64": 1e-10}
 
-_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32, "float64": torch.float64}
 _FIELDS = ("input_ids", "labels", "loss_mask", "cu_seqlens")
 
 
@@ -88,19 +87,11 @@ def _batch_file(folder: Path | str, workload: str, rank: int, world_size: int) -
     return Path(folder) / f"{workload}_rank{rank}_of{world_size}.pt"
 
 
-def _busy(spans: list[tuple[float, float]]) -> float:
-    return busy_and_gaps(spans)[0]
-
-
 def communication_overlap(trace: dict, steps: int = 1) -> dict:
-    """How much of the NCCL kernels' time other kernels ran beside them, from a profiler trace.
-
-    A kernel whose name contains ``nccl`` is communication, any other computation; the overlap is
-    the intersection of the two unions of intervals. In a DDP step the gradient all-reduces run
-    beside the backward, except the last bucket's (and the loss's), which have nothing to hide
-    behind. Per-step figures are divided by ``steps``; the first 16 NCCL kernels are listed.
-    """
+    """How much of the NCCL kernels' time other kernels (the backward) ran beside them, per step:
+    the intersection of the union of ``nccl`` kernels' intervals with the union of the others'."""
     kernels = [e for e in device_events(trace) if e.get("cat") == "kernel"]
+    busy = lambda spans: busy_and_gaps(spans)[0]  # the length of a union of intervals
 
     def is_nccl(event: dict) -> bool:
         return "nccl" in str(event.get("name", "")).lower()
@@ -111,13 +102,13 @@ def communication_overlap(trace: dict, steps: int = 1) -> dict:
     nccl_events = [e for e in kernels if is_nccl(e)]
     compute_events = [e for e in kernels if not is_nccl(e)]
     nccl, compute = [span(e) for e in nccl_events], [span(e) for e in compute_events]
-    compute_us = _busy(compute)
+    compute_us = busy(compute)
 
     def overlap_with_compute(spans: list[tuple[float, float]]) -> float:
         # |A ∩ B| = |A| + |B| - |A ∪ B|: the intersection from three unions.
-        return _busy(spans) + compute_us - _busy(spans + compute)
+        return busy(spans) + compute_us - busy(spans + compute)
 
-    nccl_us, overlap = _busy(nccl), overlap_with_compute(nccl)
+    nccl_us, overlap = busy(nccl), overlap_with_compute(nccl)
     origin = float(kernels[0]["ts"])
     listed = [{"name": str(e.get("name", ""))[:80], "start_us": float(e["ts"]) - origin, "dur_us": float(e["dur"]),
                "overlap_us": overlap_with_compute([span(e)])} for e in nccl_events[:16]]
@@ -210,7 +201,7 @@ class _Results:
 def _model(config: dict, device: torch.device) -> PackedTransformer:
     torch.manual_seed(config["seed"])  # the same initial weights on every rank and in every run
     return PackedTransformer(config["vocab_size"], config["dim"], config["num_heads"], config["num_layers"],
-                             impl=config["impl"], device=device, dtype=_DTYPES[config["dtype"]])
+                             impl=config["impl"], device=device, dtype=getattr(torch, config["dtype"]))
 
 
 def _grads(model: torch.nn.Module) -> dict[str, torch.Tensor]:
@@ -460,13 +451,8 @@ def launch(world_size: int, spec: dict, folder: Path | str, tag: str, timeout_s:
 
 def scale_out_suite(world_sizes: tuple[int, ...] = (1, 2), config: dict = CONFIG, modes: tuple[str, ...] = MODES,
                     timeout_s: float = 150.0, fsdp2: bool = True) -> dict:
-    """Eager and captured DDP at each world size on both workloads, one torchrun launch per world
-    size (and one for FSDP2, GPU, ``W = 2``), all within :data:`SUITE_BUDGET_S`.
-
-    ``config`` is :data:`CONFIG` (GPU) or :data:`CPU_CONFIG` (``gloo``, eager, tiny); ``timeout_s``
-    bounds each launch, batch building included. A ``W`` above the GPU count, and whatever fails
-    in a launch, is recorded under ``errors``.
-    """
+    """Eager and captured DDP at each world size, one torchrun launch each (and one for FSDP2), within
+    :data:`SUITE_BUDGET_S`; ``config`` is :data:`CONFIG` or :data:`CPU_CONFIG` (``gloo``, tiny)."""
     cuda = config["device"] == "cuda"
     gpu_count = torch.cuda.device_count() if torch.cuda.is_available() else 0
     result: dict = {"gpu_count": gpu_count, "environment": dict(CAPTURE_ENVIRONMENT), "workloads": {}, "runs": [],

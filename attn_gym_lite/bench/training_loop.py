@@ -17,11 +17,9 @@ def training_loop(
     steps: int = 300, lr: float = 1e-3, seed: int = 0, device: str = "cuda",
     dtype: torch.dtype = torch.bfloat16, max_piece_tokens: int = 1024,
 ) -> dict:
-    """Train a :class:`PackedLM` on the standard library (packed in order, pieces of at most
-    ``max_piece_tokens``), eagerly and from one CUDA graph, same batches and initial weights:
-    losses per step, and host wall-clock µs per step after the first 10 (copies and Adam included).
-    On CUDA each mode runs twice; ``max_loss_difference`` compares the runs and the modes.
-    """
+    """A :class:`PackedLM` trained on the standard library eagerly and from one CUDA graph, same batches
+    and weights: losses, and host wall-clock µs per step after the first 10. On CUDA each mode runs
+    twice; ``max_loss_difference`` compares the runs and the modes."""
     tokenizer = load_tokenizer()
     loader = PackedLoader(token_capacity, sequence_capacity, tokenizer=tokenizer, policy=InOrder(),
                           max_piece_tokens=min(max_piece_tokens, token_capacity), pin_memory=device == "cuda")
