@@ -11,7 +11,6 @@ import torch
 from attn_gym_lite.book.figures.ch03_profiling import plot_timelines
 from attn_gym_lite.book.figures.ch05_masking import plot_masking
 from attn_gym_lite.book.figures.ch06_buckets import plot_padding_versus_buckets
-from attn_gym_lite.book.figures.ch08_end_to_end import plot_series
 from attn_gym_lite.book.results import BANNER_WIDTH, banner, load_result, pitfall_markdown, provenance_line
 from attn_gym_lite.data.capacity import plan_buckets
 
@@ -76,12 +75,7 @@ def test_masking_figure_colours_each_verdict_and_plots_the_cost():
     assert list(unmasked.get_ydata()) == [1.9, 1.4]
 
 
-def test_plot_series_and_plot_timelines_draw_what_they_are_given():
-    fig = plot_series({"a": [0.5, 0.25, 1.0], "b": [2.0, 3.0]}, ylabel="loss (nats/token)", title="t", ylim=(0, 4))
-    lines = fig.axes[0].get_lines()
-    assert [(line.get_label(), list(line.get_xdata()), list(line.get_ydata())) for line in lines] == [
-        ("a", [0, 1, 2], [0.5, 0.25, 1.0]), ("b", [0, 1], [2.0, 3.0])]
-    assert fig.axes[0].get_ylim() == (0, 4)
+def test_plot_timelines_stacks_one_axes_per_trace_on_one_window():
     trace = {"traceEvents": [{"ph": "X", "cat": "kernel", "name": "k", "ts": ts, "dur": 5.0, "pid": 0, "tid": 7} for ts in (10.0, 20.0)]}
     fig = plot_timelines([trace, trace], ["first", "second"], start_us=5)
     assert [(ax.get_title(), ax.get_xlim()[0]) for ax in fig.axes] == [("first", 5), ("second", 5)]

@@ -33,5 +33,3 @@ def test_amdahl_figure_stacks_core_and_rest_and_scales_to_the_largest_T():
     assert list(core.get_ydata()) == pytest.approx([500 / 1230, 770 / 1230, 1.0])
     assert list(proportional.get_ydata()) == pytest.approx([0.25, 0.5, 1.0])
     assert [t.get_text() for t in bars.texts] == ["core 19%", "core 26%", "core 36%"]
-    with pytest.raises(ValueError, match="no points"):
-        plot_kda_amdahl({"config": {}, "points": [], "errors": {"T=4096": "boom"}})

@@ -156,8 +156,7 @@ def test_allocation_timeline_follows_the_cpu_allocator_and_the_figure_stacks_to_
     timeline = allocation_timeline(entries, {"fresh gradients": blocks}, max_points=10**6)
     start = memory[0]["args"]["Total Allocated"] - memory[0]["args"]["Bytes"]  # the profiler's own running total
     assert timeline["allocated_bytes"] == [e["args"]["Total Allocated"] - start for e in memory]
-    assert timeline["peak"]["allocated_bytes"] == max(timeline["allocated_bytes"])
-    assert timeline["time"] == "µs" and timeline["allocs"] == sum(e["args"]["Bytes"] > 0 for e in memory)
+    assert timeline["allocs"] == sum(e["args"]["Bytes"] > 0 for e in memory)
     before_mark = max(i for i, entry in enumerate(timeline["entry"]) if entry < mark)  # every gradient alive
     assert timeline["tags"]["fresh gradients"][before_mark] == grad_bytes == timeline["tag_bytes"]["fresh gradients"]
     assert timeline["tags"]["fresh gradients"][-1] == 0

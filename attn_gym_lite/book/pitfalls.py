@@ -1,7 +1,6 @@
-"""Ways a CUDA graph goes wrong, each run for real on a GPU and reported as data: the error
-PyTorch raised, or numbers that show a silently wrong result. A failed capture can leave the CUDA
-context unusable, so :func:`run_pitfall` runs each in a fresh process. The first line of each
-pitfall's docstring is what chapter 2 prints as the mistake."""
+"""Ways a CUDA graph goes wrong, run for real on a GPU and reported as data: the error raised, or
+numbers that show a silently wrong result. A failed capture can leave the CUDA context unusable, so
+:func:`run_pitfall` runs each in a fresh process. Chapter 2 prints each docstring's first line."""
 
 import torch
 

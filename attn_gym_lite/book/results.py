@@ -1,6 +1,5 @@
-"""Recorded GPU results: ``attn_gym_lite/results/<gpu>/<suite>.json``, written by
-``python -m attn_gym_lite.bench`` on a GPU, each with a ``provenance`` block; how to load them and
-the banner a notebook prints above a recorded figure."""
+"""Recorded GPU results (``results/<gpu>/<suite>.json``, written by ``python -m attn_gym_lite.bench``
+on a GPU, each with a ``provenance`` block): loading them, and the banner printed above a figure."""
 
 import json
 import re
@@ -9,13 +8,10 @@ from pathlib import Path
 
 import torch
 
-#: One folder per GPU (``h200``), each with ``<suite>.json`` files and the profiling traces.
-RESULTS_ROOT = Path(__file__).resolve().parents[1] / "results"
-#: In a results root: ``{"<gpu>/<file>.json": why it was not re-recorded}`` for recordings older
-#: than the code their suite runs (tests/test_bench.py holds the rest to today's code).
+RESULTS_ROOT = Path(__file__).resolve().parents[1] / "results"  # a folder per GPU (h200) of <suite>.json
+#: ``{"<gpu>/<file>.json": why it was not re-recorded}``: recordings older than their suite's code.
 DECLARED_STALE = "stale.json"
-#: Characters per banner line: a rendered code cell's output shows about 90.
-BANNER_WIDTH = 88
+BANNER_WIDTH = 88  # characters: a rendered code cell's output shows about 90
 
 
 def declared_stale(root=None) -> dict[str, str]:

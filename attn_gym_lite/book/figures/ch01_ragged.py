@@ -8,14 +8,7 @@ from .style import figure, packed_row, styled
 
 @styled
 def plot_packed_batch(cu_seqlens, token_capacity: int):
-    """One packed batch as a strip of ``T`` rows: a colour per sequence, grey padding.
-
-    Args:
-        cu_seqlens: int32 ``[N + 1]`` offsets (the tail repeats ``L``), on any device.
-        token_capacity: ``T``, the strip's length in tokens.
-
-    Returns: the matplotlib ``Axes``.
-    """
+    """One packed batch (``cu_seqlens``, int32 ``[N + 1]``, any device) as a strip of ``T`` rows."""
     bounds = cu_seqlens.cpu().tolist()
     ax = figure(height=1.5)[1]
     ax.grid(False)  # the sequence boundaries are the lines to see

@@ -25,8 +25,7 @@ def _row_order(tid) -> tuple:
 @styled
 def plot_timeline(trace: dict, ax=None, *, title: str | None = None, start_us: float | None = None,
                   end_us: float | None = None):
-    """A Chrome trace's GPU side: a row per stream (and per region track of ``annotate_trace``), a
-    box per event coloured by its region; time in µs from the first device event."""
+    """A Chrome trace's GPU side: a row per stream and region track, a box per event coloured by region."""
     events = device_events(trace)
     if not events:
         raise ValueError("plot_timeline: the trace has no kernel, memcpy or memset events (a trace recorded without a GPU has none)")
@@ -50,8 +49,8 @@ def plot_timeline(trace: dict, ax=None, *, title: str | None = None, start_us: f
         ax.broken_barh([(event["ts"] - origin, max(event["dur"], 1e-3))], (rows[event.get("tid")] - 0.4, 0.8),
                        facecolors=colours[str(region)] if region else GREY,
                        edgecolors="white" if event.get("cat") == REGION_CATEGORY else "none", linewidth=0.3)
-    ax.set_yticks(list(rows.values()), [names.get(tid, f"stream {tid}") for tid in rows])
-    ax.set(xlabel="time from the first GPU event (µs)", title=title or "")
+    ax.set(yticks=list(rows.values()), yticklabels=[names.get(tid, f"stream {tid}") for tid in rows],
+           xlabel="time from the first GPU event (µs)", title=title or "")
     ax.set_xlim(start_us, end_us)  # None keeps that side's limit
     if regions:
         legend_right(ax, handles=[Patch(color=colours[r], label=r) for r in regions] + [Patch(color=GREY, label="(unlabelled)")],
@@ -85,15 +84,13 @@ def plot_compact_timeline(timeline: dict, ax=None, *, title: str | None = None):
         row = len(tracks) - 1 - track  # the first track on top
         ax.broken_barh([(start, max(duration, 1e-3))], (row - height / 2, height), facecolors=colour,
                        edgecolors="white", linewidth=0.2)
-    ax.set_yticks(range(len(tracks)), tracks[::-1])
-    ax.set(xlabel="time from the first event (µs)", title=title or "")
+    ax.set(yticks=range(len(tracks)), yticklabels=tracks[::-1], xlabel="time from the first event (µs)", title=title or "")
     return ax
 
 
 @styled
 def plot_host_phases(phases: dict):
-    """:func:`~attn_gym_lite.profiling.compact.host_phases`: each phase's host span (solid) and GPU
-    span (hatched), then a flame chart of the longest phase."""
+    """Each phase's host span (solid) and GPU span (hatched), and a flame chart of the longest one."""
     order, longest, flame = phases["order"], phases["longest"], phases["flame"]
     fig, (phase_ax, flame_ax) = figure(2, 1, height=5 + 0.4 * len(order), gridspec_kw={"height_ratios": [len(order) + 1, 6]})
     colours = plt.get_cmap("tab10")
@@ -103,8 +100,8 @@ def plot_host_phases(phases: dict):
         if span["gpu_start_us"] is not None:
             phase_ax.broken_barh([(span["gpu_start_us"], max(span["gpu_end_us"] - span["gpu_start_us"], 1e-3))], (y, 0.35),
                                  facecolors="none", edgecolors=colours(row), hatch="///")
-    phase_ax.set_yticks(range(len(order)), order[::-1])
-    phase_ax.set(xlabel="time from the step's start (µs)", title="host span (solid) and GPU span (hatched) per phase")
+    phase_ax.set(yticks=range(len(order)), yticklabels=order[::-1], xlabel="time from the step's start (µs)",
+                 title="host span (solid) and GPU span (hatched) per phase")
     duration = phases["phases"][longest]["dur_us"]
     for name, depth, start, length in flame:
         flame_ax.broken_barh([(start, length)], (-depth - 0.9, 0.9), facecolors=colours(order.index(longest)),

@@ -37,8 +37,7 @@ def plot_grid_sizes(sizes: dict):
 
 @styled
 def plot_sweeps(recorded: dict, live: dict | None = None):
-    """The ``schedulers`` sweeps, a panel per sweep the record holds: replay µs of the graph captured
-    at capacity (solid) and of the exact-shape graph (dashed) per implementation; live dotted."""
+    """The ``schedulers`` sweeps, a panel each: replay µs captured at capacity (solid) and exact (dashed)."""
     sweeps = [sweep for sweep in SWEEPS if sweep in recorded]
     axes = figure(1, len(sweeps), height=4.2, squeeze=False)[1][0]
     for ax, sweep in zip(axes, sweeps):

@@ -29,8 +29,7 @@ def plot_bucket_compute(recorded: dict, live: list[dict] | None = None):
 
 @styled
 def plot_padding_versus_buckets(plans: list, samples_mean: float):
-    """The expected padding of :class:`~attn_gym_lite.data.capacity.BucketPlan` s with k = 1, 2, ...
-    buckets, and the capacities each chose."""
+    """The expected padding of bucket plans with k = 1, 2, ... buckets, and the capacities each chose."""
     fig, (ax, ladder) = figure(1, 2, height=3.4, gridspec_kw={"width_ratios": [3, 2]})
     ks = list(range(1, len(plans) + 1))
     padding = [1 - p.expected_fill for p in plans]
@@ -60,8 +59,7 @@ def boundary_memory_bands(mode_record: dict) -> dict[str, np.ndarray]:
 
 @styled
 def plot_boundary_memory(recorded: dict):
-    """Allocated MiB over one step at the optimizer boundary, a panel per mode. Where red and orange
-    stand together, the gradients exist twice."""
+    """Allocated MiB over one step at the optimizer boundary, a panel per mode (red over orange: gradients twice)."""
     record = recorded.get("optimizer_boundary_memory", recorded)
     modes = [m for m in record if isinstance(record[m], dict) and "timeline" in record[m]]
     fig, axes = figure(1, len(modes), height=3.8, sharey=True, squeeze=False)

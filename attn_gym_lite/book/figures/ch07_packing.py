@@ -28,8 +28,7 @@ def plot_policy_batches(pieces, policies, token_capacity: int):
 
 @styled
 def plot_packing_study(rows, *, seed_published: dict = SEED_PUBLISHED):
-    """:func:`~attn_gym_lite.data.study.packing_study` rows, a column per ``T``: mean padding, then
-    ``M`` against the buffer size ``B``, with the seed article's published points."""
+    """The packing study, a column per ``T``: padding and ``M`` against ``B``, beside the seed's points."""
     capacities = sorted({row["T"] for row in rows})
     fig, axes = figure(2, len(capacities), height=6.4, squeeze=False, sharex=True, sharey="row")
     for column, capacity in enumerate(capacities):

@@ -27,9 +27,7 @@ def plot_series(series: dict, *, ylabel: str, title: str, ylim=None, markers: bo
     fig, ax = figure(height=3.0)
     for name, values in series.items():
         ax.plot(np.asarray(values, dtype=float), "o-" if markers else "-", markersize=3, label=name)
-    ax.set(xlabel="step", ylabel=ylabel, title=title)
-    if ylim is not None:
-        ax.set_ylim(*ylim)
+    ax.set(xlabel="step", ylabel=ylabel, title=title, ylim=ylim)
     ax.legend()
     return fig
 

@@ -11,8 +11,7 @@ GOAL = 1.05  # captured / exact, the goal for ours
 
 @styled
 def plot_kda_overcapture(recorded: dict, live: dict | None = None):
-    """The KDA overcapture sweep: replay µs of the graph captured at capacity (solid) and of the
-    exact-shape graph (dashed) against ``L``, and their ratio; live dotted."""
+    """The KDA overcapture sweep: replay µs captured at capacity (solid) and exact (dashed), and their ratio."""
     record = recorded.get("overcapture", recorded)
     fig, (times, ratios) = figure(1, 2, height=4.0)
     for name, rec, linestyle, alpha in sources(record, live and live.get("overcapture", live)):
@@ -40,8 +39,6 @@ def plot_kda_amdahl(recorded: dict, live: dict | None = None):
     """The module-level Amdahl study: the KDA core and the rest of the layer per ``T``, and each
     time relative to the largest ``T`` beside ``T / T_max``: the gap does not shrink with the tokens."""
     record = recorded.get("amdahl", recorded)
-    if not record["points"]:
-        raise ValueError(f"plot_kda_amdahl: the record holds no points; errors: {record.get('errors')}")
     points = sorted(record["points"], key=lambda p: p["T"])
     fig, (bars, scaling) = figure(1, 2, height=4.0)
     bars.grid(False, axis="x")

@@ -9,8 +9,7 @@ MODE_COLOURS = {"eager": SERIES_COLOURS["eager"], "graph": SERIES_COLOURS["graph
 
 @styled
 def plot_scale_out(record: dict):
-    """The ``scale-out`` suite: throughput per (workload, mode, ``W``) with its p10-p90 spread and
-    scaling efficiency; with profiled steps, each rank's NCCL time, overlapped or alone."""
+    """Throughput per (workload, mode, ``W``) with its spread and efficiency; each rank's NCCL time."""
     runs = record.get("runs") or []
     if not runs:
         raise ValueError(f"plot_scale_out: the record holds no runs; errors: {record.get('errors')}")

@@ -6,10 +6,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 from matplotlib.ticker import FuncFormatter, LogLocator, NullLocator
 
-#: Inches: a Jupyter Book page column scales every figure to the same on-screen width, so the same
-#: font size reads the same in every chapter.
-FULL_WIDTH = 10.0
-ROW_HEIGHT = 3.6
+FULL_WIDTH, ROW_HEIGHT = 10.0, 3.6  # inches: every figure as wide, so a font size reads the same everywhere
 
 STYLE = {
     "font.size": 9, "axes.titlesize": 10, "axes.labelsize": 9, "xtick.labelsize": 8, "ytick.labelsize": 8,
