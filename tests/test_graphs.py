@@ -1,6 +1,5 @@
-"""capture_graph and StaticInputs: argument checks on CPU, capture and replay on the GPU."""
+"""StaticInputs and capture options on the CPU; capture and replay on the GPU."""
 
-import inspect
 from itertools import islice
 
 import pytest
@@ -30,96 +29,20 @@ def test_static_inputs_take_dataclass_batches():
     assert torch.equal(static.cu_seqlens, batch.cu_seqlens)
 
 
-def test_static_inputs_reject_new_shapes_and_copy_nothing():
+@pytest.mark.parametrize("b", [torch.ones(3), torch.ones(2, dtype=torch.float64)], ids=["shape", "dtype"])
+def test_static_inputs_refuse_a_new_shape_or_dtype_and_copy_nothing(b):
     static = StaticInputs({"a": torch.zeros(4), "b": torch.zeros(2)}, "cpu")
-    with pytest.raises(ValueError, match=r"field 'b' must have shape \(2,\) and dtype torch.float32 .*got shape \(3,\)"):
-        static.copy_({"a": torch.ones(4), "b": torch.ones(3)})
-    assert torch.equal(static.a, torch.zeros(4)), "a rejected batch must leave every buffer untouched"
-    with pytest.raises(ValueError, match="batch has no tensor field 'b'"):
-        static.copy_({"a": torch.ones(4)})
-    with pytest.raises(ValueError, match="dtype torch.float32.*got shape \\(4,\\) and dtype torch.float64"):
-        static.copy_({"a": torch.ones(4, dtype=torch.float64), "b": torch.ones(2)})
-    # A missing buffer by either spelling names what there is (reliability tail: ["foo"] was a bare
-    # KeyError: 'foo').
-    with pytest.raises(AttributeError, match=r"^StaticInputs has no buffer 'foo'; it has \['a', 'b'\]$"):
-        _ = static.foo
-    with pytest.raises(KeyError, match=r"StaticInputs has no buffer 'foo'; it has \['a', 'b'\]"):
-        static["foo"]
-    assert static["a"] is static.a
+    with pytest.raises(ValueError, match="b must be"):
+        static.copy_({"a": torch.ones(4), "b": b})
+    assert torch.equal(static.a, torch.zeros(4)), "a refused batch must leave every buffer untouched"
 
 
-def test_static_inputs_refuse_a_meta_field_and_copy_nothing():
-    # The meta field failed inside Tensor.copy_ (NotImplementedError) after 'a' had been overwritten.
-    static = StaticInputs({"a": torch.zeros(3), "b": torch.zeros(2)}, "cpu")
-    with pytest.raises(ValueError, match=r"field 'b' must hold values .*got a meta tensor of shape \(2,\)"):
-        static.copy_({"a": torch.ones(3), "b": torch.ones(2, device="meta")})
-    assert torch.equal(static.a, torch.zeros(3)), "a rejected batch must leave every buffer untouched"
-    with pytest.raises(ValueError, match=r"field 'a' must hold values .*got a meta tensor of shape \(3,\)"):
-        StaticInputs({"a": torch.zeros(3, device="meta")}, "cpu")
-
-
-def test_static_inputs_name_a_bad_device():
-    # torch.device(device) raised torch's bare RuntimeError ("Expected one of cpu, cuda, ...") for
-    # "foo"; "cuda" without a GPU failed in empty_like with "Torch not compiled with CUDA enabled";
-    # "meta" built buffers that hold no values, which copy_ then silently "filled".
-    template = {"a": torch.zeros(3)}
-    with pytest.raises(ValueError, match=r"device must be a torch.device, a device string .*, got 'foo'"):
-        StaticInputs(template, "foo")
-    with pytest.raises(TypeError, match=r"device must be a torch.device, a device string .*, got NoneType None"):
-        StaticInputs(template, None)
-    with pytest.raises(ValueError, match=r"device must be a device that holds values \(not 'meta'\), got meta"):
-        StaticInputs(template, torch.device("meta"))
-    if not torch.cuda.is_available():
-        with pytest.raises(ValueError, match=r"device must be an available device; CUDA is not available here"):
-            StaticInputs(template, "cuda")
-    assert StaticInputs(template, torch.device("cpu")).device == torch.device("cpu")
-
-
-def test_static_inputs_reject_non_batches():
-    with pytest.raises(TypeError, match="template must be a mapping of tensors or a dataclass instance, got list"):
-        StaticInputs([torch.zeros(2)], "cpu")
-    with pytest.raises(TypeError, match="at least one Tensor field"):
-        StaticInputs({"n": 3}, "cpu")
-    with pytest.raises(AttributeError, match="has no buffer 'y'"):
-        _ = StaticInputs({"x": torch.zeros(1)}, "cpu").y
-
-
-def test_capture_graph_checks_its_arguments():
-    with pytest.raises(TypeError, match="fn must be callable, got int"):
-        capture_graph(3)
-    with pytest.raises(TypeError, match="warmup must be an int >= 0, got 1.5"):
-        capture_graph(lambda: None, warmup=1.5)
-    with pytest.raises(ValueError, match="warmup must be an int >= 0, got -1"):
-        capture_graph(lambda: None, warmup=-1)
-
-
-def test_capture_options_refuses_what_torch_cuda_graph_would_refuse_at_capture():
+def test_capture_options_nest_and_restore():
     with capture_options(capture_error_mode="relaxed"):
-        with capture_options(capture_error_mode="global"):
-            assert _CAPTURE_OPTIONS.get() == {"capture_error_mode": "global"}
-        assert _CAPTURE_OPTIONS.get() == {"capture_error_mode": "relaxed"}
-    with pytest.raises(ValueError, match=r"capture_error_mode must be one of \('global', 'thread_local', 'relaxed'\), "
-                                         r"got 'nope'"):
-        with capture_options(capture_error_mode="nope"):
-            pass
-    with pytest.raises(ValueError, match=r"capture_options: option must be one of \('capture_error_mode', .*\), "
-                                         r"got 'bogus'"):
-        with capture_options(bogus=1):
-            pass
-    with pytest.raises(ValueError, match=r"capture_options: option must be one of .*, got 'pool'"):
-        with capture_options(pool=None):
-            pass
-    if "enable_annotations" in inspect.signature(torch.cuda.graph.__init__).parameters:
-        with pytest.raises(TypeError, match=r"enable_annotations must be a bool, got 1"):
-            with capture_options(enable_annotations=1):
-                pass
-    assert _CAPTURE_OPTIONS.get() is None
-
-
-@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU-only error")
-def test_capture_graph_needs_cuda():
-    with pytest.raises(RuntimeError, match="CUDA graphs need a CUDA device"):
-        capture_graph(lambda: None)
+        with capture_options(enable_annotations=True):
+            assert dict(_CAPTURE_OPTIONS.get()) == {"capture_error_mode": "relaxed", "enable_annotations": True}
+        assert dict(_CAPTURE_OPTIONS.get()) == {"capture_error_mode": "relaxed"}
+    assert _CAPTURE_OPTIONS.get() == ()
 
 
 def _tiny_tokenizer():
