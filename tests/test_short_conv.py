@@ -1,5 +1,5 @@
-"""The ragged short convolution against a float64 loop over tokens: forward, backward, sequence
-restarts, and the rows it leaves undefined."""
+"""The ragged short convolution (tensor ops and Triton kernels) against a float64 loop over tokens:
+forward, backward, sequence restarts, and the rows it leaves undefined."""
 
 import math
 
@@ -10,52 +10,54 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from attn_gym_lite.ops.masking import uninitialized_memory_as_nan
-from attn_gym_lite.ops.short_conv import ShortConv, resolve_short_conv_impl, short_conv, short_conv_reference
+from attn_gym_lite.ops.short_conv import ShortConv, resolve_short_conv_impl, short_conv
 from attn_gym_lite.ragged import cu_seqlens_from_lengths, pad_cu_seqlens
 
-# The Triton kernels run compiled on a GPU, or on CPU tensors in Triton's interpreter (conftest.py
-# sets TRITON_INTERPRET=1 without a GPU). Float32 is the widest dtype they take.
+# The kernels run compiled on a GPU, or on CPU tensors in Triton's interpreter (conftest.py sets
+# TRITON_INTERPRET=1 without a GPU), in float32 at most.
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 TRITON_RUNS = resolve_short_conv_impl("auto", torch.zeros(1, 1, device=DEVICE)) == "triton"
 needs_triton = pytest.mark.skipif(not TRITON_RUNS, reason="the Triton kernels need Triton, and a GPU or TRITON_INTERPRET=1")
+IMPLS = ["torch", pytest.param("triton", marks=needs_triton)]
 
 
 def silu_then(y, activation):
     return y * torch.sigmoid(y) if activation == "silu" else y
 
 
-@FAST
-@given(layout=ragged_layouts(), fill=st.sampled_from(FILLS), width=st.integers(1, 5))
-def test_forward_and_backward_equal_the_token_loop_on_active_rows(layout, fill, width):
-    tokens, cu = layout
+def against_the_loop(impl, tokens, cu, channels, width, fill, activation, seed):
+    """``short_conv`` (``fill`` in the inactive rows of x and of dy) against the float64 loop: the
+    output, the input gradient and the weight gradient on the active rows. The tensor ops run in
+    float64, the kernels in float32."""
     active = int(cu[-1])
-    x = fill_inactive(torch.randn(tokens, 3, dtype=torch.float64), cu, fill).requires_grad_()
-    weight = torch.randn(3, width, dtype=torch.float64, requires_grad=True)
-    upstream = fill_inactive(torch.randn(tokens, 3, dtype=torch.float64), cu, fill)
-    y = short_conv(x, weight, cu)
+    dtype, device, tolerance = (torch.float64, "cpu", 1e-12) if impl == "torch" else (torch.float32, DEVICE, 1e-5)
+    g = torch.Generator().manual_seed(seed)
+    x = fill_inactive(torch.randn(tokens, channels, generator=g, dtype=dtype), cu, fill).to(device).requires_grad_()
+    weight = torch.randn(channels, width, generator=g, dtype=dtype).to(device).requires_grad_()
+    upstream = fill_inactive(torch.randn(tokens, channels, generator=g, dtype=dtype), cu, fill).to(device)
+    y = short_conv(x, weight, cu.to(device), activation=activation, impl=impl)
     grad_x, grad_weight = torch.autograd.grad(y, (x, weight), upstream)
-    # The loop only ever reads active rows, and only the active rows of the gradient matter.
-    if active == 0:  # no real token: nothing to compute, nothing to learn
+    if active == 0:  # no real token: nothing to learn
         assert torch.equal(grad_weight, torch.zeros_like(grad_weight))
         return
-    clean_x = x.detach()[:active].clone().requires_grad_()
-    expected = naive_short_conv(clean_x, weight, cu)
-    expected_grad_x, expected_grad_weight = torch.autograd.grad(expected, (clean_x, weight), upstream[:active])
-    torch.testing.assert_close(y[:active], expected, rtol=1e-12, atol=1e-12)
-    torch.testing.assert_close(grad_x[:active], expected_grad_x, rtol=1e-12, atol=1e-12)
-    torch.testing.assert_close(grad_weight, expected_grad_weight, rtol=1e-12, atol=1e-12)
+    clean_x = x.detach().cpu()[:active].double().requires_grad_()
+    weight64 = weight.detach().cpu().double().requires_grad_()
+    expected = silu_then(naive_short_conv(clean_x, weight64, cu), activation)
+    expected_grads = torch.autograd.grad(expected, (clean_x, weight64), upstream.cpu()[:active].double())
+    close = dict(rtol=tolerance, atol=tolerance)
+    torch.testing.assert_close(y[:active].cpu().double(), expected, **close)
+    torch.testing.assert_close(grad_x[:active].cpu().double(), expected_grads[0], **close)
+    torch.testing.assert_close(grad_weight.cpu().double(), expected_grads[1], rtol=tolerance, atol=tolerance * active)
 
 
-@needs_triton
+@pytest.mark.parametrize("impl", IMPLS)
 @FAST
 @given(layout=ragged_layouts(max_tokens=40), fill=st.sampled_from(FILLS), width=st.integers(1, 5),
        channels=st.integers(1, 140), activation=st.sampled_from([None, "silu"]), seed=st.integers(0, 2**16))
-def test_triton_kernels_equal_the_float64_token_loop(layout, fill, width, channels, activation, seed):
-    # float32 kernels (the interpreter on a CPU) against the float64 loop: forward, the input
-    # gradient and the weight gradient, with NaN/Inf in the inactive rows of x and of dy. Channel
-    # counts up to 140 (three 64-wide blocks) and up to 40 rows (two 32-row blocks) cross the kernels' tiles.
-    tokens, cu = layout
-    _kernels_against_the_loop(tokens, cu, channels, width, fill, activation, seed)
+def test_equals_the_float64_token_loop(impl, layout, fill, width, channels, activation, seed):
+    # NaN/Inf in the inactive rows of x and of dy; up to 140 channels (three 64-wide blocks) and 40
+    # rows (two 32-row blocks) cross the kernels' tiles.
+    against_the_loop(impl, *layout, channels, width, fill, activation, seed)
 
 
 @needs_triton
@@ -63,40 +65,14 @@ def test_triton_kernels_equal_the_float64_token_loop(layout, fill, width, channe
 @pytest.mark.parametrize("lengths", [[64, 64, 21], [63, 2, 70, 1], [3, 0, 150], [200]],
                          ids=["start at a block edge", "start one row before it", "empty, long", "one"])
 def test_the_kernels_carry_the_halo_and_sum_dw_across_row_and_channel_blocks(lengths, activation):
-    # Each program owns BLOCK_T rows and BLOCK_D channels: its taps read up to W-1 rows of the block
-    # before (the halo), and each row block writes its own part of dw, summed after. The hypothesis
-    # test above stays within 40 rows (at most two row blocks, its sequence starts wherever they
-    # fall). Here T spans up to 210 rows (seven blocks) and 130 channels (three channel blocks),
-    # with sequence starts placed at, and one row before, a row block's first row, and 10 inactive
-    # rows of NaN at the end. Held to the float64 loop.
+    # A program's taps read up to W-1 rows of the block before (the halo), and each row block writes
+    # its own part of dw: up to 210 rows (seven blocks) and 130 channels (three blocks), sequence
+    # starts at and one row before a block's first row, 10 inactive rows of NaN at the end.
     from attn_gym_lite.ops import short_conv_triton as kernels
 
     assert 64 % kernels.BLOCK_T == 0 and 130 > 2 * kernels.BLOCK_D  # the layouts rely on the tile
     cu = cu_seqlens_from_lengths(lengths)
-    _kernels_against_the_loop(int(cu[-1]) + 10, cu, 130, 4, "nan", activation, len(lengths))
-
-
-def _kernels_against_the_loop(tokens, cu, channels, width, fill, activation, seed):
-    """The Triton kernels on ``tokens`` rows (``fill`` in the inactive rows of x and of dy) against
-    the float64 loop: the output, the input gradient and the weight gradient."""
-    active = int(cu[-1])
-    g = torch.Generator().manual_seed(seed)
-    x = fill_inactive(torch.randn(tokens, channels, generator=g), cu, fill).to(DEVICE).requires_grad_()
-    weight = torch.randn(channels, width, generator=g).to(DEVICE).requires_grad_()
-    upstream = fill_inactive(torch.randn(tokens, channels, generator=g), cu, fill).to(DEVICE)
-    y = short_conv(x, weight, cu.to(DEVICE), activation=activation, impl="triton")
-    grad_x, grad_weight = torch.autograd.grad(y, (x, weight), upstream)
-    if active == 0:
-        assert torch.equal(grad_weight, torch.zeros_like(grad_weight))
-        return
-    clean_x = x.detach().cpu()[:active].double().requires_grad_()
-    weight64 = weight.detach().cpu().double().requires_grad_()
-    expected = silu_then(naive_short_conv(clean_x, weight64, cu), activation)
-    expected_grad_x, expected_grad_weight = torch.autograd.grad(expected, (clean_x, weight64),
-                                                                upstream.cpu()[:active].double())
-    torch.testing.assert_close(y[:active].cpu().double(), expected, rtol=1e-5, atol=1e-5)
-    torch.testing.assert_close(grad_x[:active].cpu().double(), expected_grad_x, rtol=1e-5, atol=1e-5)
-    torch.testing.assert_close(grad_weight.cpu().double(), expected_grad_weight, rtol=1e-5, atol=1e-5 * active)
+    against_the_loop("triton", int(cu[-1]) + 10, cu, 130, 4, "nan", activation, len(lengths))
 
 
 def test_auto_resolves_to_the_kernels_where_they_run_and_refuses_bad_arguments():
@@ -119,9 +95,8 @@ def test_the_tensor_ops_differentiate_twice_without_nan_from_inactive_rows(activ
     torch.manual_seed(0)
     tokens, active, channels, width = 7, 5, 2, 3
     cu = torch.tensor([0, 2, 5], dtype=torch.int32)
-    x = torch.randn(tokens, channels, dtype=torch.float64)
-    w = torch.randn(channels, width, dtype=torch.float64)
-    dy = torch.randn(tokens, channels, dtype=torch.float64)
+    x, w, dy = (torch.randn(*shape, dtype=torch.float64) for shape in ((tokens, channels), (channels, width),
+                                                                        (tokens, channels)))
     dirty_x, dirty_dy = x.clone(), dy.clone()
     dirty_x[active:], dirty_dy[active:] = float("nan"), float("inf")
     results = []
@@ -142,29 +117,17 @@ def test_the_tensor_ops_differentiate_twice_without_nan_from_inactive_rows(activ
 def test_the_kernels_refuse_a_second_backward():
     x = torch.randn(6, 2, device=DEVICE, requires_grad=True)
     w = torch.randn(2, 3, device=DEVICE, requires_grad=True)
-    cu = torch.tensor([0, 4], dtype=torch.int32, device=DEVICE)
-    loss = short_conv(x, w, cu, impl="triton")[:4].pow(2).sum()
+    loss = short_conv(x, w, torch.tensor([0, 4], dtype=torch.int32, device=DEVICE), impl="triton")[:4].pow(2).sum()
     (gx,) = torch.autograd.grad(loss, (x,), create_graph=True)
     with pytest.raises(RuntimeError, match="differentiate twice"):  # not a silent zero second derivative
         gx.sum().backward()
 
 
-@FAST
-@given(layout=ragged_layouts(), width=st.integers(1, 5))
-def test_reference_equals_the_token_loop(layout, width):
-    tokens, cu = layout
-    x = torch.randn(tokens, 3, dtype=torch.float64)
-    weight = torch.randn(3, width, dtype=torch.float64)
-    expected = torch.cat((naive_short_conv(x[: int(cu[-1])], weight, cu), x.new_zeros(tokens - int(cu[-1]), 3)))
-    torch.testing.assert_close(short_conv_reference(x, weight, cu), expected, rtol=1e-12, atol=1e-12)
-
-
-@pytest.mark.parametrize("impl", ["torch", pytest.param("triton", marks=needs_triton)])
+@pytest.mark.parametrize("impl", IMPLS)
 @pytest.mark.parametrize("layout", EDGE_LAYOUTS.values(), ids=EDGE_LAYOUTS.keys())
 def test_inactive_output_and_input_gradient_rows_are_left_undefined(layout, impl):
-    # What makes the block's gradient barrier necessary: like a kernel launched over the active
-    # rows only, the op never writes rows L..T-1 of its output or of ∇input. Here undefined
-    # memory reads as NaN, so those rows (and only those) are NaN, even for finite inputs.
+    # What makes the block's gradient barrier necessary: like a kernel launched over the active rows
+    # only, the op never writes rows L..T-1 of its output or of ∇input (NaN here, finite inputs).
     tokens, cu = layout
     active = int(cu[-1])
     x = torch.randn(tokens, 4, device=DEVICE, requires_grad=True)
@@ -173,8 +136,7 @@ def test_inactive_output_and_input_gradient_rows_are_left_undefined(layout, impl
         y = short_conv(x, weight, cu.to(DEVICE), impl=impl)
         grad_x, grad_weight = torch.autograd.grad(y, (x, weight), torch.ones_like(y))
     for rows in (y, grad_x):
-        assert rows[:active].isfinite().all()
-        assert rows[active:].isnan().all()
+        assert rows[:active].isfinite().all() and rows[active:].isnan().all()
     assert grad_weight.isfinite().all()  # reduced over active rows only
 
 
@@ -194,17 +156,15 @@ def test_documents_never_see_the_previous_document():
 def test_module_initialises_like_a_depthwise_conv1d():
     torch.manual_seed(0)
     conv = ShortConv(512, 4)
-    assert conv.weight.shape == (512, 4)
-    assert conv.weight.abs().max() <= 1 / math.sqrt(4)
+    assert conv.weight.shape == (512, 4) and conv.weight.abs().max() <= 1 / math.sqrt(4)
     assert conv.weight.std().item() == pytest.approx(1 / math.sqrt(4) / math.sqrt(3), rel=0.05)  # uniform
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_cuda_kernels_match_the_tensor_ops_at_a_layer_size(dtype):
-    # The compiled kernels at a KDA-like size (channels not a multiple of the 128-wide block, rows
-    # not a multiple of the 32-row block, L < T), held to float64 on the same rounded inputs: at
-    # least as close as the tensor ops (which round z to 16 bits before the SiLU; the kernels do not).
+    # A KDA-like size (channels and rows not multiples of the blocks, L < T), held to float64 on the
+    # same rounded inputs: at least as close as the tensor ops (which round z before the SiLU).
     torch.manual_seed(0)
     tokens, channels = 3000, 1000
     cu = pad_cu_seqlens(cu_seqlens_from_lengths([1, 700, 0, 3, 1500, 33, 700]), 16).cuda()
@@ -221,14 +181,13 @@ def test_cuda_kernels_match_the_tensor_ops_at_a_layer_size(dtype):
     for name, exact, ops, kernels in zip(("y", "dx", "dw"), *results.values()):
         scale = exact.abs().max().item()
         ops_error, kernel_error = ((r - exact).abs().max().item() for r in (ops, kernels))
-        # Twice the tensor ops' error, or one unit of the dtype's precision at the largest value.
         assert kernel_error <= max(2 * ops_error, torch.finfo(dtype).eps * scale), (name, kernel_error, ops_error, scale)
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("impl", ["torch", "triton"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_cuda_graph_replay_with_new_layouts_matches_the_reference(dtype, impl):
+def test_cuda_graph_replay_with_new_layouts_matches_the_loop(dtype, impl):
     from attn_gym_lite.graph.capture import capture_graph
 
     tokens, channels = 256, 64
@@ -257,7 +216,7 @@ def test_cuda_graph_replay_with_new_layouts_matches_the_reference(dtype, impl):
             continue
         x64 = static_x.detach().double().cpu()[:active].requires_grad_()
         w64 = weight.detach().double().cpu().requires_grad_()
-        expected = short_conv_reference(x64, w64, cu[: len(lengths) + 1])
+        expected = naive_short_conv(x64, w64, cu)
         e_grad_x, e_grad_w = torch.autograd.grad(expected, (x64, w64), static_upstream.double().cpu()[:active])
         torch.testing.assert_close(y[:active].double().cpu(), expected, **tolerance)
         torch.testing.assert_close(grad_x[:active].double().cpu(), e_grad_x, **tolerance)

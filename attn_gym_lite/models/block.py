@@ -6,16 +6,11 @@
       ─► short conv (ragged) ─► SiLU ─► causal varlen attention (ragged)
       ─► [attention_output: value mask] ─► RMSNorm ─► output projection ─► + x
 
-The shape of a linear-attention layer with softmax attention as the mixer. Its masks
-(:data:`MASK_SITES`) follow one rule, *mask where inactive rows can mix, reduce, or become
-undefined, and nowhere else*: ``input``, because rows past ``L`` may hold NaN and the first norm's
-gain and the QKV weight gradients sum over every row; ``qkv_grad``, because the short
-convolution's backward leaves its inactive input-gradient rows undefined; ``attention_output``,
-because varlen attention leaves its inactive output rows undefined. The norms, projections and
-SiLU are token-parallel, the convolution and attention ragged, so nothing else needs a mask: the
-output rows past ``L`` are 0 and every gradient equals the one on the ``L`` real rows alone.
-
-Source: the seed article, section "Correctness tangent".
+A linear-attention layer's shape with softmax attention as the mixer. Masks, by the rule *mask
+where inactive rows can mix, reduce, or become undefined, and nowhere else*: ``input`` (rows past
+``L`` may hold NaN; the first norm's and QKV's weight gradients sum every row), ``qkv_grad`` (the
+short convolution leaves its inactive input-gradient rows undefined), ``attention_output`` (so does
+varlen attention with its output rows). Everything else is token-parallel or ragged.
 """
 
 from __future__ import annotations
@@ -41,29 +36,14 @@ MASK_SITES = ("input", "qkv_grad", "attention_output")
 class ShortConvAttentionBlock(nn.Module):
     """Pre-norm residual block: ``forward(x [T, dim], cu_seqlens, max_seqlen=None) -> [T, dim]``.
 
-    Args:
-        dim, num_heads: model width and attention heads (head dim ``dim // num_heads``).
-        kernel_size: width of the short convolution over the ``3 * dim`` QKV channels.
-        masks: which of :data:`MASK_SITES` to apply; all of them is what training at padded
-            capacity needs, fewer only to see what each one prevents.
-        impl, schedule: the attention implementation and Triton schedule, as in
-            :class:`~attn_gym_lite.models.attention.VarLenAttention`; ``max_seqlen`` bounds the
-            longest sequence where the attention sizes its grid by it (:attr:`needs_max_seqlen`).
-        device, dtype: of the parameters.
+    ``masks``: the sites of :data:`MASK_SITES` to apply, fewer only to see what each prevents.
+    ``impl``, ``schedule``: the attention's, as in :class:`~attn_gym_lite.models.attention.VarLenAttention`;
+    ``max_seqlen`` bounds the longest sequence where the attention sizes its grid by it.
     """
 
-    def __init__(
-        self,
-        dim: int,
-        num_heads: int,
-        *,
-        kernel_size: int = 4,
-        masks: Iterable[str] = MASK_SITES,
-        impl: str = "auto",
-        schedule: str = "auto",
-        device: torch.device | str | None = None,
-        dtype: torch.dtype | None = None,
-    ) -> None:
+    def __init__(self, dim: int, num_heads: int, *, kernel_size: int = 4, masks: Iterable[str] = MASK_SITES,
+                 impl: str = "auto", schedule: str = "auto", device: torch.device | str | None = None,
+                 dtype: torch.dtype | None = None) -> None:
         super().__init__()
         check_heads("ShortConvAttentionBlock", dim, num_heads, impl)
         self.masks = frozenset(masks)

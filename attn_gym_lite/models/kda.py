@@ -10,18 +10,12 @@ r"""A Kimi Delta Attention (KDA) layer on packed batches, masked for padded capa
                               │   KDA core (q, k, v, g, beta, cu_seqlens)  ─► o
                               └─► g_proj (low rank) ─► gated RMSNorm(o, sigmoid gate) ─► output projection
 
-The layer of the Kimi Linear report and of fla's ``KimiDeltaAttention``, without the residual.
-The three q, k, v projections and short convolutions are one each over concatenated channels (a
-depthwise convolution acts on each channel alone). The masks (:data:`KDA_MASK_SITES`) follow the
-"Masking" chapter's rule: ``input``, because every projection's weight gradient sums over every
-row and rows past ``L`` may hold NaN; ``projection_grad``, because the short convolution leaves
-its input gradient's inactive rows undefined; ``gate_grad``, because the core fixes its output
-rows past ``L`` (zero) but not its ``g``/``beta`` gradients there. Nowhere else: the convolution
-and the core are ragged, everything between them token-parallel. So the output rows past ``L``
-are 0 and every gradient equals the one computed on the ``L`` real rows alone.
-
-Sources: Kimi Team, *Kimi Linear* (arXiv:2510.26692); flash-linear-attention ``fla/layers/kda.py``,
-read for the parameter shapes and initialisations.
+The layer of Kimi Linear (arXiv:2510.26692) and fla's ``KimiDeltaAttention``, without the
+residual; q, k, v share one projection and one depthwise convolution. Masks, by the "Masking"
+chapter's rule: ``input`` (every weight gradient sums over every row, which may hold NaN),
+``projection_grad`` (the short convolution leaves its inactive input-gradient rows undefined),
+``gate_grad`` (the core fixes its output rows past ``L``, not its ``g``/``beta`` gradients there).
+The convolution and the core are ragged and the rest token-parallel, so nothing else needs one.
 """
 
 from __future__ import annotations
@@ -52,14 +46,13 @@ KDA_REGIONS = ("kda.input_mask", "kda.qkv_proj", "kda.short_conv", "kda.qk_norm"
 
 
 def l2_normalize(x: Tensor, eps: float = 1e-6) -> Tensor:
-    """``x / sqrt(sum(x²) + eps)`` over the last dim, in at least float32 (fla's ``l2norm``)."""
+    """``x / sqrt(sum(x²) + eps)`` over the last dim, in at least float32."""
     compute = x.float() if x.dtype in (torch.float16, torch.bfloat16) else x
     return (compute * torch.rsqrt(compute.pow(2).sum(-1, keepdim=True) + eps)).to(x.dtype)
 
 
 def kda_gate(f: Tensor, A_log: Tensor, dt_bias: Tensor) -> Tensor:
-    """KDA's per-channel log-decay ``g = -exp(A_log[h]) · softplus(f + dt_bias) <= 0`` for
-    ``f [T, H, K]``, ``A_log [H]``, ``dt_bias [H * K]``, in at least float32 (fla's ``fused_kda_gate``)."""
+    """KDA's log-decay ``g = -exp(A_log[h]) · softplus(f + dt_bias) <= 0``, ``f [T, H, K]``, in >= float32."""
     _, heads, width = f.shape
     compute = torch.promote_types(A_log.dtype, torch.float32)
     pre = f.to(compute) + dt_bias.to(compute).view(heads, width)
@@ -67,8 +60,7 @@ def kda_gate(f: Tensor, A_log: Tensor, dt_bias: Tensor) -> Tensor:
 
 
 def gated_rms_norm(o: Tensor, gate: Tensor, weight: Tensor, eps: float) -> Tensor:
-    """``RMSNorm(o) · weight · sigmoid(gate)`` over the last dim, in at least float32 (fla's
-    ``FusedRMSNormGated``). A zero row of ``o`` stays zero."""
+    """``RMSNorm(o) · weight · sigmoid(gate)`` over the last dim, in at least float32."""
     compute = torch.promote_types(o.dtype, torch.float32)
     normed = F.rms_norm(o.to(compute), (o.shape[-1],), weight.to(compute), eps)
     return (normed * torch.sigmoid(gate.to(compute))).to(o.dtype)
@@ -78,23 +70,11 @@ class KDAAttention(nn.Module):
     """Kimi Delta Attention on a packed batch: ``forward(x [T, hidden_size], cu_seqlens, max_seqlen=None)
     -> [T, hidden_size]``, rows past ``L`` zero whatever ``x`` holds there.
 
-    Args:
-        hidden_size, num_heads: model width and heads ``H``.
-        head_dim: ``K``, the key width per head (16, 32, 64 or 128 for the Triton core).
-        head_v_dim: ``V``, the value width per head; default ``head_dim``.
-        conv_size: width of the short convolution (4 in Kimi Linear).
-        gate_rank: inner width of the low-rank ``f_proj`` and ``g_proj``; default ``head_v_dim``.
-        norm_eps: the output RMSNorm's epsilon (> 0: the zero rows past ``L`` stay zero).
-        impl: the core: ``"triton"`` (capturable), ``"chunked"`` or ``"recurrent"`` (the eager
-            references, which read ``cu_seqlens`` on the host).
-        chunk_size: ``C`` of the chunked cores.
-        masks: which of :data:`KDA_MASK_SITES` to apply; all of them is what training at padded
-            capacity needs, fewer only to see what each one prevents.
-        device, dtype: of the parameters (``A_log`` and ``dt_bias`` in at least float32, as fla).
-
-    ``max_seqlen`` is ignored (no KDA core needs a bound on the longest sequence); it is accepted so
-    that the layer is called like the package's attention modules. The values of ``cu_seqlens`` are
-    checked by the core where it reads them (the references; ``"triton"`` with a CPU tensor).
+    ``head_dim``/``head_v_dim`` are ``K``/``V`` per head (16 to 128 for the Triton core);
+    ``gate_rank`` the inner width of ``f_proj``/``g_proj`` (default ``V``); ``impl`` the core:
+    ``"triton"`` (capturable), ``"chunked"`` or ``"recurrent"`` (eager references). ``masks``: the
+    sites of :data:`KDA_MASK_SITES` to apply, fewer only to see what each prevents. ``max_seqlen`` is
+    ignored (no KDA core needs it) so that the layer is called like the attention modules.
     """
 
     def __init__(self, hidden_size: int, num_heads: int, head_dim: int = 128, *, head_v_dim: int | None = None,
@@ -137,7 +117,7 @@ class KDAAttention(nn.Module):
         return kda_triton(q, k, v, g, beta, cu_seqlens, chunk_size=self.chunk_size)[0]
 
     def core_inputs(self, x: Tensor, cu_seqlens: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
-        """Everything before the core, ``(q, k, v, g, beta)``: to time the core on the layer's own inputs."""
+        """``(q, k, v, g, beta)``: everything before the core, to time it on the layer's own inputs."""
         x, active = self._masked_input(x, cu_seqlens)
         return self._core_inputs(x, active, cu_seqlens)
 
@@ -175,7 +155,3 @@ class KDAAttention(nn.Module):
             if "gate_grad" in self.masks:
                 g, beta = mask_inactive_token_gradients(g, active), mask_inactive_token_gradients(beta, active)
         return q, k, v.reshape(T, H, V), g, beta
-
-    def extra_repr(self) -> str:
-        return (f"hidden_size={self.hidden_size}, num_heads={self.num_heads}, head_dim={self.head_dim}, "
-                f"head_v_dim={self.head_v_dim}, impl={self.impl!r}, masks={sorted(self.masks)}")

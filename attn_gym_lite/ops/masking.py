@@ -1,12 +1,9 @@
 """Masking the inactive capacity of a packed batch, in values and in gradients.
 
-A graph captured at token capacity ``T`` computes on all ``T`` rows while only the first
-``L = cu_seqlens[-1]`` hold real tokens. Rows past ``L`` may hold anything (stale data, NaN, Inf),
-backward passes reduce over every row (a projection's ``∇W = Xᵀ∇Y``), and ragged kernels leave
-rows past ``L`` of their outputs and input gradients undefined. The rule: mask where inactive rows
-can mix, reduce, or become undefined, and nowhere else. Both masks *select* with ``torch.where``
-(``NaN * 0`` is NaN), read nothing on the host, and may run inside CUDA graph capture.
-
+At capacity ``T`` only the first ``L = cu_seqlens[-1]`` rows are real; the others may hold NaN,
+backward passes reduce over every row (``∇W = Xᵀ∇Y``), and ragged kernels leave rows past ``L``
+undefined. The rule: mask where inactive rows can mix, reduce, or become undefined, and nowhere
+else. Both masks *select* with ``torch.where`` (``NaN * 0`` is NaN) and are capturable.
 Source: the seed article, "Correctness tangent"; pytorch/pytorch issue #176793.
 """
 
@@ -61,12 +58,9 @@ def mask_inactive_token_gradients(x: Tensor, active: Tensor) -> Tensor:
 
 @contextlib.contextmanager
 def uninitialized_memory_as_nan() -> Iterator[None]:
-    """Within the block, memory an op leaves uninitialized reads as NaN (ints: their max value).
-
-    A missing mask then shows as NaN instead of stale but finite numbers. Uses torch's
-    ``fill_uninitialized_memory``, which acts only under deterministic algorithms: those are turned
-    on in ``warn_only`` mode and the previous settings restored on exit. For tests, not timing.
-    """
+    """Within the block, uninitialized memory reads as NaN (ints: their max), so a missing mask shows
+    as NaN, not stale finite numbers. torch's ``fill_uninitialized_memory`` acts only under
+    deterministic algorithms, turned on here in ``warn_only`` mode; settings restored on exit."""
     was_enabled = torch.are_deterministic_algorithms_enabled()
     was_warn_only = torch.is_deterministic_algorithms_warn_only_enabled()
     was_filling = torch.utils.deterministic.fill_uninitialized_memory

@@ -1,9 +1,7 @@
 """Rotary position embeddings (RoPE) for packed batches: positions restart at every sequence.
 
-Row ``t`` of sequence ``i`` sits at position ``t - cu_seqlens[i]`` of its own document
-(:func:`attn_gym_lite.ragged.positions_in_sequence`), so a packed document sees the rotations it
-would see alone. "Rotate half" convention (GPT-NeoX, Llama): the head dim splits into halves
-``(x1, x2)`` rotated by ``position * base ** (-2 j / D)``. Source: Su et al., "RoFormer" (2021).
+Positions come from :func:`attn_gym_lite.ragged.positions_in_sequence`, so a packed document sees
+the rotations it would see alone. "Rotate half" convention (GPT-NeoX, Llama); Su et al., RoFormer.
 """
 
 from __future__ import annotations

@@ -1,20 +1,14 @@
 """A ragged causal depthwise short convolution: each sequence starts from a blank history.
 
-Linear-attention layers (Mamba, DeltaNet, KDA) run a short causal convolution over their
-projections: channel ``c`` of token ``t`` becomes a weighted sum of that channel at tokens
-``t - W + 1 .. t``. On a packed batch the window stops at the start ``s_t`` of the token's own
-sequence, as if each sequence were zero-padded on the left::
+Linear-attention layers (Mamba, DeltaNet, KDA) convolve each channel over the last ``W`` tokens; on
+a packed batch the window stops at the start ``s_t`` of the token's own sequence::
 
     y[t, c] = Σ_{k=0}^{W-1} w[c, k] · x[t - (W-1) + k, c]      over the taps with t - (W-1) + k >= s_t
 
-It follows the contract of a ragged kernel launched over the ``L`` active rows only: rows
-``L..T-1`` of the output and of the input gradient are *undefined*, and the weight gradient sums
-over active rows. That is why the blocks of :mod:`attn_gym_lite.models` put a gradient barrier
-between their projection and this convolution. ``impl="torch"`` builds it from tensor ops (taps
-crossing a sequence start are selected away with ``torch.where``, exact when other rows hold NaN);
-``impl="triton"`` runs :mod:`attn_gym_lite.ops.short_conv_triton`. Both are capturable.
-
-Source: Mamba (Gu & Dao, 2023); flash-linear-attention's ``ShortConvolution``.
+Like a ragged kernel launched over the ``L`` active rows, it leaves rows ``L..T-1`` of the output
+and of the input gradient *undefined* (hence the blocks' gradient barrier before it). ``"torch"``
+selects crossing taps away with ``torch.where`` (exact when other rows hold NaN); ``"triton"`` runs
+:mod:`attn_gym_lite.ops.short_conv_triton`. Both are capturable. Source: Mamba; fla's ``ShortConvolution``.
 """
 
 from __future__ import annotations
@@ -31,7 +25,7 @@ from .triton_support import kernels_take, missing_triton, triton_available
 
 Tensor = torch.Tensor
 
-__all__ = ["ShortConv", "resolve_short_conv_impl", "short_conv", "short_conv_reference"]
+__all__ = ["ShortConv", "resolve_short_conv_impl", "short_conv"]
 
 _KERNEL_DTYPES = (torch.bfloat16, torch.float16, torch.float32)  # float64 stays with the tensor ops
 
@@ -85,19 +79,15 @@ class _RaggedShortConv(torch.autograd.Function):
         return torch.where(rows, grad_x.to(x.dtype), torch.empty_like(x)), grad_weight, None
 
 
-def _kernels_run(x: Tensor) -> bool:
-    if not triton_available():
-        return False
-    from .kernels.mma import INTERPRETED  # imports Triton: only once it is known to be there
-
-    return kernels_take(x, INTERPRETED, _KERNEL_DTYPES)
-
-
 def resolve_short_conv_impl(impl: str, x: Tensor) -> str:
     """``impl`` with ``"auto"`` resolved: ``"triton"`` where the kernels run on ``x``, else ``"torch"``."""
     if impl != "auto":
         return impl
-    return "triton" if _kernels_run(x) else "torch"
+    if not triton_available():
+        return "torch"
+    from .kernels.mma import INTERPRETED  # imports Triton: only once it is known to be there
+
+    return "triton" if kernels_take(x, INTERPRETED, _KERNEL_DTYPES) else "torch"
 
 
 def short_conv(x: Tensor, weight: Tensor, cu_seqlens: Tensor, *, activation: str | None = None,
@@ -105,26 +95,23 @@ def short_conv(x: Tensor, weight: Tensor, cu_seqlens: Tensor, *, activation: str
     """Causal depthwise convolution within each packed sequence, restarting at every boundary.
 
     Args:
-        x: ``[T, D]`` floating (``T`` token capacity, ``D`` channels).
-        weight: ``[D, W]`` in ``x``'s dtype; ``weight[:, W-1]`` multiplies the current token,
-            ``weight[:, W-1-j]`` the token ``j`` rows back.
-        cu_seqlens: int32 ``[N + 1]`` prefix sums ``[0, ..., L, L]`` on ``x``'s device. A CPU one
-            is checked on the host; a CUDA one is not read (capturable): the kernels clamp.
-        activation: ``None`` or ``"silu"`` (fused into the kernel by ``impl="triton"``).
-        impl: ``"auto"`` (the Triton kernels where they run: CUDA, or the CPU under
-            ``TRITON_INTERPRET=1``, not float64), ``"torch"`` or ``"triton"``.
+        x: ``[T, D]`` floating.
+        weight: ``[D, W]``; ``weight[:, W-1-j]`` multiplies the token ``j`` rows back.
+        cu_seqlens: int32 ``[N + 1]`` on ``x``'s device; a CPU one is checked on the host, a CUDA
+            one never read (capturable: the kernels clamp).
+        activation: ``None`` or ``"silu"`` (fused into the kernel).
+        impl: ``"auto"`` (the Triton kernels where they run), ``"torch"`` or ``"triton"``.
 
     Returns:
-        ``[T, D]`` in ``x``'s dtype: rows ``0..L-1`` exact, rows ``L..T-1`` undefined. In backward,
-        ``∇x`` rows past ``L`` are undefined too (stop them with
-        :func:`attn_gym_lite.ops.masking.mask_inactive_token_gradients`); ``∇weight`` sums over
-        active rows, in float32. ``"torch"`` can be differentiated twice, ``"triton"`` once.
+        ``[T, D]`` in ``x``'s dtype, rows past ``L`` undefined, as are those of ``∇x`` (stop them with
+        :func:`attn_gym_lite.ops.masking.mask_inactive_token_gradients`); ``∇weight`` sums active
+        rows in float32. ``"torch"`` can be differentiated twice, ``"triton"`` once.
     """
     if weight.shape[0] != x.shape[-1]:  # the kernels would read past the weight
         raise ValueError(f"weight must have shape [D, W] = [{x.shape[-1]}, W], got {tuple(weight.shape)}")
     checks.check_cu_seqlens(cu_seqlens, device=x.device)
     checks.check_host_cu_seqlens_values(cu_seqlens, token_capacity=x.shape[0])
-    if impl == "triton" and not _kernels_run(x):
+    if impl == "triton" and resolve_short_conv_impl("auto", x) != "triton":
         if not triton_available():
             raise missing_triton("short_conv(impl='triton')", "use impl='auto' or 'torch'")
         raise ValueError(f"short_conv(impl='triton') needs x as a CUDA tensor (a CPU one under TRITON_INTERPRET=1) "
@@ -135,19 +122,6 @@ def short_conv(x: Tensor, weight: Tensor, cu_seqlens: Tensor, *, activation: str
         return ShortConvTriton.apply(x, weight, cu_seqlens, activation == "silu")
     y = _RaggedShortConv.apply(x, weight, cu_seqlens)
     return F.silu(y) if activation == "silu" else y
-
-
-def short_conv_reference(x: Tensor, weight: Tensor, cu_seqlens: Tensor) -> Tensor:
-    """:func:`short_conv` one sequence at a time with ``F.conv1d``; rows past ``L`` are 0. Eager."""
-    checks.check_cu_seqlens(cu_seqlens, device=x.device)
-    bounds = checks.check_cu_seqlens_values(cu_seqlens, token_capacity=x.shape[0]).tolist()
-    channels, width = weight.shape
-    out = torch.zeros_like(x)
-    for start, end in zip(bounds[:-1], bounds[1:]):
-        if end > start:
-            full = F.conv1d(x[start:end].T[None], weight[:, None, :], padding=width - 1, groups=channels)
-            out[start:end] = full[0, :, : end - start].T
-    return out
 
 
 class ShortConv(nn.Module):

@@ -1,21 +1,16 @@
 """The ragged short convolution as Triton kernels: one launch forward, one or two backward (plus a sum).
 
-The tensor-op version (:func:`attn_gym_lite.ops.short_conv.short_conv`, ``impl="torch"``) makes
-about ``3 W`` elementwise passes over ``[T, D]`` each way; in a KDA layer that was 43% of the
-layer's replay on the H200. Here the forward is one pass over ``x`` with the SiLU fused in, the
-backward one pass over ``x`` and ``dy`` (two with the SiLU). For row ``t`` at position ``p_t`` in
-its sequence::
+The tensor ops make about ``3 W`` passes over ``[T, D]`` each way; here the forward is one pass
+with the SiLU fused in, the backward one (two with the SiLU). Row ``t`` at position ``p_t``::
 
     z[t, c] = Σ_{j < W, j <= p_t} w[c, W-1-j] · x[t-j, c]        (pre-activation)
     g[t, c] = dy[t, c] · silu'(z[t, c])  or  dy[t, c]             (gradient of z)
     dx[u, c] = Σ_{j < W, j <= p_{u+j}, u+j < L} w[c, W-1-j] · g[u+j, c]
     dw[c, W-1-j] = Σ_{t < L, j <= p_t} g[t, c] · x[t-j, c]
 
-The grid is row blocks by channel blocks; ``L`` is read on the device and blocks past it return
-at once, so nothing is sized by the layout (capturable). Each row block writes its part of ``dw``
-to a ``[row blocks, D, W]`` buffer that one ``sum(0)`` reduces: deterministic, unlike atomics.
-Every load is masked, so a malformed device ``cu_seqlens`` gives wrong numbers, never an access
-outside the tensors; rows ``L..T-1`` of ``y`` and ``dx`` are never written.
+Row blocks past ``L`` (read on the device) return at once, so nothing is sized by the layout
+(capturable). Each row block writes its part of ``dw``, summed after: deterministic, unlike atomics.
+Every load is masked: a malformed ``cu_seqlens`` gives wrong numbers, never an access outside.
 """
 
 from __future__ import annotations
@@ -29,10 +24,8 @@ from ..ragged import positions_in_sequence
 
 Tensor = torch.Tensor
 
-# A memory-bound stencil: blocks need only be wide enough for 128-byte loads along the channels.
-# Tuned on the H200 (scripts/explore_short_conv.py, KDA layer shape, bfloat16, SiLU): 32 x 64 on
-# 4 warps was the fastest forward and backward of the tiles tried. Taller row blocks also mean
-# fewer float32 dw parts to write and sum.
+# Tuned on the H200 (scripts/explore_short_conv.py, KDA layer shape, bfloat16, SiLU): the fastest
+# forward and backward of the tiles tried; taller row blocks mean fewer dw parts to write and sum.
 BLOCK_T = 32
 BLOCK_D = 64
 NUM_WARPS = 4
@@ -147,13 +140,7 @@ def short_conv_backward_kernel(x, w, g, dx, dw_parts, position, cu_seqlens, num_
              dx_acc.to(dx.dtype.element_ty), mask=row_ok[:, None] & col_ok[None, :])
 
 
-def _grid(tokens: int, channels: int) -> tuple[int, int]:
-    return triton.cdiv(max(tokens, 1), BLOCK_T), triton.cdiv(channels, BLOCK_D)
-
-
-class ShortConvTriton(torch.autograd.Function):
-    """The autograd Function behind ``short_conv(..., impl="triton")``."""
-
+class ShortConvTriton(torch.autograd.Function):  # behind short_conv(..., impl="triton")
     @staticmethod
     def forward(ctx, x: Tensor, weight: Tensor, cu_seqlens: Tensor, silu: bool) -> Tensor:
         x, weight = x.contiguous(), weight.contiguous()
@@ -161,7 +148,7 @@ class ShortConvTriton(torch.autograd.Function):
         position = positions_in_sequence(cu_seqlens, tokens)  # on the device: no host read
         y = torch.empty_like(x)
         if tokens and channels:
-            short_conv_forward_kernel[_grid(tokens, channels)](
+            short_conv_forward_kernel[(triton.cdiv(tokens, BLOCK_T), triton.cdiv(channels, BLOCK_D))](
                 x, weight, y, position, cu_seqlens, cu_seqlens.shape[0] - 1, tokens, channels, x.stride(0), y.stride(0),
                 W=weight.shape[1], SILU=silu, BT=BLOCK_T, BD=BLOCK_D, num_warps=NUM_WARPS)
         ctx.save_for_backward(x, weight, position, cu_seqlens)
@@ -175,7 +162,7 @@ class ShortConvTriton(torch.autograd.Function):
         grad_y = grad_y.contiguous()
         tokens, channels = x.shape
         width = weight.shape[1]
-        grid = _grid(tokens, channels)
+        grid = (triton.cdiv(max(tokens, 1), BLOCK_T), triton.cdiv(channels, BLOCK_D))
         layout = (position, cu_seqlens, cu_seqlens.shape[0] - 1, tokens, channels)
         grad_x = torch.empty_like(x)
         parts = torch.empty(grid[0], channels, width, device=x.device, dtype=torch.float32)

@@ -1,9 +1,5 @@
-"""KDA (Kimi Delta Attention) on packed batches: two eager references and the Triton kernels.
-
-:func:`kda_recurrent` is the per-token definition, :func:`kda_chunked` the chunk-parallel form a
-kernel implements, :func:`kda_triton` that form as graph-safe Triton kernels. The references read
-``cu_seqlens`` on the host, so neither may run inside a CUDA graph capture.
-"""
+"""KDA on packed batches: :func:`kda_recurrent` (the definition) and :func:`kda_chunked` (the
+chunked form), eager references, beside :func:`kda_triton`, that form as graph-safe Triton kernels."""
 
 from .reference import kda_chunked, kda_recurrent
 

@@ -1,36 +1,26 @@
 r"""``kda_triton``: chunked KDA on packed batches in Triton, graph-safe, forward and backward.
 
-The function of :func:`attn_gym_lite.ops.kda.reference.kda_chunked` (the math is there), computed
-by kernels whose grids depend only on ``T``, ``N``, ``H`` and ``C``: no value of ``cu_seqlens`` is
-read on the host, so one captured CUDA graph replays every layout of the same capacity. Every
-sequence is cut into chunks of ``C`` rows and ``chunk_offsets`` (built on the device) numbers the
-``G_active`` chunks of the batch. Per-chunk kernels run on a flat grid of ``G_cap`` programs per
-head (:func:`attn_gym_lite.schedule.chunk_capacity`): program ``i`` has flat chunk ``i``, which is
-where the backward finds that chunk's saved entering state; programs past ``G_active`` exit. The
-recurrence across chunks runs one program per (sequence slot, head, value block). Every kernel
-clamps its sequence into the ``T`` rows, so a malformed ``cu_seqlens`` gives wrong results but no
-access outside the tensors.
+The function of :func:`attn_gym_lite.ops.kda.reference.kda_chunked` (the math is there), by kernels
+whose grids depend only on ``T``, ``N``, ``H`` and ``C``, so one captured CUDA graph replays every
+layout of the same capacity. Per-chunk kernels run on a flat grid of ``G_cap`` programs per head
+(:func:`attn_gym_lite.schedule.chunk_capacity`), program ``i`` on flat chunk ``i`` (where the backward
+finds its saved state); the recurrence runs one program per (sequence, head, value block). Every
+kernel clamps its sequence into the ``T`` rows: a malformed ``cu_seqlens`` cannot address outside.
+Forward, per chunk and head::
 
-Forward, one head of one chunk (``G`` the within-chunk cumulative log-decay, ``E_rj = exp(G_r - G_j)``)::
-
-    1. cumsum   G = cumsum(g)                                           per chunk, parallel
+    1. cumsum   G = cumsum(g)                                           parallel
     2. intra    Γ_rj = Σ_d k_rd k_jd E_rjd (j < r),  P_rj = scale Σ_d q_rd k_jd E_rjd (j <= r)
-    3. wy       M = (I + Diag(beta) Γ)^{-1},  W = M Diag(beta) (K ⊙ exp(G)),  U_0 = M Diag(beta) V,
-                Q_g = scale Q ⊙ exp(G),  K_e = K ⊙ exp(G_last - G)         per chunk, parallel
+    3. wy       M = (I + Diag(beta) Γ)^{-1},  W = M Diag(beta) (K ⊙ exp(G)),  U_0 = M Diag(beta) V
     4. state    per chunk in order, from S = 0: save S;  U = U_0 - W S;  S = Diag(exp(G_last)) S + K_e^T U
-    5. output   O = Q_g S + P U                                         per chunk, parallel
+    5. output   O = Q_g S + P U                                         parallel
 
-Kernel 4 alone is sequential, the forward's critical path. The backward (:func:`_kda_backward`)
-mirrors it: ``P^T dO`` per chunk, a reverse sequential loop carrying ``dS``, then per chunk the rest.
-Every exponent is ``<= 0`` when ``g <= 0``: kernel 2 forms ``Γ`` and ``P`` in ``16 x 16`` sub-blocks,
-an off-diagonal one as one ``tl.dot`` through a reference point (the sub-block's first row), a
-diagonal one by binary splitting (:func:`_split_factors`), so no factor exceeds 1.
+with ``E_rj = exp(G_r - G_j)``, ``Q_g = scale Q ⊙ exp(G)``, ``K_e = K ⊙ exp(G_last - G)``. Only
+kernel 4 is sequential; the backward (:func:`_kda_backward`) mirrors it. Every exponent is ``<= 0``
+when ``g <= 0``: ``Γ`` and ``P`` are built from ``16 x 16`` sub-blocks through reference points
+(:func:`_split_factors`), so no factor exceeds 1.
 
-Sources: Kimi Linear (arXiv:2510.26692), chunkwise KDA (WY representation, UT transform);
-flash-linear-attention ``fla/ops/kda`` (``chunk_kda``), read for the math only; the seed article,
-"Scheduling without max_seqlen", for the flat grid and ``chunk_offsets``.
+Sources: Kimi Linear (arXiv:2510.26692); fla ``fla/ops/kda`` (``chunk_kda``), read for the math.
 """
-
 from __future__ import annotations
 
 import dataclasses
@@ -53,20 +43,13 @@ __all__ = ["kda_triton"]
 
 _SUB = 16  # sub-block of the intra-chunk kernels
 _LOG2_SUB = _SUB.bit_length() - 1  # the binary-splitting levels of a diagonal sub-block
-# Launch options (ignored by the interpreter), sized for the H200 (sm_90) with
-# scripts/kernel_resources.py. The sequential kernels pipeline their loads through shared memory:
-# at K = V = 128, C = 64, BV = 64 the default three stages ask for more than a block's 227 KiB.
+# Launch options (ignored by the interpreter), sized for the H200 with scripts/kernel_resources.py:
+# three stages of the sequential kernels overflow a block's 227 KiB of shared memory at K = V = 128;
+# bfloat16 tiles take a quarter of it, so two fit; 8 warps where 4 spilled stack.
 _SEQUENTIAL = dict(num_warps=4, num_stages=1)
-# bfloat16/float16 tiles take about a quarter of that memory, so two stages should fit (chosen by
-# that arithmetic, not timed); 8 warps cut the spilled stack from ~700 B to under 80 B per thread.
 _SEQUENTIAL_LOW_PRECISION = dict(num_warps=8, num_stages=2)
 _CHUNK_BACKWARD = dict(num_warps=8, num_stages=2)  # with value blocks of 32, to fit shared memory
-# The kernels with 16-row sub-blocks (intra, wy, pairwise backward): at 4 warps ptxas spilled
-# 1.0-2.4 KiB of stack per thread, at 8 warps 0-0.6 KiB (a count, not a timing).
-_PER_CHUNK = dict(num_warps=8, num_stages=2)
-
-# -----------------------------------------------------------------------------
-# Device helpers.
+_PER_CHUNK = dict(num_warps=8, num_stages=2)  # the kernels with 16-row sub-blocks
 
 
 @triton.jit
@@ -78,8 +61,7 @@ def _chunk_rows(seq_start, seq_len, chunk, C: tl.constexpr):
 
 @triton.jit
 def _load_rows(ptr, rows, ok, head, H, D: tl.constexpr):
-    # Rows of head ``head`` of a contiguous [T, H, D] tensor as float32, zero where not ok: rows past
-    # the sequence are never read, so NaN there cannot leak.
+    # Rows of a contiguous [T, H, D] tensor as float32, zero where not ok: NaN past the sequence cannot leak.
     offs = (rows[:, None] * H + head) * D + tl.arange(0, D)[None, :]
     return tl.load(ptr + offs, mask=ok[:, None], other=0.0).to(tl.float32)
 
@@ -107,29 +89,21 @@ def _load_row(ptr, row, ok, head, H, D: tl.constexpr):
 
 @triton.jit
 def _state_ptrs(ptr, slot, head, H, K: tl.constexpr, V: tl.constexpr, BV: tl.constexpr, v_block):
-    # The [K, BV] block v_block of ptr[slot, head], ptr a contiguous [*, H, K, V]; 64-bit offsets
-    # (G_cap * H * K * V may pass 2**31).
+    # The [K, BV] block v_block of ptr[slot, head] ([*, H, K, V]); 64-bit: G_cap * H * K * V may pass 2**31.
     base = (slot.to(tl.int64) * H + head) * (K * V)
     return ptr + base + tl.arange(0, K)[:, None] * V + v_block * BV + tl.arange(0, BV)[None, :]
 
 
 @triton.jit
 def _sequence_program(cu_seqlens, chunk_offsets, num_rows, C: tl.constexpr, BV: tl.constexpr):
-    # What program (n, head, v_block) of a sequential kernel (grid (N, H, V // BV)) walks: sequence
-    # slot n clamped into the num_rows rows, its first slot in chunk_offsets and its chunk count,
-    # capped at the slots chunk_offsets gave it, so a malformed cu_seqlens cannot index past G_cap.
-    n = tl.program_id(0)
-    head = tl.program_id(1)
-    v_block = tl.program_id(2)
+    # What program (n, head, v_block) of a sequential kernel walks: sequence n clamped into the rows,
+    # its chunks capped at the slots chunk_offsets gave it (a malformed cu_seqlens cannot pass G_cap).
+    n, head, v_block = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     seq_start, seq_len = sequence_bounds(cu_seqlens, n, num_rows)
     first = tl.load(chunk_offsets + n)
     num_chunks = tl.minimum(tl.cdiv(seq_len, C), tl.load(chunk_offsets + n + 1) - first)
     cols = v_block * BV + tl.arange(0, BV)
     return n, head, v_block, seq_start, seq_len, first, num_chunks, cols
-
-
-# -----------------------------------------------------------------------------
-# Forward kernels.
 
 
 @triton.jit(do_not_specialize=["num_seqs", "num_rows"])
@@ -147,12 +121,11 @@ def kda_cumsum_kernel(g, g_cum, cu_seqlens, chunk_offsets, num_seqs, num_rows, H
 
 @triton.jit
 def _split_factors(g_cum, G, block_start, block_valid, head, H, K: tl.constexpr, BC: tl.constexpr, bit):
-    # One level of the binary splitting of a diagonal BC x BC sub-block's decays. Positions j < r
-    # whose binary forms first differ at bit h = 2**bit straddle the midpoint m = (r // h) * h, so
-    # E_rj = exp(G_r - G_m) exp(G_m - G_j) with both factors <= 1 whatever the decay, and the level's
-    # pairs are one product of X ⊙ row_f with (Y ⊙ col_f)^T. The log2 BC levels cover every j < r once
-    # (j = r is the caller's). at_level marks the pairs (r, j) this level computes: elsewhere the product
-    # mixes two midpoints and is dropped.
+    # One level of the binary splitting of a diagonal sub-block's decays: positions j < r whose binary
+    # forms first differ at bit h = 2**bit straddle the midpoint m = (r // h) * h, so
+    # E_rj = exp(G_r - G_m) exp(G_m - G_j), both factors <= 1, and the level is one product of
+    # X ⊙ row_f with (Y ⊙ col_f)^T. The log2 BC levels cover every j < r once; at_level marks the pairs
+    # this level computes (elsewhere the product mixes two midpoints).
     sub = tl.arange(0, BC)
     upper = (((sub >> bit) & 1) == 1) & (sub < block_valid)
     mid_r = (sub >> bit) << bit
@@ -255,7 +228,6 @@ def _unit_lower_inverse(A, BC: tl.constexpr):
 
 @triton.jit
 def _block_ptrs(ptr, chunk_start, i, j, head, H, C: tl.constexpr, BC: tl.constexpr):
-    # The [BC, BC] block (i, j) of a chunk's rows of a [T, H, C] buffer.
     sub = tl.arange(0, BC)
     return ptr + ((chunk_start + i * BC + sub[:, None]) * H + head) * C + j * BC + sub[None, :]
 
@@ -264,12 +236,11 @@ def _block_ptrs(ptr, chunk_start, i, j, head, H, C: tl.constexpr, BC: tl.constex
 def kda_wy_kernel(q, k, v, g_cum, beta, gram, inverse, w, u, q_decayed, k_to_end, cu_seqlens, chunk_offsets,
                   num_seqs, num_rows, H, scale, K: tl.constexpr, V: tl.constexpr, C: tl.constexpr,
                   BC: tl.constexpr, PRECISION: tl.constexpr):
-    # The UT transform of one chunk: M = (I + A)^{-1}, A = Diag(beta) Γ, then W = M Diag(beta) (K ⊙ exp(G))
-    # and U_0 = M Diag(beta) V; also Q_g and K_e, so that the sequential kernels do no exponentials.
-    # Grid (G_cap, H). M is formed by block forward substitution over BC x BC sub-blocks (as fla's
-    # solve_tril): BC - 1 dependent steps on [BC, BC] tiles instead of C - 1 on [C, C] ones, then
-    # M_ij = -M_ii Σ_{j <= l < i} A_il M_lj. The blocks travel through `inverse` itself (a barrier after
-    # each block row), and the products use IEEE float32 whatever the inputs: the solve stays exact.
+    # The UT transform of one chunk (M, W, U_0; also Q_g and K_e, so that the sequential kernels do no
+    # exponentials). M by block forward substitution over BC x BC sub-blocks, as fla's solve_tril:
+    # BC - 1 dependent steps on [BC, BC] tiles instead of C - 1 on [C, C], then
+    # M_ij = -M_ii Σ_{j <= l < i} A_il M_lj, the blocks passed through `inverse` itself. IEEE float32
+    # products whatever the inputs: the solve stays exact. Grid (G_cap, H).
     task = first_task(cu_seqlens, cu_seqlens, chunk_offsets, num_seqs, H, num_rows, C, "flat")
     while task >= 0:
         seq_start, seq_len, chunk, head = task_at(task, cu_seqlens, chunk_offsets, num_seqs, num_rows, "flat")
@@ -320,10 +291,9 @@ def kda_wy_kernel(q, k, v, g_cum, beta, gram, inverse, w, u, q_decayed, k_to_end
 def kda_state_kernel(g_cum, k_to_end, w, u, states, final, cu_seqlens, chunk_offsets, num_rows, H,
                      K: tl.constexpr, V: tl.constexpr, C: tl.constexpr, BV: tl.constexpr,
                      PRECISION: tl.constexpr, STORE_FINAL: tl.constexpr):
-    # The recurrence across chunks, and nothing else: per chunk, save the entering state S, turn U_0
-    # into U = U_0 - W S in place, move S on. This loop is the forward's critical path, so it holds
-    # only the two dependent products the next state needs; the output is left to kda_output_kernel,
-    # which runs on every chunk at once. Grid (N, H, V // BV).
+    # The recurrence across chunks, the forward's critical path: it holds only the two dependent
+    # products the next state needs (U = U_0 - W S in place, then S); the output is left to
+    # kda_output_kernel, on every chunk at once. Grid (N, H, V // BV).
     n, head, v_block, seq_start, seq_len, first, num_chunks, cols = _sequence_program(cu_seqlens, chunk_offsets,
                                                                                       num_rows, C, BV)
     # S accumulates in float32; its products take it, and U, rounded to the saved buffers' dtype
@@ -407,8 +377,7 @@ def kda_state_backward_kernel(g_cum, q_decayed, k_to_end, w, d_o, d_final, d_u, 
     for step in range(0, num_chunks):
         chunk = num_chunks - 1 - step
         rows, ok = _chunk_rows(seq_start, seq_len, chunk, C)
-        # As in the forward: dS accumulates in float32, the products take it rounded to the
-        # saved buffers' dtype, and dU rounded as stored.
+        # As in the forward: dS accumulates in float32, the products take it rounded as saved.
         dS_in = dS.to(d_states.dtype.element_ty)
         tl.store(_state_ptrs(d_states, first + chunk, head, H, K, V, BV, v_block), dS_in)
         row_offs = (rows[:, None] * H + head) * V + cols[None, :]
@@ -429,7 +398,6 @@ def kda_state_backward_kernel(g_cum, q_decayed, k_to_end, w, d_o, d_final, d_u, 
 
 @triton.jit
 def _load_cols(ptr, rows, ok, head, H, D: tl.constexpr, cols):
-    # Columns cols of a contiguous [T, H, D] tensor's rows, float32, zero where not ok.
     offs = (rows[:, None] * H + head) * D + cols[None, :]
     return tl.load(ptr + offs, mask=ok[:, None], other=0.0).to(tl.float32)
 
@@ -447,11 +415,9 @@ def kda_chunk_backward_kernel(q, k, v, g_cum, beta, gram, inverse, u, states, d_
                               K: tl.constexpr, V: tl.constexpr, C: tl.constexpr, BK: tl.constexpr,
                               BV: tl.constexpr, PRECISION: tl.constexpr):
     # The per-chunk backward up to the pairwise terms (equations in _kda_backward): dv, dbeta, the
-    # coefficients d_qk_out (dL/dP · scale) and d_gram_out (dL/dA · beta_r), and partial dq, dk, dG.
-    # Grid (G_cap, H); program i has flat chunk i, whose states are slot i. Cut so that few tiles are
-    # live at once: first the terms without the key dimension, one value block at a time; then one
-    # block of BK key channels at a time (each channel of dq, dk, dG depends on its own column only);
-    # last dA from the complete dM.
+    # coefficients d_qk_out (dL/dP · scale), d_gram_out (dL/dA · beta_r), partial dq, dk, dG. Cut so
+    # that few tiles are live at once: the terms without the key dimension per value block, then per
+    # block of BK key channels (each channel depends on its own column only), last dA. Grid (G_cap, H).
     task = first_task(cu_seqlens, cu_seqlens, chunk_offsets, num_seqs, H, num_rows, C, "flat")
     while task >= 0:
         seq_start, seq_len, chunk, head = task_at(task, cu_seqlens, chunk_offsets, num_seqs, num_rows, "flat")
@@ -538,7 +504,6 @@ def kda_chunk_backward_kernel(q, k, v, g_cum, beta, gram, inverse, u, states, d_
 
 @triton.jit
 def _load_block(ptr, rows, ok, cols, head, H, C: tl.constexpr):
-    # A [len(rows), len(cols)] block of a [T, H, C] buffer, zero where not ok.
     return tl.load(ptr + (rows[:, None] * H + head) * C + cols[None, :], mask=ok[:, None], other=0.0)
 
 
@@ -657,22 +622,20 @@ class _Plan:
     backward_value_block: int  # BV of kda_chunk_backward_kernel (see _CHUNK_BACKWARD)
     final_state: bool  # allocate and write the [N, H, K, V] final states
 
-
-def _sequential(plan: _Plan) -> dict:
-    return _SEQUENTIAL if plan.storage == torch.float32 else _SEQUENTIAL_LOW_PRECISION
+    @property
+    def sequential(self) -> dict:  # launch options of the sequential kernels
+        return _SEQUENTIAL if self.storage == torch.float32 else _SEQUENTIAL_LOW_PRECISION
 
 
 def _value_block(V: int, largest: int = 64) -> int:
-    # The interpreter runs programs one after another: one block is fastest there. On the GPU a
-    # [128, 64] float32 state block is 64 registers per thread at 4 warps; the per-chunk backward
-    # takes 32 columns at a time to fit its shared memory (see _CHUNK_BACKWARD).
+    # One block in the interpreter (it runs programs one after another); on the GPU a [128, 64] float32
+    # state block is 64 registers per thread, and the per-chunk backward takes 32 to fit shared memory.
     return V if INTERPRETED else min(V, largest)
 
 
 def _key_block(K: int) -> int:
-    # Key channels per block of the per-chunk backward: at K = V = 128, C = 64 (sm_90, 8 warps) the
-    # spilled stack per thread was 2448 B with the whole K, 184 B with blocks of 32. 16 in the
-    # interpreter, so that the tests (K = 32) run the split.
+    # Key channels per block of the per-chunk backward (the whole K spilled 2.4 KiB of stack per
+    # thread, blocks of 32 0.2 KiB); 16 in the interpreter, so that the tests run the split.
     return min(K, 16 if INTERPRETED else 32)
 
 
@@ -685,14 +648,9 @@ def _kda_forward(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, cu_se
     # decay cumsum, Γ (which builds A) and the inverse M stay float32, as the solve needs them exact.
     low = dict(dtype=plan.storage, device=q.device)
     offsets = launch_chunk_offsets(cu_seqlens, C, token_capacity=T)  # on the device, clamped into T rows
-    g_cum = torch.empty(T, H, K, **f32)
-    gram = torch.empty(T, H, C, **f32)
-    qk = torch.empty(T, H, C, **low)
-    inverse = torch.empty(T, H, C, **f32)
-    w = torch.empty(T, H, K, **low)
-    u = torch.empty(T, H, V, **low)
-    q_decayed = torch.empty(T, H, K, **low)
-    k_to_end = torch.empty(T, H, K, **low)
+    g_cum, gram, inverse = torch.empty(T, H, K, **f32), torch.empty(T, H, C, **f32), torch.empty(T, H, C, **f32)
+    w, q_decayed, k_to_end = (torch.empty(T, H, K, **low) for _ in range(3))
+    qk, u = torch.empty(T, H, C, **low), torch.empty(T, H, V, **low)
     states = torch.empty(max(plan.G_cap, 1), H, K, V, **low)
     final = torch.empty(N, H, K, V, **f32) if plan.final_state else None
     o = torch.zeros(T, H, V, dtype=q.dtype, device=q.device)  # rows L .. T - 1 stay zero
@@ -709,7 +667,7 @@ def _kda_forward(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, cu_se
     # Without a final state, `states` stands in for its pointer: STORE_FINAL=False never writes it.
     kda_state_kernel[(N, H, V // BV)](g_cum, k_to_end, w, u, states, states if final is None else final,
                                       cu_seqlens, offsets, T, H, K=K, V=V, C=C, BV=BV, PRECISION=precision,
-                                      STORE_FINAL=final is not None, **_sequential(plan))
+                                      STORE_FINAL=final is not None, **plan.sequential)
     if plan.G_cap > 0:  # u now holds U = U_0 - W S
         kda_output_kernel[(plan.G_cap, H, V // BV)](q_decayed, qk, u, states, o, cu_seqlens, offsets, N, T, H,
                                                     K=K, V=V, C=C, BV=BV, PRECISION=precision)
@@ -737,9 +695,8 @@ def _kda_backward(q: Tensor, k: Tensor, v: Tensor, g_dtype: torch.dtype, beta: T
     T, H, K, V, N, C = plan.T, plan.H, plan.K, plan.V, plan.N, plan.C
     device = q.device
     f32 = dict(dtype=torch.float32, device=device)
-    # A None gradient (that output unused; the Function does not materialise zeros) is zero: dO is
-    # read by three kernels, so it becomes a zero buffer; dS_final only starts the reverse
-    # recurrence, which then starts from zero (HAS_D_FINAL=False).
+    # A None gradient (that output unused) is zero: dO becomes a zero buffer (three kernels read it);
+    # without dS_final the reverse recurrence starts from zero (HAS_D_FINAL=False).
     d_o = torch.zeros(T, H, V, dtype=q.dtype, device=device) if d_o is None else d_o.contiguous()
     d_final = None if d_final is None else d_final.float().contiguous()
     d_u = torch.empty(T, H, V, dtype=plan.storage, device=device)
@@ -757,7 +714,7 @@ def _kda_backward(q: Tensor, k: Tensor, v: Tensor, g_dtype: torch.dtype, beta: T
     kda_state_backward_kernel[(N, H, V // BV)](saved["g_cum"], saved["q_decayed"], saved["k_to_end"], saved["w"],
                                                d_o, d_states if d_final is None else d_final, d_u, d_states,
                                                cu_seqlens, offsets, T, H, K=K, V=V, C=C, BV=BV, PRECISION=precision,
-                                               HAS_D_FINAL=d_final is not None, **_sequential(plan))
+                                               HAS_D_FINAL=d_final is not None, **plan.sequential)
     if plan.G_cap > 0:
         kda_chunk_backward_kernel[(plan.G_cap, H)](
             q, k, v, saved["g_cum"], beta, saved["gram"], saved["inverse"], saved["u"],
@@ -776,8 +733,7 @@ class _KDATriton(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, cu_seqlens: Tensor,
                 plan: _Plan) -> tuple[Tensor, Tensor | None]:
-        # An unused output gets a None gradient, not a zero tensor: no [N, H, K, V] zeros for an
-        # unused final state.
+        # An unused output gets a None gradient, not zeros: no [N, H, K, V] zeros for a final state.
         ctx.set_materialize_grads(False)
         o, final, saved = _kda_forward(q, k, v, g, beta, cu_seqlens, plan)
         ctx.save_for_backward(q, k, v, beta, cu_seqlens, *saved.values())
@@ -799,39 +755,29 @@ def kda_triton(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, cu_seql
                validate: bool | None = None) -> tuple[Tensor, Tensor | None]:
     r"""KDA (Kimi Delta Attention) on a packed batch by chunked Triton kernels, CUDA-graph safe.
 
-    For every sequence independently, from a zero state (one head; ``S`` is ``K x V``)::
+    For every sequence, from a zero state (one head; ``S`` is ``K x V``)::
 
         S = Diag(exp(g_t)) S;   S = S + beta_t k_t (v_t - S^T k_t)^T;   o_t = S^T (scale q_t)
 
-    computed in the chunked form of :func:`attn_gym_lite.ops.kda.kda_chunked`, the specification.
+    in the chunked form of :func:`attn_gym_lite.ops.kda.kda_chunked`, the specification.
 
     Args:
-        q, k: ``[T, H, K]``, float32 / bfloat16 / float16, ``K`` in 16, 32, 64, 128; L2-normalised
-            by the caller (Kimi Linear does it per head).
-        v: ``[T, H, V]`` in ``q``'s dtype, ``V`` in 16, 32, 64, 128.
-        g: ``[T, H, K]`` per-channel log-decay (natural log, ``<= 0``), floored at
-            :data:`~attn_gym_lite.ops.kda.reference.LOG_DECAY_FLOOR` (``-inf`` is a full reset).
+        q, k, v: ``[T, H, K]``, ``[T, H, K]``, ``[T, H, V]``, float32 / bfloat16 / float16,
+            ``K, V`` in 16, 32, 64, 128; ``q, k`` L2-normalised by the caller.
+        g: ``[T, H, K]`` log-decay (natural log, ``<= 0``; ``-inf`` resets the state), floored at
+            :data:`~attn_gym_lite.ops.kda.reference.LOG_DECAY_FLOOR`.
         beta: ``[T, H]`` delta-rule step sizes in ``(0, 1)``.
-        cu_seqlens: int32 ``[N + 1]`` prefix sums ``[0, ..., L, L]`` on ``q``'s device, ``L <= T``.
-            Its values are checked on the host when it is a CPU tensor (``validate=None``), always
-            with ``validate=True`` (one sync, skipped during capture), never with ``False``. Unchecked
-            values are clamped into the ``T`` rows: wrong results, never an access outside the tensors.
+        cu_seqlens: int32 ``[N + 1]`` prefix sums on ``q``'s device. Its values are checked on the
+            host for a CPU tensor (``validate=None``), always with ``validate=True`` (one sync,
+            skipped during capture), never with ``False``; unchecked ones are clamped into the rows.
         scale: factor on ``q``; default ``K ** -0.5``.
-        chunk_size: 16, 32 or 64 tokens per chunk (default 64). The result does not depend on it.
+        chunk_size: 16, 32 or 64. The result does not depend on it.
         output_final_state: also return each sequence's final state (else never allocated).
 
     Returns:
-        ``(o, final_state)``: ``o`` ``[T, H, V]`` in ``q``'s dtype, rows ``L .. T - 1`` zero;
-        ``final_state`` float32 ``[N, H, K, V]`` or ``None``. With bfloat16/float16 inputs the
-        operands that only feed matrix products are stored and multiplied in that dtype with
-        float32 accumulation, as fla does; the decays, ``Γ`` and the triangular solve stay float32.
-        Differentiable in ``q, k, v, g, beta``; rows past ``L`` are never read and get zero gradients.
-
-    Cost: per-chunk kernels on ``G_cap`` programs per head (:func:`attn_gym_lite.schedule.chunk_capacity`),
-    the recurrence on ``N x H x V / BV`` programs; the backward keeps every chunk's entering state,
-    ``[G_cap, H, K, V]``, and ``[T, H, *]`` buffers of a few ``K + C`` widths.
-
-    Source: Kimi Linear (arXiv:2510.26692); flash-linear-attention ``fla/ops/kda`` (``chunk_kda``).
+        ``(o [T, H, V] in q's dtype, rows past L zero; final_state float32 [N, H, K, V] or None)``,
+        differentiable. bfloat16/float16 inputs: operands that only feed matrix products are stored
+        and multiplied in that dtype (float32 accumulation, as fla); decays and the solve stay float32.
     """
     T, H, K = check_kda_metadata(q, k, v, g, beta, cu_seqlens)
     V, N, C = v.shape[2], cu_seqlens.numel() - 1, chunk_size
@@ -847,8 +793,7 @@ def kda_triton(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, cu_seql
         checks.check_cu_seqlens_values(cu_seqlens, token_capacity=T)
     plan = _Plan(
         T=T, H=H, K=K, V=V, N=N, C=C, scale=K**-0.5 if scale is None else scale, G_cap=chunk_capacity(T, N, C),
-        # float32 inputs get full-precision products; lower-precision ones are rounded more coarsely
-        # than tf32 rounds the float32 intermediates.
+        # Full-precision products for float32 inputs; bfloat16 ones are rounded more coarsely than tf32.
         precision="ieee" if q.dtype == torch.float32 else "tf32", storage=q.dtype,
         value_block=_value_block(V), backward_value_block=_value_block(V, 32), final_state=output_final_state,
     )

@@ -1,17 +1,15 @@
 r"""Reference KDA (Kimi Delta Attention) on packed batches: the recurrence and the chunked form.
 
-KDA is a gated delta rule whose forgetting gate is a vector: each key channel of the ``K x V``
-state decays at its own rate. Sequence ``n`` owns rows ``cu_seqlens[n] .. cu_seqlens[n+1] - 1`` of
-``q, k, g [T, H, K]``, ``v [T, H, V]``, ``beta [T, H]``; the state is zero at every sequence start,
-and token ``t`` decays it, applies the delta rule, then reads it (one head; ``g`` is a natural-log
-decay, ``scale`` defaults to ``K ** -0.5``; ``q, k`` are L2-normalised by the caller)::
+KDA is a gated delta rule whose forgetting gate is a vector: each key channel of the ``K x V`` state
+decays at its own rate. For ``q, k, g [T, H, K]``, ``v [T, H, V]``, ``beta [T, H]``, the state is
+zero at every sequence start and token ``t`` decays it, applies the delta rule, then reads it (one
+head; ``g`` a natural-log decay, ``scale = K ** -0.5`` by default, ``q, k`` L2-normalised by the caller)::
 
     S_t = (I - beta_t k_t k_t^T) Diag(exp(g_t)) S_{t-1} + beta_t k_t v_t^T,     o_t = S_t^T (scale q_t)
 
-Chunked form. In a chunk of ``c`` tokens entering with state ``S_0``, let ``G_r = g_1 + ... + g_r``
-and ``Δ_rj = Diag(exp(G_r - G_j))``. The pseudo-values ``u_r = beta_r (v_r - S'_r^T k_r)`` solve a
-unit-lower-triangular system, and the WY factors ``W, U_0`` do not depend on ``S_0``, so every
-chunk computes them in parallel; only the last three lines run from chunk to chunk::
+Chunked form: in a chunk entering with state ``S_0``, with ``G_r = g_1 + ... + g_r`` and
+``Δ_rj = Diag(exp(G_r - G_j))``, the WY factors ``W, U_0`` do not depend on ``S_0``, so every chunk
+computes them in parallel; only the last three lines run from chunk to chunk::
 
     A_rj = beta_r k_r^T Δ_rj k_j  (j < r),          P_rj = scale q_r^T Δ_rj k_j  (j <= r)
     [U_0, W] = (I + A)^{-1} Diag(beta) [V, K ⊙ exp(G)]                   (the UT transform)
@@ -19,12 +17,9 @@ chunk computes them in parallel; only the last three lines run from chunk to chu
     O = (scale Q ⊙ exp(G)) S_0 + P U
     S_c = Diag(exp(G_c)) S_0 + (K ⊙ exp(G_c - G))^T U
 
-Every exponent is ``<= 0`` when ``g <= 0``, so nothing overflows. Both functions are eager (they
-read ``cu_seqlens`` on the host), compute in float32 (float64 for float64 inputs), are
-differentiable, never read rows past ``L`` and return zeros there.
-
-Sources: Kimi Team, *Kimi Linear* (arXiv:2510.26692), KDA and its chunkwise WY/UT form;
-flash-linear-attention ``fla/ops/kda/naive.py``, read for the conventions only.
+Every exponent is ``<= 0`` when ``g <= 0``. Both functions are eager (they read ``cu_seqlens`` on
+the host), compute in float32 or float64, and return zeros in rows past ``L``, which they never read.
+Sources: Kimi Linear (arXiv:2510.26692); fla ``fla/ops/kda/naive.py``, read for the conventions.
 """
 
 from __future__ import annotations
@@ -38,13 +33,11 @@ Tensor = torch.Tensor
 __all__ = ["LOG_DECAY_FLOOR", "kda_chunked", "kda_recurrent"]
 
 # The chunked paths (kda_chunked, kda_triton) floor g here on entry. exp(-40) ~ 4e-18 is below
-# float64's and float32's resolution relative to any O(1) state, so the floor changes no result:
-# a decay below it is exactly zero to the precision computed (the recurrence's -inf is a full
-# reset, and so is -40). What it removes is cancellation: the chunked form takes differences of
-# cumulative log-decays, and with g = -1e7 in a chunk float32 loses the small decays of its other
-# tokens (G_r - G_j of two cumulative sums near -1e7), while g = -inf gives -inf - (-inf) = NaN.
-# Floored, a chunk's cumulative sums stay small enough for float32 to keep them. Through autograd,
-# clamp_min's gradient is 0 below the floor: the exact derivative to float precision.
+# float64's and float32's resolution relative to any O(1) state, so the floor changes no result (a
+# decay below it is exactly zero to the precision computed) and clamp_min's zero gradient below it
+# is the exact derivative to float precision. What it removes is cancellation: the chunked form
+# takes differences G_r - G_j of cumulative log-decays, where one g = -1e7 makes float32 lose the
+# small decays of the other tokens and g = -inf gives -inf - (-inf) = NaN.
 LOG_DECAY_FLOOR = -40.0
 
 
@@ -70,13 +63,9 @@ def kda_recurrent(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, cu_s
                   scale: float | None = None, output_final_state: bool = False) -> tuple[Tensor, Tensor | None]:
     """KDA by its definition, one token at a time; returns ``(o [T, H, V], final state [N, H, K, V] or None)``."""
     bounds, scale, compute = _prepare(q, k, v, g, beta, cu_seqlens, scale)
-    T, H, K = q.shape
-    V = v.shape[2]
-    L = bounds[-1]
-    out_dtype = q.dtype
+    (T, H, K), V, L, out_dtype = q.shape, v.shape[2], bounds[-1], q.dtype
     q, k, v, g, beta = (x.to(compute) for x in (q, k, v, g, beta))
-    rows: list[Tensor] = []
-    states: list[Tensor] = []
+    rows, states = [], []
     for start, end in zip(bounds[:-1], bounds[1:]):
         S = q.new_zeros(H, K, V)
         for t in range(start, end):
@@ -100,12 +89,8 @@ def kda_chunked(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, cu_seq
     bounds, scale, compute = _prepare(q, k, v, g, beta, cu_seqlens, scale)
     # No chunk is longer than its sequence: a C beyond the longest one would only allocate.
     C = min(chunk_size, max([b - a for a, b in zip(bounds[:-1], bounds[1:])] + [1]))
-    T, H, K = q.shape
-    V = v.shape[2]
-    N = len(bounds) - 1
-    L = bounds[-1]
-    out_dtype = q.dtype
-    device = q.device
+    (T, H, K), V, N, L = q.shape, v.shape[2], len(bounds) - 1, bounds[-1]
+    out_dtype, device = q.dtype, q.device
     g = g.clamp_min(LOG_DECAY_FLOOR)
     q, k, v, g, beta = (x.to(compute) for x in (q, k, v, g, beta))
     S = q.new_zeros(N, H, K, V)
