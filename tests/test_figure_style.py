@@ -84,7 +84,7 @@ def _cases() -> dict:
         "plot_timelines": lambda: F["plot_timelines"]([trace, trace], ["stock", "labelled"], start_us=0, end_us=2000),
         "plot_series": lambda: F["plot_series"]({"pretraining": [0.9, 1.0, 0.95], "sft": [0.3, 0.6, 0.2]},
                                                 ylabel="L / T (fraction of capacity)", title="fill", ylim=(0, 1.05), markers=True),
-        "plot_compact_timeline": lambda: F["plot_compact_timeline"](hello["timelines"]["eager"], title="eager"),
+        "plot_compact_timeline": lambda: F["plot_compact_timeline"](r["profiling"]["host_phases"]["timeline"], title="one step"),
         "plot_hello_world_timelines": lambda: F["plot_hello_world_timelines"](hello),
         "plot_host_phases": lambda: F["plot_host_phases"](r["profiling"]["host_phases"]),
         "plot_boundary_memory": lambda: F["plot_boundary_memory"](buckets),
