@@ -3,7 +3,6 @@ one GPU's are the end-to-end suite's, each data-parallel rank's come from its ow
 
 import itertools
 
-import pytest
 import torch
 
 from attn_gym_lite.bench.end_to_end import workload_batches
@@ -41,5 +40,3 @@ def test_one_builder_gives_the_single_gpu_batches_and_each_ranks_shard():
     reference = list(fixed_count_loader(odd_stream, 3, config["T"], config["sft_documents"],
                                         min_fill=config["sft_min_fill"], seed=config["seed"] + 1))
     assert all(torch.equal(a.input_ids, b.input_ids) for a, b in zip(rank1, reference))
-    with pytest.raises(ValueError, match="workload must be one of"):
-        workload_batches("pretrain", 1, config, tokenizer=tokenizer)
