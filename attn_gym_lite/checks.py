@@ -84,30 +84,3 @@ def check_int_sequence(argument: str, values: object, *, minimum: int | None = N
         if not low <= v <= high:
             raise ValueError(f"{argument}[{i}] must be an int in [{low}, {high}], got {v}")
     return values
-
-
-class SignatureCache:
-    """A bounded dict keyed by tensor metadata and flags; no key while ``torch.compile`` traces."""
-
-    def __init__(self, capacity: int = 256):
-        self.capacity = capacity
-        self._entries: dict = {}
-
-    def key(self, tensors: tuple, *flags: object) -> tuple | None:
-        if torch.compiler.is_compiling() or not all(isinstance(t, Tensor) for t in tensors):
-            return None
-        key = (tuple((type(t), t.shape, t.stride(), t.dtype, t.device) for t in tensors), *flags)
-        try:
-            hash(key)
-        except TypeError:
-            return None
-        return key
-
-    def get(self, key: tuple | None):
-        return None if key is None else self._entries.get(key)
-
-    def put(self, key: tuple | None, value) -> None:
-        if key is not None:
-            if len(self._entries) >= self.capacity:
-                self._entries.clear()
-            self._entries[key] = value
