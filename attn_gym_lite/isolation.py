@@ -19,7 +19,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-__all__ = ["IsolatedRunError", "ProcessRun", "describe_error", "run_isolated", "run_process_group", "run_within_budget"]
+__all__ = ["IsolatedRunError", "ProcessRun", "run_isolated", "run_process_group"]
 
 _MARKER = "@@attn_gym_lite.isolation.result@@ "
 
@@ -102,42 +102,6 @@ def run_isolated(function: Callable[..., Any], *args: Any, timeout_s: float = 60
                else f"exited with code {done.returncode}" if done.returncode else "printed no result")
         raise IsolatedRunError(f"{module}.{name} {why}", (done.stderr or "")[-3000:])
     return json.loads(results[-1][len(_MARKER):])
-
-
-def describe_error(error: BaseException, max_chars: int | None = None) -> str:
-    """``"<exception type>: <message>"``, stripped, cut to ``max_chars`` (e.g. to bound a record)."""
-    return f"{type(error).__name__}: {error}".strip()[:max_chars]
-
-
-def run_within_budget(parts: Mapping[str, Callable[[float], Any]], *, timeout_s: float | Mapping[str, float],
-                      budget_s: float | None, min_part_s: float = 15.0, clock: Callable[[], float] = time.monotonic,
-                      describe: Callable[[BaseException], str] = describe_error) -> tuple[dict[str, Any], dict[str, str]]:
-    """Run ``parts`` (name -> function of its limit in s) in order within ``budget_s`` (``None``: no
-    bound). Each gets ``min(timeout_s, what is left)`` (``timeout_s`` may be per name) and must keep to
-    it; with less than ``min_part_s`` left it is not started. Returns ``(results, errors)``: each part
-    in one, with its result, ``describe(exception)`` or why it did not run.
-    """
-    began = clock()
-    limits = timeout_s if isinstance(timeout_s, Mapping) else dict.fromkeys(parts, timeout_s)
-    results: dict[str, Any] = {}
-    errors: dict[str, str] = {}
-    started = False
-    for name, part in parts.items():
-        limit = float(limits[name])
-        if budget_s is not None:
-            left = budget_s - (clock() - began)
-            if left < min_part_s:
-                why = ("the parts before it used the rest" if started
-                       else f"the budget is below the {min_part_s:g} s a part needs to start")
-                errors[name] = f"not run: {max(left, 0.0):.0f} s left of the budget of {budget_s:.0f} s ({why})"
-                continue
-            limit = min(limit, left)
-        started = True
-        try:
-            results[name] = part(limit)
-        except Exception as error:  # one part's failure is a result, not a crash
-            errors[name] = describe(error)
-    return results, errors
 
 
 def _main(argv: Sequence[str]) -> None:

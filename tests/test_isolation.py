@@ -9,13 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from attn_gym_lite.isolation import (
-    IsolatedRunError,
-    describe_error,
-    run_isolated,
-    run_process_group,
-    run_within_budget,
-)
+from attn_gym_lite.bench import harness
+from attn_gym_lite.isolation import IsolatedRunError, run_isolated, run_process_group
 
 
 def test_returns_what_the_function_returns_through_json():
@@ -77,8 +72,10 @@ def test_run_process_group_reports_a_timeout_a_signal_and_an_exit_code(tmp_path)
     assert sorted(log.read_text().split()) == ["err", "out"]
 
 
-def test_parts_share_a_budget_and_a_failure_is_a_message():
+def test_parts_share_a_budget_and_a_failure_is_a_message(monkeypatch):
     now = [100.0]
+    monkeypatch.setattr(harness, "monotonic", lambda: now[0])
+    summary = lambda error: harness.error_text(error, summary=True)
     limits = []
 
     def part(seconds_used, fail=False):
@@ -91,8 +88,8 @@ def test_parts_share_a_budget_and_a_failure_is_a_message():
         return run
 
     parts = {"a": part(100.0), "b": part(150.0, fail=True), "c": part(120.0), "d": part(1.0)}
-    results, errors = run_within_budget(parts, timeout_s={"a": 150.0, "b": 150.0, "c": 150.0, "d": 90.0},
-                                        budget_s=390.0, min_part_s=30.0, clock=lambda: now[0])
+    results, errors = harness.run_parts(parts, timeout_s={"a": 150.0, "b": 150.0, "c": 150.0, "d": 90.0},
+                                        budget_s=390.0, min_part_s=30.0, describe=summary)
     # a: its timeout (150 < 390 left); b: 150 of 290 left; c: 140 left < 150; d: 20 left < 30, not run.
     assert limits == [150.0, 150.0, 140.0]
     assert results == {"a": 100.0, "c": 120.0}
@@ -100,21 +97,9 @@ def test_parts_share_a_budget_and_a_failure_is_a_message():
                       "d": "not run: 20 s left of the budget of 390 s (the parts before it used the rest)"}
 
     limits.clear()
-    results, errors = run_within_budget({"x": part(500.0), "y": part(500.0)}, timeout_s=60.0, budget_s=None,
-                                        clock=lambda: now[0])
+    results, errors = harness.run_parts({"x": part(500.0), "y": part(500.0)}, timeout_s=60.0, budget_s=None)
     assert limits == [60.0, 60.0] and results == {"x": 500.0, "y": 500.0} and errors == {}
     # A budget below what a part needs to start runs nothing, and says so truly.
-    results, errors = run_within_budget({"a": limits.append}, timeout_s=5.0, budget_s=10.0, min_part_s=15.0,
-                                        clock=lambda: 0.0)
+    results, errors = harness.run_parts({"a": limits.append}, timeout_s=5.0, budget_s=10.0, min_part_s=15.0)
     assert results == {} and errors == {"a": "not run: 10 s left of the budget of 10 s (the budget is below the 15 s "
                                               "a part needs to start)"}
-
-
-def test_describe_error_is_type_and_message_optionally_cut():
-    assert describe_error(ValueError("chunk_size must be one of (16, 32, 64), got 8\n")) == (
-        "ValueError: chunk_size must be one of (16, 32, 64), got 8")
-    assert describe_error(KeyError("x")) == "KeyError: 'x'"
-    assert describe_error(RuntimeError()) == "RuntimeError:"
-    long = IsolatedRunError("m.f exited with code 1", "E" * 5000)
-    assert describe_error(long, max_chars=30) == "IsolatedRunError: m.f exited w"
-    assert describe_error(long) == "IsolatedRunError: m.f exited with code 1\n" + "E" * 5000
