@@ -1,9 +1,6 @@
-"""Grid arithmetic for ragged kernels: how many CTAs each schedule launches, and which chunk each runs.
-
-A ragged kernel tiles every sequence into chunks of ``C`` tokens, one CTA per chunk and head. All
-of it is host arithmetic on static quantities except :func:`chunk_offsets`, tensor ops that a
-captured graph recomputes from whatever ``cu_seqlens`` holds at each replay.
-"""
+"""Grid arithmetic for ragged kernels, which tile each sequence into chunks of ``C`` tokens: how many
+CTAs each schedule launches, and which chunk each runs. Host arithmetic on static quantities, except
+:func:`chunk_offsets`: tensor ops that a captured graph recomputes at each replay."""
 
 from __future__ import annotations
 
