@@ -14,7 +14,8 @@ import attn_gym_lite
 from attn_gym_lite.bench import provenance as provenance_module
 from attn_gym_lite.bench.provenance import PACKAGE_ROOT, provenance, source_digest, source_files
 from attn_gym_lite.bench.suites import SUITES
-from attn_gym_lite.book.plots import plot_hello_world, plot_packed_batch, plot_training_loop
+from attn_gym_lite.book.figures.ch01_ragged import plot_packed_batch
+from attn_gym_lite.book.figures.ch02_capture import plot_hello_world, plot_training_loop
 from attn_gym_lite.book.results import DECLARED_STALE, RESULTS_ROOT, banner, declared_stale, load_result, provenance_line
 
 RECORDED = sorted(RESULTS_ROOT.glob("*/*.json"))

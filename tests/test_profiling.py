@@ -10,7 +10,7 @@ import json
 import pytest
 import torch
 
-from attn_gym_lite.book.plots import plot_timeline
+from attn_gym_lite.book.figures.ch03_profiling import plot_timeline
 from attn_gym_lite.profiling import (
     CAPTURE_ORDER,
     GRAPH_NODE_ID,

@@ -30,7 +30,7 @@ from attn_gym_lite.bench.scale_out import (
     scaling,
     throughput,
 )
-from attn_gym_lite.book.plots import plot_scale_out
+from attn_gym_lite.book.figures.ch10_scale_out import plot_scale_out
 from attn_gym_lite.data import batch_from_pieces, load_tokenizer
 
 needs_gloo = pytest.mark.skipif(not (dist.is_available() and dist.is_gloo_available()),
