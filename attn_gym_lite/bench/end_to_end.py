@@ -18,7 +18,8 @@ Two workloads: ``pretraining`` (best-fit packing of a shuffled corpus cut into p
 ``pretraining_piece`` tokens, so batches hold several documents) and ``sft`` (a fixed number of
 documents per batch, ``L`` anywhere in 10-100 % of ``T``, loss on the second half of each
 document). Two model sizes: :data:`CONFIG` (chapter 8's, launch-bound) and :data:`LARGE` (dim 2048,
-matmul-bound). Every (workload, stack) runs in a fresh process. Reported per run: real tokens per
+matmul-bound), and a sweep of ``T`` for the fastest stack. Every (workload, stack) runs in a fresh
+process. Reported per run: real tokens per
 second over ``repeats`` passes over the same timed batches (host clock, synchronised at both
 ends), their median and spread, model FLOPs utilisation against the bf16 matmul rate measured on the same GPU, the loss of
 every step, peak memory, dynamo's counters for the compiled stacks.
@@ -243,6 +244,22 @@ def _profiled_regions(model_args: dict, batches: list, config: dict, steps: int 
             "gpu_busy_fraction": summary["busy_fraction"], "kernels_per_step": summary["kernels_per_step"]}
 
 
+def capacity_sweep(config: dict = CONFIG, capacities=(1024, 2048, 4096, 8192),
+                   stack: str = "compile + graph ours") -> list[dict]:
+    """``stack`` on the pretraining workload at each token capacity ``T``, in this process: tokens
+    per second and peak memory, to choose ``T`` (the smallest at which the step stops speeding up)."""
+    points = []
+    for T in capacities:
+        sized = {**config, "T": T, "steps": 24, "warmup": 8, "repeats": 2}
+        with tempfile.TemporaryDirectory() as folder:
+            path = os.path.join(folder, "batches.pt")
+            torch.save(workload_batches("pretraining", sized["steps"], sized), path)
+            run = run_stack("pretraining", stack, path, sized)
+        points.append({"T": T, **{k: run.get(k) for k in ("tokens_per_s", "step_us", "peak_allocated_mib", "mfu")}})
+        torch._dynamo.reset()
+    return points
+
+
 def end_to_end_suite(config: dict = CONFIG, *, stacks: tuple[str, ...] | None = None,
                      workloads: tuple[str, ...] = WORKLOADS, timeout_s: float = 600) -> dict:
     """Every stack of ``config`` (or ``stacks``) on every workload, each in a fresh process: a fault
@@ -266,10 +283,16 @@ def end_to_end_suite(config: dict = CONFIG, *, stacks: tuple[str, ...] | None = 
                     runs.append(run_isolated(run_stack, workload, stack, path, config, timeout_s=timeout_s))
                 except IsolatedRunError as error:
                     errors[f"{workload} / {stack}"] = str(error)[-3000:]
+    sweep = None
+    if config["size"] == CONFIG["size"] and stacks == CONFIG["stacks"]:
+        try:
+            sweep = run_isolated(capacity_sweep, config, timeout_s=timeout_s)
+        except IsolatedRunError as error:
+            errors["capacity sweep"] = str(error)[-3000:]
     return {"config": {**config, "stacks": list(stacks), "workloads": list(workloads),
                        "timing": "real (active) tokens of the timed batches / host wall clock of one pass over them, "
                                  "synchronised at both ends; the median of the repeated passes"},
-            "workloads": workload_info, "runs": runs, "errors": errors}
+            "workloads": workload_info, "runs": runs, "capacity_sweep": sweep, "errors": errors}
 
 
 def end_to_end_large_suite() -> dict:

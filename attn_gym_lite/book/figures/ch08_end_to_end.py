@@ -5,11 +5,14 @@ import numpy as np
 from .ch02_capture import running_mean
 from .style import LIVE_HATCH, SERIES_COLOURS, figure, legend_right, styled
 
-# Families share a hue with SERIES_COLOURS: eager reds, torch.compile purples.
+# Families share a hue with SERIES_COLOURS: eager reds, torch.compile purples, ours blue and green
+# (darker when compiled), varlen_attn in our trainer orange.
 STACK_COLOURS = {
-    "eager padded": "0.55", "eager packed": SERIES_COLOURS["eager"], "eager packed, L rows": "salmon", "compile": "plum",
+    "eager padded": "0.55", "eager packed": SERIES_COLOURS["eager"], "compile": "plum",
     "compile reduce-overhead": SERIES_COLOURS["torch.compile"], "compile reduce-overhead, fixed capacity": "indigo",
-    "graph varlen_attn": SERIES_COLOURS["varlen_attn"], "graph ours": SERIES_COLOURS["ours"], "buckets ours": SERIES_COLOURS["buckets"],
+    "graph ours": SERIES_COLOURS["ours"], "buckets ours": SERIES_COLOURS["buckets"],
+    "compile + graph varlen_attn": SERIES_COLOURS["varlen_attn"], "compile + graph ours": "navy",
+    "compile + buckets ours": "darkgreen",
 }
 
 
@@ -58,8 +61,12 @@ def plot_end_to_end_throughput(record: dict, live: dict | None = None):
         names = list(runs)
         if ax is not axes[0][0] and names == first_names:
             ax.tick_params(labelleft=False)  # the same stacks in the same order: named once, on the left
-        bars = ax.barh(names, [runs[n]["tokens_per_s"] / 1e6 for n in names], color=[STACK_COLOURS.get(n) for n in names])
-        ax.bar_label(bars, fmt="%.2f", padding=2)
+        rates = np.array([runs[n]["tokens_per_s"] for n in names]) / 1e6
+        # Whiskers: the slowest and fastest of the repeated passes over the same batches.
+        low = [rates[i] - min(runs[n].get("repeats", [rates[i] * 1e6])) / 1e6 for i, n in enumerate(names)]
+        high = [max(runs[n].get("repeats", [rates[i] * 1e6])) / 1e6 - rates[i] for i, n in enumerate(names)]
+        bars = ax.barh(names, rates, xerr=[low, high], color=[STACK_COLOURS.get(n) for n in names])
+        ax.bar_label(bars, fmt="%.2f", padding=4)
         ax.margins(x=0.15)
         for i, name in enumerate(names):
             if name in live_table.get(workload, {}):
