@@ -75,8 +75,7 @@ def check_host_cu_seqlens_values(cu_seqlens: Tensor, *, token_capacity: int | No
     return cu_seqlens
 
 
-def check_int_sequence(argument: str, values: object, *, minimum: int | None = None, maximum: int | None = None,
-                       **_ignored: object) -> list[int]:
+def check_int_sequence(argument: str, values: object, *, minimum: int | None = None, maximum: int | None = None) -> list[int]:
     """``values`` (ints, or a 1-D integer tensor or array) as a list of ints within ``[minimum, maximum]``."""
     values = [operator.index(v) for v in (values.tolist() if hasattr(values, "tolist") else values)]
     low, high = -math.inf if minimum is None else minimum, math.inf if maximum is None else maximum

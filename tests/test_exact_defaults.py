@@ -79,7 +79,7 @@ def _sweep(name: str, poison: float, device: str, dtype: torch.dtype, tolerance:
         ids = torch.randint(0, VOCAB, (T,), device=device)
         labels = torch.randint(0, VOCAB, (T,), device=device)
         mask = torch.arange(T, device=device) < L - 1
-        run = lambda m, rows, cu_: m.loss(ids[:rows], labels[:rows], mask[:rows], cu_)  # noqa: E731
+        run = lambda m, rows, cu_: m.loss(ids[:rows], labels[:rows], mask[:rows], cu_)
         out, expected = run(module, T, cu), run(reference, L, cu)
         out.backward()
         expected.backward()
@@ -97,7 +97,7 @@ def _sweep(name: str, poison: float, device: str, dtype: torch.dtype, tolerance:
         assert p.grad is not None and torch.isfinite(p.grad).all(), f"{name}.{pname}: gradient not finite"
         scale = r.grad.abs().max().clamp_min(1)
         torch.testing.assert_close(p.grad.double() / scale, r.grad / scale, atol=tolerance, rtol=0,
-                                   msg=lambda m: f"{name}.{pname}: {m}")  # noqa: B023
+                                   msg=lambda m: f"{name}.{pname}: {m}")
 
 
 POISONS = [float("nan"), float("inf"), 1e30]

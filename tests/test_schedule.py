@@ -82,9 +82,9 @@ def test_oracle_decodes_every_chunk_exactly_once(lengths, spare_slots, C):
 
 
 def test_choose_schedule_and_launch_grids():
-    # 1 chunk-capacity per head * 16 heads fits in 132 resident CTAs: flat; a big capacity: dynamic.
-    assert choose_schedule(100, 1, 128, 16, 132, 1) == "flat"
-    assert choose_schedule(16384, 256, 128, 16, 132, 1) == "dynamic"
+    # flat up to 64 waves of resident CTAs (G_cap = 382 chunks x 16 heads = 6,112 <= 64 * 132), then dynamic.
+    assert choose_schedule(16384, 256, 128, 16, 132, 1) == "flat"
+    assert choose_schedule(131072, 256, 128, 16, 132, 1) == "dynamic"
     sizes = dict(T=1000, N=10, C=64, heads=4, num_sms=8, ctas_per_sm=2)
     assert launch_grid("rect", max_seqlen=300, **sizes) == (5, 10, 4)
     assert launch_grid("flat", **sizes) == (chunk_capacity(1000, 10, 64), 4)
@@ -112,7 +112,7 @@ def test_lengths_count_from_any_container():
 def test_grid_sizes_and_their_figure():
     import matplotlib
 
-    from attn_gym_lite.book.plots import plot_grid_sizes
+    from attn_gym_lite.book.figures.ch04_schedulers import plot_grid_sizes
     from attn_gym_lite.schedule import grid_sizes
 
     matplotlib.use("Agg")

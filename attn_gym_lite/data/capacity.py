@@ -47,8 +47,7 @@ def plan_buckets(active_token_samples: Sequence[int], k: int, *, align: int = 12
 
     Source: the seed article, "Could we use more than one graph?"; vLLM's captured batch sizes.
     """
-    values = check_int_sequence("active_token_samples", active_token_samples, minimum=0, maximum=INT32_MAX,
-                                allow_set=False)
+    values = check_int_sequence("active_token_samples", active_token_samples, minimum=0, maximum=INT32_MAX)
     samples = np.asarray(values, dtype=np.int64)
     if token_capacity is not None and samples.max() > token_capacity:  # its padding would come out negative
         i = int(np.argmax(samples > token_capacity))
