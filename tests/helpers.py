@@ -1,7 +1,4 @@
-"""Helpers several test files share: reference implementations, layout strategies, invariant checks.
-
-Kept out of the test files so that no test module imports another.
-"""
+"""Helpers several test files share (no test module imports another): references, layouts, checks."""
 
 from __future__ import annotations
 
@@ -19,13 +16,9 @@ from attn_gym_lite.ops.kernels import INTERPRETED
 from attn_gym_lite.ragged import cu_seqlens_from_lengths, pad_cu_seqlens
 from attn_gym_lite.testing.exactness import compare_gradients, exact_gradients, gradients_at_capacity
 
-# For tests that hand CPU tensors to the Triton kernels: only Triton's interpreter runs them (CI sets
-# it without a GPU); on a CUDA host the kernels refuse CPU tensors and the `gpu` tests cover them.
 CPU_KERNELS = pytest.mark.skipif(not INTERPRETED, reason="CPU tensors reach the Triton kernels only in the interpreter")
 
 FAST = settings(max_examples=30, deadline=None)
-
-
 FILLS = ("nan", "inf", "huge")
 
 
@@ -101,6 +94,32 @@ def attention_with_undefined_capacity(q, k, v, cu_seqlens, max_seqlen, *, causal
     inactive = torch.arange(q.shape[0]) >= cu_seqlens[-1]
     poison = (q + k + v) * torch.where(inactive, math.nan, 0.0)[:, None, None]
     return torch.where(inactive[:, None, None], out + poison, out)
+
+
+def attention_and_grads(fn, q, k, v, do, dtype=None):
+    """``[out, dq, dk, dv]`` of ``fn(q, k, v)`` for the output gradient ``do``, inputs cast to ``dtype``."""
+    q, k, v = (x.detach().to(dtype or x.dtype).requires_grad_() for x in (q, k, v))
+    out = fn(q, k, v)
+    if not out.requires_grad:  # the reference with L = 0 never touches its inputs
+        return [out, *(torch.zeros_like(x) for x in (q, k, v))]
+    return [out, *torch.autograd.grad(out, (q, k, v), do.to(out.dtype))]
+
+
+def reference_and_grads(q, k, v, do, cu_seqlens, causal=False):
+    """:func:`attention_and_grads` of the reference attention, in float64."""
+    return attention_and_grads(lambda q, k, v: varlen_attention_reference(q, k, v, cu_seqlens, causal=causal),
+                               q, k, v, do, torch.float64)
+
+
+def assert_attention_close(ours, reference, active, rtol, zeroed=False, what=""):
+    """Rows below ``active`` of out, dq, dk, dv within ``rtol`` of the largest reference value; the
+    rows past it zero where ``zeroed`` (by default they are unspecified, as with torch's varlen_attn)."""
+    for name, mine, ref in zip(("out", "dq", "dk", "dv"), ours, reference):
+        scale = max(ref.abs().max().item(), 1.0)
+        error = (mine[:active].double() - ref[:active]).abs().max().item() if active else 0.0
+        assert error <= rtol * scale, f"{what} {name}: max error {error:.3g} > {rtol * scale:.3g}"
+        if zeroed:
+            assert not mine[active:].any(), f"{what} {name}: rows past L = {active} are not zero"
 
 
 def calling(attention):
@@ -192,11 +211,6 @@ def naive_short_conv(x, weight, cu_seqlens):
                 if source >= start:
                     rows[t] = rows[t] + weight[:, k] * x[source]
     return torch.stack(rows) if rows else x.new_zeros(0, x.shape[1])
-
-
-# ---------------------------------------------------------------------------------------------
-# KDA layouts, shared by the reference and the Triton kernel tests (their inputs come from
-# attn_gym_lite.bench.linear_attention.kda_inputs, the suite's builder).
 
 
 def kda_bounds(*bounds: int, device: str = "cpu") -> torch.Tensor:

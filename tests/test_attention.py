@@ -115,22 +115,6 @@ def test_reference_counts_flops_on_meta_inputs():
     assert counter.get_total_flops() == sum(2 * 2 * 2 * s * s * 4 for s in (5, 4))
 
 
-# Every path that reads cu_seqlens's values refuses a malformed one before a kernel sees it:
-# the reference, a schedule bounded by max_seqlen, and the kernels given a CPU cu_seqlens.
-PATHS = {"reference": {"impl": "reference"}, "rect": {"impl": "triton", "schedule": "rect", "max_seqlen": 12},
-         "triton": {"impl": "triton"}}
-
-
-@KERNELS_HERE
-@pytest.mark.parametrize("path", [p if p != "triton" else pytest.param(p, marks=pytest.mark.skipif(
-    not INTERPRETED, reason="a CUDA cu_seqlens is not read (a sync)")) for p in PATHS])
-@pytest.mark.parametrize("values", [[1, 5, 9, 9], [0, 5, 3, 9], [0, 5, 9, 14]], ids=["start", "decreasing", "L>T"])
-def test_malformed_cu_seqlens_is_refused_on_every_path_that_reads_it(values, path):
-    q = torch.randn(12, 2, 16, device=DEVICE, dtype=DTYPE)
-    with pytest.raises(ValueError, match="cu_seqlens"):
-        varlen_attention(q, q, q, torch.tensor(values, dtype=torch.int32, device=DEVICE), **PATHS[path])
-
-
 def _attend(q=None, cu=(0, 5, 9, 9), head_dim=16, **options):
     q = torch.randn(12, 2, head_dim, device=DEVICE, dtype=DTYPE) if q is None else q
     cu = cu if isinstance(cu, torch.Tensor) else torch.tensor(cu, dtype=torch.int32, device=DEVICE)
@@ -149,6 +133,10 @@ REFUSED = {
                            ValueError, "cu_seqlens"),
     "cu_seqlens on another device": (lambda: _attend(cu=torch.tensor([0, 12], dtype=torch.int32, device="meta"),
                                                      impl="triton"), ValueError, "cu_seqlens"),
+    "cu_seqlens[0] not 0": (lambda: _attend(cu=(1, 5, 9, 9), impl="reference"), ValueError, "cu_seqlens"),
+    "cu_seqlens decreasing": (lambda: _attend(cu=(0, 5, 3, 9), impl="triton", schedule="rect", max_seqlen=12),
+                              ValueError, "cu_seqlens"),  # a bounded grid reads the values on any device
+    "L > T": (lambda: _attend(cu=(0, 5, 9, 14), impl="reference"), ValueError, "cu_seqlens"),
     "max_seqlen too small": (lambda: _attend(impl="reference", max_seqlen=4), ValueError, "max_seqlen"),
     "q, k, v shapes": (lambda: varlen_attention(*(torch.randn(n, 2, 16) for n in (12, 12, 11)),
                                                 torch.tensor([0, 5, 9, 9], dtype=torch.int32)), ValueError, "q, k and v"),
@@ -158,6 +146,10 @@ REFUSED = {
     "triton head dim": (lambda: _attend(head_dim=24, impl="triton"), ValueError, "head dim"),
     "32-bit offsets": (lambda: _attend(q=_past_int32(), cu=(0, 16), impl="triton"), ValueError, "32-bit"),
 }
+if not INTERPRETED:  # compiled kernels: the interpreter's CPU tensors are refused
+    REFUSED["CPU tensors"] = (lambda: _attend(q=torch.randn(12, 2, 16, dtype=torch.bfloat16),
+                                              cu=torch.tensor([0, 12], dtype=torch.int32), impl="triton"),
+                              ValueError, "TRITON_INTERPRET")
 
 
 @KERNELS_HERE
@@ -168,19 +160,12 @@ def test_varlen_attention_refuses_what_would_be_silently_wrong(case):
         build()
 
 
-@pytest.mark.skipif(DEVICE == "cpu", reason="the interpreter takes CPU tensors; this checks a compiled build")
-def test_compiled_kernels_refuse_cpu_tensors():
-    x = torch.randn(12, 2, 16, dtype=torch.bfloat16)
-    with pytest.raises(ValueError, match="TRITON_INTERPRET"):
-        varlen_attention(x, x, x, torch.tensor([0, 12], dtype=torch.int32), impl="triton")
-
-
 @pytest.mark.gpu
-@pytest.mark.parametrize(("impl", "head_dim", "dtype"), [("auto", 8, torch.bfloat16), ("reference", 64, torch.bfloat16)])
-def test_the_reference_is_refused_during_capture(impl, head_dim, dtype):
+@pytest.mark.parametrize(("impl", "head_dim"), [("auto", 8), ("reference", 64)])  # "auto" falls back: head dim 8
+def test_the_reference_is_refused_during_capture(impl, head_dim):
     from attn_gym_lite.graph.capture import capture_graph
 
-    q = torch.randn(16, 2, head_dim, device="cuda", dtype=dtype)
+    q = torch.randn(16, 2, head_dim, device="cuda", dtype=torch.bfloat16)
     cu = torch.tensor([0, 10, 16], dtype=torch.int32, device="cuda")
     assert resolve_impl(impl, q) == "reference"
     with pytest.raises(RuntimeError, match="reference"):

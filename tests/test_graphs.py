@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from attn_gym_lite.data import PackedLoader
+from attn_gym_lite.data.batch import batch_from_pieces
 from attn_gym_lite.graph.capture import _CAPTURE_OPTIONS, StaticInputs, capture_graph, capture_options
 from attn_gym_lite.models import PackedLM
 
@@ -22,8 +23,7 @@ def test_static_inputs_copy_into_the_same_buffers():
 
 
 def test_static_inputs_take_dataclass_batches():
-    batch = next(iter(PackedLoader(64, 4, corpus=["def f(x):\n    return x + 1\n"] * 6,
-                                   tokenizer=_tiny_tokenizer(), prefetch=0)))
+    batch = batch_from_pieces([[1, 2, 3], [4, 5]], 8, 3)
     static = StaticInputs(batch, "cpu")
     assert set(static.keys()) == {"input_ids", "labels", "loss_mask", "cu_seqlens"}
     assert torch.equal(static.cu_seqlens, batch.cu_seqlens)
@@ -43,18 +43,6 @@ def test_capture_options_nest_and_restore():
             assert dict(_CAPTURE_OPTIONS.get()) == {"capture_error_mode": "relaxed", "enable_annotations": True}
         assert dict(_CAPTURE_OPTIONS.get()) == {"capture_error_mode": "relaxed"}
     assert _CAPTURE_OPTIONS.get() == ()
-
-
-def _tiny_tokenizer():
-    from tokenizers import Tokenizer, models, pre_tokenizers
-
-    from attn_gym_lite.data import HFTokenizer
-
-    vocab = {chr(c): i for i, c in enumerate(range(32, 127))}
-    vocab["\n"] = len(vocab)
-    tok = Tokenizer(models.WordLevel(vocab, unk_token=" "))
-    tok.pre_tokenizer = pre_tokenizers.Split("", "isolated")
-    return HFTokenizer(tok, "chars")
 
 
 @pytest.mark.gpu

@@ -5,9 +5,9 @@ static ``cu_seqlens``."""
 
 import pytest
 import torch
+from helpers import assert_attention_close, reference_and_grads
 
 from attn_gym_lite.graph.capture import capture_graph
-from attn_gym_lite.ops.attention import varlen_attention_reference
 from attn_gym_lite.ops.kernels import varlen_attention_triton
 from attn_gym_lite.ragged import cu_seqlens_from_lengths, pad_cu_seqlens, zipf_lengths
 
@@ -27,25 +27,6 @@ def random_qkvo(rows, head_dim, dtype, seed=0):
     return [torch.randn(rows, H, head_dim, device="cuda", dtype=dtype, generator=g) for _ in range(4)]
 
 
-def reference_and_grads(q, k, v, do, cu, causal):
-    q, k, v = (x.detach().double().requires_grad_() for x in (q, k, v))
-    out = varlen_attention_reference(q, k, v, cu, causal=causal)
-    if not out.requires_grad:
-        return [out] + [torch.zeros_like(x) for x in (q, k, v)]
-    return [out, *torch.autograd.grad(out, (q, k, v), do.double())]
-
-
-def assert_close(ours, reference, active, what, zeroed):
-    """Active rows against the reference; rows past L zero where the call asked for zeros (by
-    default they are unspecified, like torch's varlen_attn)."""
-    for name, mine, ref in zip(("out", "dq", "dk", "dv"), ours, reference):
-        scale = max(ref.abs().max().item(), 1.0)
-        error = (mine[:active].double() - ref[:active]).abs().max().item() if active else 0.0
-        assert error <= RTOL * scale, f"{what} {name}: max error {error:.3g} > {RTOL * scale:.3g}"
-        if zeroed:
-            assert not mine[active:].any(), f"{what} {name}: rows past L = {active} are not zero"
-
-
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 @pytest.mark.parametrize("schedule", ["rect", "flat", "persistent", "dynamic", "auto"])
 @pytest.mark.parametrize("head_dim,dtype", [(128, torch.bfloat16), (64, torch.float16)], ids=["d128-bf16", "d64-fp16"])
@@ -58,7 +39,7 @@ def test_real_sizes_match_reference(head_dim, dtype, schedule, causal):
     zeroed = schedule in ("rect", "auto")  # both contracts, on a few schedules each
     out = varlen_attention_triton(q, k, v, cu, causal=causal, schedule=schedule, zero_inactive=zeroed, **options)
     ours = [out, *torch.autograd.grad(out, (q, k, v), do)]
-    assert_close(ours, reference_and_grads(q, k, v, do, cu, causal), L, schedule, zeroed)
+    assert_attention_close(ours, reference_and_grads(q, k, v, do, cu, causal), L, RTOL, zeroed, schedule)
 
 
 def test_backward_is_deterministic():
@@ -103,5 +84,5 @@ def test_capture_then_replay_new_layouts(schedule, causal):
         cu.copy_(pad_cu_seqlens(cu_seqlens_from_lengths(lengths, device="cuda"), N))
         graph.replay()
         torch.cuda.synchronize()
-        assert_close(outputs, reference_and_grads(q, k, v, do, cu, causal), sum(lengths), f"{schedule}/{name}",
-                     zeroed=False)
+        assert_attention_close(outputs, reference_and_grads(q, k, v, do, cu, causal), sum(lengths), RTOL,
+                               what=f"{schedule}/{name}")
