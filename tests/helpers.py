@@ -44,14 +44,10 @@ EDGE_LAYOUTS = {
 }
 
 
-def fill_value(fill, dtype):
-    return {"nan": math.nan, "inf": math.inf, "huge": torch.finfo(dtype).max}[fill]
-
-
 def fill_inactive(x, cu_seqlens, fill):
     """A copy of ``x`` with rows ``L..T-1`` set to NaN, +Inf or the dtype's largest value."""
     out = x.clone()
-    out[int(cu_seqlens[-1]):] = fill_value(fill, x.dtype)
+    out[int(cu_seqlens[-1]):] = {"nan": math.nan, "inf": math.inf, "huge": torch.finfo(x.dtype).max}[fill]
     return out
 
 
@@ -65,10 +61,8 @@ def filled_input_and_target(tokens, cu_seqlens, fill, width_in, width_out, seed)
 
 def padded_and_exact(module, x, target, cu_seqlens, max_seqlen):
     """``compare_gradients`` of one step at capacity against the exact step on the L real rows."""
-    return compare_gradients(
-        gradients_at_capacity(module, x, target, cu_seqlens, max_seqlen),
-        exact_gradients(module, x, target, cu_seqlens),
-    )
+    return compare_gradients(gradients_at_capacity(module, x, target, cu_seqlens, max_seqlen),
+                             exact_gradients(module, x, target, cu_seqlens))
 
 
 def assert_exact(report, rtol):
@@ -81,10 +75,8 @@ def assert_exact(report, rtol):
 
 def contaminated(report, rtol):
     """Names of the gradients that are non-finite or not within ``rtol`` of the exact ones."""
-    return {
-        name for name, g in report["gradients"].items()
-        if g["nonfinite"] or g["max_abs_diff"] > rtol * max(g["max_abs_exact"], 1e-3)
-    }
+    return {name for name, g in report["gradients"].items()
+            if g["nonfinite"] or g["max_abs_diff"] > rtol * max(g["max_abs_exact"], 1e-3)}
 
 
 def attention_with_undefined_capacity(q, k, v, cu_seqlens, max_seqlen, *, causal=False):

@@ -38,13 +38,6 @@ def test_reference_matches_the_loop(lengths, spare_slots, spare_rows, causal):
     torch.testing.assert_close(out.double(), loop_reference(q, k, v, cu, causal), atol=1e-5, rtol=1e-5)
 
 
-def test_reference_gradients_stay_inside_sequences():
-    q, k, v = (torch.randn(7, 1, 4, requires_grad=True) for _ in range(3))
-    varlen_attention_reference(q, k, v, cu_seqlens_from_lengths([3, 4]))[:3].sum().backward()
-    for tensor in (q, k, v):
-        assert tensor.grad[3:].abs().max() == 0 and tensor.grad[:3].abs().max() > 0
-
-
 def test_auto_picks_the_kernels_where_they_run_and_the_reference_elsewhere():
     runs_here = (DEVICE == "cuda") != INTERPRETED
     assert resolve_impl("auto", torch.zeros(4, 2, 16, device=DEVICE, dtype=DTYPE)) == (

@@ -12,34 +12,27 @@ from attn_gym_lite.data.capacity import BucketPlan, plan_buckets, select_bucket
 from attn_gym_lite.graph.buckets import GraphBuckets, StaleOutputError, _Guarded, private_pool_bytes
 
 
-def brute_force(samples, k, align):
-    """Try every set of at most k aligned capacities that covers the largest sample."""
-    top = max(-(-max(samples) // align) * align, align)
-    grid = range(align, top + 1, align)
-    best = None
-    for size in range(1, k + 1):
-        for chosen in itertools.combinations(grid, size):
-            if chosen[-1] != top:
-                continue
-            padding = sum(min(c for c in chosen if c >= s) - s for s in samples)
-            best = padding if best is None else min(best, padding)
-    return best
+def brute_force(samples, k, align, token_capacity):
+    """The least padding over every set of at most k capacities (multiples of align, or T) whose
+    largest is the largest sample rounded up to align, or T."""
+    top = min(max(-(-max(samples) // align) * align, align), token_capacity or 2**31 - 1)
+    grid = sorted({*range(align, top + 1, align), top})
+    return min(sum(min(c for c in chosen if c >= s) - s for s in samples)
+               for size in range(1, k + 1) for chosen in itertools.combinations(grid, size) if chosen[-1] == top)
 
 
 @settings(max_examples=60, deadline=None)
-@given(
-    samples=st.lists(st.integers(0, 40), min_size=1, max_size=12),
-    k=st.integers(1, 4),
-    align=st.sampled_from([1, 4, 8]),
-)
-def test_plan_buckets_is_optimal(samples, k, align):
-    plan = plan_buckets(samples, k, align=align)
-    assert all(c % align == 0 for c in plan.capacities)
+@given(samples=st.lists(st.integers(0, 40), min_size=1, max_size=12), k=st.integers(1, 4),
+       align=st.sampled_from([1, 4, 8, 64]), extra=st.one_of(st.none(), st.integers(0, 30)))
+def test_plan_buckets_is_optimal(samples, k, align, extra):
+    token_capacity = None if extra is None else max(max(samples), 1) + extra
+    plan = plan_buckets(samples, k, align=align, token_capacity=token_capacity)
     assert list(plan.capacities) == sorted(set(plan.capacities)) and len(plan.capacities) <= k
-    assert plan.capacities[-1] >= max(samples)
+    assert all(c % align == 0 or c == token_capacity for c in plan.capacities)
+    assert max(samples) <= plan.capacities[-1] <= (token_capacity or 2**31)
     padding = sum(select_bucket(plan.capacities, s) - s for s in samples)
     assert padding == pytest.approx(plan.expected_padded_rows * len(samples))
-    assert padding == brute_force(samples, k, align)
+    assert padding == brute_force(samples, k, align, token_capacity)
 
 
 def test_plan_buckets_hand_example():
@@ -64,22 +57,6 @@ def test_plan_buckets_hand_example():
 def test_plan_buckets_refuses_a_sample_no_batch_has(samples, token_capacity):
     with pytest.raises(ValueError, match="active_token_samples"):
         plan_buckets(samples, 2, token_capacity=token_capacity)
-
-
-@settings(max_examples=60, deadline=None)
-@given(
-    samples=st.lists(st.integers(0, 40), min_size=1, max_size=12),
-    k=st.integers(1, 4),
-    align=st.sampled_from([1, 4, 8, 64]),
-    extra=st.integers(0, 30),
-)
-def test_plan_buckets_never_exceeds_token_capacity(samples, k, align, extra):
-    token_capacity = max(max(samples), 1) + extra
-    plan = plan_buckets(samples, k, align=align, token_capacity=token_capacity)
-    assert plan.capacities[-1] <= token_capacity and plan.capacities[-1] >= max(samples)
-    assert all(c % align == 0 or c == token_capacity for c in plan.capacities)
-    padding = sum(select_bucket(plan.capacities, s) - s for s in samples)
-    assert padding == pytest.approx(plan.expected_padded_rows * len(samples))
 
 
 def test_select_bucket_picks_the_smallest_that_fits():

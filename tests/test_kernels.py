@@ -1,9 +1,6 @@
-"""The Triton ragged-attention kernels on small shapes, against a float64 reference: every schedule,
-causal and not, forward and gradients, on random ragged layouts and every edge case (M < N with the
-repeated tail, empty sequences in the middle, L = 0, sequences of one token, one sequence of T).
-
-Without a GPU the kernels run in Triton's interpreter on CPU tensors (conftest sets
-TRITON_INTERPRET=1), in float32 with 16-row tiles; with one they run compiled, in bfloat16."""
+"""The Triton ragged-attention kernels on small shapes against a float64 reference (every schedule,
+causal or not, forward and gradients, random and edge layouts), and the schedules' task decoding.
+Without a GPU they run in Triton's interpreter (float32, 16-row tiles); with one, in bfloat16."""
 
 import pytest
 import torch
@@ -111,6 +108,18 @@ def record_tasks_kernel(cu_seqlens, chunk_offsets, counter, rows_written, out, n
         task = next_task(task, counter, chunk_offsets, num_seqs, num_heads, SCHEDULE)
 
 
+def record_tasks(cu, offsets, schedule, rows, C, heads, room, max_seqlen):
+    """Every ``(seq_start, seq_len, chunk, head)`` the schedule hands out, in the order taken."""
+    slots = cu.numel() - 1
+    grid = launch_grid(schedule, T=max(rows, 1), N=slots, C=C, heads=heads, num_sms=num_sms(DEVICE), ctas_per_sm=1,
+                       max_seqlen=max_seqlen if schedule == "rect" else None)
+    out = torch.full((room, 4), -1, dtype=torch.int32, device=DEVICE)
+    counter, rows_written = (torch.zeros(1, dtype=torch.int32, device=DEVICE) for _ in range(2))
+    record_tasks_kernel[grid](cu.to(DEVICE), offsets.to(DEVICE), counter, rows_written, out, slots, heads, rows,
+                              CHUNK=C, SCHEDULE=schedule)
+    return [tuple(row) for row in out.cpu().tolist()[: int(rows_written)]]
+
+
 @settings(max_examples=25, deadline=None)
 @given(
     lengths=st.lists(st.integers(0, 50), min_size=1, max_size=10),
@@ -125,23 +134,16 @@ def test_every_schedule_runs_each_chunk_exactly_once(lengths, spare_slots, spare
     slots = len(lengths) + spare_slots
     cu = pad_cu_seqlens(cu_seqlens_from_lengths(lengths), slots)
     offsets = chunk_offsets(cu, C)
-    grid = launch_grid(schedule, T=rows, N=slots, C=C, heads=heads, num_sms=num_sms(DEVICE), ctas_per_sm=1,
-                       max_seqlen=max(max(lengths), 1) if schedule == "rect" else None)
     # Room for twice the capacity bound: a schedule that ran a chunk twice would show it.
-    out = torch.full((2 * chunk_capacity(rows, slots, C) * heads + 1, 4), -1, dtype=torch.int32, device=DEVICE)
-    counter, rows_written = (torch.zeros(1, dtype=torch.int32, device=DEVICE) for _ in range(2))
-    record_tasks_kernel[grid](cu.to(DEVICE), offsets.to(DEVICE), counter, rows_written, out, slots, heads, rows,
-                              CHUNK=C, SCHEDULE=schedule)
-    recorded = sorted(tuple(row) for row in out.cpu().tolist() if row[0] >= 0)
-    assert int(rows_written) == len(recorded)
-
+    recorded = record_tasks(cu, offsets, schedule, rows, C, heads, 2 * chunk_capacity(rows, slots, C) * heads + 1,
+                            max(max(lengths), 1))
     bounds = cu.tolist()
     expected = []
     for head in range(heads):
         for flat in range(int(offsets[-1])):
             seq, local, _ = decode_chunk(offsets, cu, flat, C)
             expected.append((bounds[seq], bounds[seq + 1] - bounds[seq], local, head))
-    assert recorded == sorted(expected)
+    assert sorted(recorded) == sorted(expected)
 
 
 def clamped_chunk_offsets(values, rows, C):
@@ -178,14 +180,9 @@ def test_malformed_cu_seqlens_decode_to_tasks_inside_the_tensors(values, rows, C
     offsets = launch_chunk_offsets(cu, C, token_capacity=rows)
     expected_offsets = clamped_chunk_offsets(values, rows, C)
     assert offsets.cpu().tolist() == expected_offsets
-    grid = launch_grid(schedule, T=max(rows, 1), N=slots, C=C, heads=heads, num_sms=num_sms(DEVICE), ctas_per_sm=1,
-                       max_seqlen=max(rows, 1) if schedule == "rect" else None)
     # Room for every slot of the grid: rect's overlapping sequences may each fill their column.
     room = max(2 * chunk_capacity(max(rows, 1), slots, C), slots * -(-max(rows, 1) // C)) * heads + 1
-    out = torch.full((room, 4), -1, dtype=torch.int32, device=DEVICE)
-    counter, rows_written = (torch.zeros(1, dtype=torch.int32, device=DEVICE) for _ in range(2))
-    record_tasks_kernel[grid](cu, offsets, counter, rows_written, out, slots, heads, rows, CHUNK=C, SCHEDULE=schedule)
-    recorded = [tuple(row) for row in out.cpu().tolist()[: int(rows_written)]]
+    recorded = record_tasks(cu, offsets, schedule, rows, C, heads, room, max(rows, 1))
     for seq_start, seq_len, chunk, head in recorded:
         assert 0 <= seq_start <= seq_start + seq_len <= rows, (values, rows, seq_start, seq_len)
         assert 0 <= chunk and chunk * C < seq_len, (values, rows, chunk, seq_len)

@@ -1,7 +1,5 @@
 """The Triton ragged-attention kernels at real sizes on the GPU: every schedule against a float64
-reference (bfloat16 at head dim 128, float16 at 64), deterministic gradients, and one CUDA graph per
-schedule captured once and replayed after copying new layouts, edge cases included, into its
-static ``cu_seqlens``."""
+reference, deterministic gradients, and one graph per schedule replayed on new layouts."""
 
 import pytest
 import torch

@@ -1,12 +1,10 @@
-"""packed_lm_loss and token_loss_sum: one loss, defined in the models layer, checked against a
-naive float64 loop of -log_softmax row by row."""
+"""packed_lm_loss, token_loss_sum and the models' loss against a float64 loop of -log_softmax."""
 
 import math
 
 import pytest
 import torch
 
-import attn_gym_lite.graph.distributed as distributed
 from attn_gym_lite.models import PackedLM, packed_lm_loss, token_loss_sum
 from attn_gym_lite.ragged import cu_seqlens_from_lengths, pad_cu_seqlens
 
@@ -47,16 +45,13 @@ def test_packed_lm_loss_is_the_naive_mean_of_minus_log_softmax(seed):
     assert total.item() == pytest.approx(expected * count, rel=1e-12)
 
 
-def test_half_precision_is_averaged_in_float32():
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+def test_half_precision_is_averaged_in_float32(dtype):
     logits, labels, mask = _batch(5)
-    expected, _ = naive_mean_loss(logits.float(), labels, mask)
-    assert packed_lm_loss(logits.float(), labels, mask).dtype == torch.float32
-    for dtype in (torch.float16, torch.bfloat16):
-        rounded = logits.to(dtype)
-        loss = packed_lm_loss(rounded, labels, mask)
-        assert loss.dtype == torch.float32
-        assert loss.item() == pytest.approx(naive_mean_loss(rounded.double(), labels, mask)[0], rel=1e-5)
-    assert packed_lm_loss(logits.float(), labels, mask).item() == pytest.approx(expected, rel=1e-5)
+    rounded = logits.to(dtype)
+    loss = packed_lm_loss(rounded, labels, mask)
+    assert loss.dtype == torch.float32
+    assert loss.item() == pytest.approx(naive_mean_loss(rounded.double(), labels, mask)[0], rel=1e-5)
 
 
 @pytest.mark.parametrize("stray", [10**6, -7, -100, VOCAB])
@@ -106,13 +101,8 @@ def test_the_gradient_is_that_of_the_naive_mean():
     torch.testing.assert_close(logits.grad, expected, rtol=1e-12, atol=1e-14)
 
 
-def test_one_definition_in_the_models_layer():
-    assert distributed.token_loss_sum is token_loss_sum
-
-
 def _small_batch():
-    """A float64 one-block model and a T = 8 batch of two sequences (3 and 2 tokens, N = 3) with
-    random ids and labels; rows 0, 1 and 3 counted."""
+    """A float64 PackedLM and a T = 8 batch of sequences of 3 and 2 tokens (N = 3); rows 0, 1, 3 counted."""
     torch.manual_seed(0)
     model = PackedLM(VOCAB, 8, 2, impl="reference").double()
     cu = pad_cu_seqlens(cu_seqlens_from_lengths([3, 2]), 3)
@@ -123,8 +113,7 @@ def _small_batch():
 
 
 def test_model_loss_ignores_stale_labels_past_the_active_rows():
-    """The model's loss goes through packed_lm_loss: labels on inactive capacity rows can be
-    anything (a recycled static buffer), the loss is that of the active rows alone."""
+    # Labels on capacity rows can be anything (a recycled static buffer).
     model, cu, ids, labels, mask = _small_batch()
     stale = labels.clone()
     stale[5:] = torch.tensor([-1, 10**9, -100])

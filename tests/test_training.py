@@ -1,11 +1,14 @@
-"""FixedCapacityTrainer: each step equals an independent loss + Adam step; graph equals eager (GPU)."""
+"""FixedCapacityTrainer: each step equals an independent loss + Adam step; one graph and graph
+buckets equal eager (GPU); the graph key."""
+
+import dataclasses
 
 import pytest
 import torch
 
 from attn_gym_lite.data import packed_batch_loader
-from attn_gym_lite.graph.training import FixedCapacityTrainer
-from attn_gym_lite.models import PackedLM
+from attn_gym_lite.graph.training import FIELDS, FixedCapacityTrainer
+from attn_gym_lite.models import PackedLM, PackedTransformer
 
 
 def _batches(n=3):
@@ -40,24 +43,37 @@ def test_step_is_loss_then_adam_on_the_exact_gradients():
         torch.testing.assert_close(p, r)
 
 
+def _on_gpu(model_class, *args, **options):
+    return lambda: model_class(*args, **options, device="cuda", dtype=torch.bfloat16)
+
+
+# Each against the same model trained eagerly on the same batches.
+STACKS = {
+    "PackedLM, one graph": (_on_gpu(PackedLM, 512, 128, 2), {}),
+    "PackedLM, buckets": (_on_gpu(PackedLM, 512, 128, 2), {"capacities": [256, 512, 1024]}),
+    "PackedTransformer triton": (_on_gpu(PackedTransformer, 512, 128, 2, 2, impl="triton"), {}),
+    "PackedTransformer varlen_attn": (_on_gpu(PackedTransformer, 512, 128, 2, 2, impl="varlen_attn"), {}),
+}
+
+
 @pytest.mark.gpu
-def test_graph_training_matches_eager_training():
+@pytest.mark.parametrize("stack", STACKS)
+def test_graph_training_matches_eager_training(stack):
+    build, options = STACKS[stack]
     batches = [b.pin_memory() for b in packed_batch_loader(6, 1024, 512, 8, seed=2)]
-    losses = {}
+    losses = []
     for use_graph in (False, True):
         torch.manual_seed(0)
-        model = PackedLM(512, 128, 2, device="cuda", dtype=torch.bfloat16)
-        trainer = FixedCapacityTrainer(model, batches[0], use_graph=use_graph)
-        losses[use_graph] = torch.stack([trainer.step(b) for b in batches])
-    torch.testing.assert_close(losses[True], losses[False], atol=1e-2, rtol=1e-2)
-    # The captured gradient outputs hold, after a replay, the gradients of that batch's loss.
-    batch = batches[0]
-    trainer.static.copy_(batch)
-    trainer.graph.replay()
-    loss = trainer.model.loss(batch.input_ids.cuda(), batch.labels.cuda(), batch.loss_mask.cuda(),
-                              batch.cu_seqlens.cuda(), trainer.max_seqlen)
-    for mine, expected in zip(trainer.graph_gradients, torch.autograd.grad(loss, trainer.parameters)):
-        torch.testing.assert_close(mine.float(), expected.float(), atol=2e-2, rtol=2e-2)
+        trainer = FixedCapacityTrainer(build(), batches[0], use_graph=use_graph, **(options if use_graph else {}))
+        losses.append(torch.stack([trainer.step(b) for b in batches]))
+    torch.testing.assert_close(losses[1], losses[0], atol=2e-2, rtol=2e-2)
+    if trainer.graph is not None:  # after a replay, the gradient outputs hold that batch's gradients
+        batch = batches[0]
+        trainer.static.copy_(batch)
+        trainer.graph.replay()
+        loss = trainer.model.loss(*(getattr(batch, n).cuda() for n in FIELDS), trainer.max_seqlen)
+        for mine, expected in zip(trainer.graph_gradients, torch.autograd.grad(loss, trainer.parameters)):
+            torch.testing.assert_close(mine.float(), expected.float(), atol=2e-2, rtol=2e-2)
 
 
 @pytest.mark.gpu
@@ -81,35 +97,6 @@ def test_the_graph_key_holds_max_seqlen_only_where_the_attention_needs_it():
     assert not model.needs_max_seqlen
     trainer = FixedCapacityTrainer(model, batches[1], use_graph=True, max_seqlen=bound)
     assert torch.isfinite(trainer.step(batches[0]))
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("impl", ["triton", "varlen_attn"])
-def test_a_transformer_trains_the_same_from_a_graph_and_eagerly(impl):
-    from attn_gym_lite.models import PackedTransformer
-
-    batches = [b.pin_memory() for b in packed_batch_loader(6, 1024, 512, 8, seed=3)]
-    losses = {}
-    for use_graph in (False, True):
-        torch.manual_seed(0)
-        model = PackedTransformer(512, 128, 2, 2, impl=impl, device="cuda", dtype=torch.bfloat16)
-        trainer = FixedCapacityTrainer(model, batches[0], use_graph=use_graph)
-        losses[use_graph] = torch.stack([trainer.step(b) for b in batches])
-    torch.testing.assert_close(losses[True], losses[False], atol=2e-2, rtol=2e-2)
-
-
-@pytest.mark.gpu
-def test_bucket_training_matches_one_graph():
-    batches = [b.pin_memory() for b in packed_batch_loader(8, 1024, 512, 8, seed=4)]
-    losses = {}
-    for capacities in (None, [256, 512, 1024]):
-        torch.manual_seed(0)
-        model = PackedLM(512, 128, 2, device="cuda", dtype=torch.bfloat16)
-        trainer = FixedCapacityTrainer(model, batches[0], use_graph=True, capacities=capacities)
-        losses[capacities is None] = torch.stack([trainer.step(b) for b in batches])
-        if capacities:
-            assert trainer.buckets.capacities == (256, 512, 1024)
-    torch.testing.assert_close(losses[True], losses[False], atol=2e-2, rtol=2e-2)
 
 
 def _capacity_16_3(lengths=(5, 4, 7), token_capacity=16, sequence_capacity=3):
@@ -167,33 +154,24 @@ def test_the_padded_baseline_trains_batches_of_their_own_capacity():
     torch.testing.assert_close(losses["eager padded"], losses["eager packed"], rtol=1e-5, atol=1e-5)
 
 
-def _empty_batch(token_capacity=16, sequence_capacity=2):
-    """A batch with no real tokens (L = 0), which PackedBatch allows."""
-    from attn_gym_lite.data import PackedBatch
-
-    zeros = torch.zeros
-    return PackedBatch(zeros(token_capacity, dtype=torch.long), zeros(token_capacity, dtype=torch.long),
-                       zeros(token_capacity, dtype=torch.bool), zeros(sequence_capacity + 1, dtype=torch.int32),
-                       0, 0, 0)
-
-
 @pytest.mark.parametrize("impl", ["reference", "auto"])
-@pytest.mark.parametrize("model_name", ["PackedLM", "PackedTransformer"])
-def test_an_eager_step_on_a_batch_without_tokens_has_loss_0_and_zero_gradients(impl, model_name):
+@pytest.mark.parametrize("build", [lambda impl: PackedLM(64, 32, 2, impl=impl),
+                                   lambda impl: PackedTransformer(64, 32, 2, 1, impl=impl)],
+                         ids=["PackedLM", "PackedTransformer"])
+def test_an_eager_step_on_a_batch_without_tokens_has_loss_0_and_zero_gradients(build, impl):
     """A replay computes zero gradients for an L = 0 batch and runs Adam on them; so does an eager
     step, although the reference attention never reaches the projections then."""
     from attn_gym_lite.data.batch import batch_from_pieces
-    from attn_gym_lite.models import PackedTransformer
 
     torch.manual_seed(0)
-    if model_name == "PackedLM":
-        model = PackedLM(64, 32, 2, impl=impl)
-    else:
-        model = PackedTransformer(64, 32, 2, 1, impl=impl)
+    model = build(impl)
     first = batch_from_pieces([[1, 2, 3]], 16, 2)
+    empty = dataclasses.replace(first, input_ids=torch.zeros_like(first.input_ids), labels=torch.zeros_like(first.labels),
+                                loss_mask=torch.zeros_like(first.loss_mask), cu_seqlens=torch.zeros_like(first.cu_seqlens),
+                                active_tokens=0, active_sequences=0, max_seqlen=0)
     trainer = FixedCapacityTrainer(model, first, use_graph=False, lr=1e-2)
     before = [p.detach().clone() for p in model.parameters()]
-    loss = trainer.step(_empty_batch())
+    loss = trainer.step(empty)
     assert loss.item() == 0.0
     # Zero gradients on fresh Adam state: nothing moves.
     assert all(torch.equal(p, b) for p, b in zip(model.parameters(), before))
@@ -205,7 +183,7 @@ def test_an_eager_step_on_a_batch_without_tokens_has_loss_0_and_zero_gradients(i
         r.grad = torch.zeros_like(r)
         optimizer.state[r] = {k: v.clone() for k, v in trainer.optimizer.state[p].items()}
     optimizer.step()
-    assert trainer.step(_empty_batch()).item() == 0.0
+    assert trainer.step(empty).item() == 0.0
     for p, r in zip(model.parameters(), reference):
         torch.testing.assert_close(p, r.detach())
 
