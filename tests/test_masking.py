@@ -1,10 +1,7 @@
-"""The masks of attn_gym_lite.ops.masking, and the proof that each masked op is exact at capacity.
-
-The proof, for every op: fill the inactive rows of every input with NaN, +Inf or a huge value,
-compute the loss and every gradient at capacity T, and compare with the same computation on exactly
-the L real rows (attn_gym_lite.testing.exactness). With the masks they match; without them the test asserts
-the contamination, so it shows that the masks matter. Layouts are random (hypothesis), with L = T,
-L = 0 and M < N among them. The shared helpers live in helpers.py.
+"""The masks of attn_gym_lite.ops.masking, and the proof that each masked op is exact at capacity:
+with NaN, +Inf or huge values in the inactive rows, the loss and every gradient at capacity T equal
+those on the L real rows alone (attn_gym_lite.testing.exactness); without the masks the test asserts
+the contamination. Layouts are random (hypothesis), with L = T, L = 0 and M < N among them.
 """
 
 import json
@@ -30,9 +27,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from torch import nn
 
-from attn_gym_lite import ragged
 from attn_gym_lite.models import VarLenAttention
-from attn_gym_lite.ops import masking
 from attn_gym_lite.ops.masking import (
     active_token_mask,
     mask_inactive_token_gradients,
@@ -45,19 +40,8 @@ from attn_gym_lite.testing.exactness import (
     capacity_loss,
     compare_gradients,
     error_stats,
-    exact_gradients,
     gradients_at_capacity,
 )
-
-# ---------------------------------------------------------------------------------------------
-# The primitives
-
-
-def test_active_token_mask_is_the_ragged_one():
-    # One source of truth: the masking module re-exports ragged's function, it does not copy it.
-    assert masking.active_token_mask is ragged.active_token_mask
-    assert torch.equal(active_token_mask(5, torch.tensor([0, 2, 3, 3], dtype=torch.int32)),
-                       torch.tensor([True, True, True, False, False]))
 
 
 @FAST
@@ -110,13 +94,8 @@ def test_uninitialized_memory_as_nan_reveals_and_restores(enabled, warn_only, fi
         torch.utils.deterministic.fill_uninitialized_memory = True
 
 
-# ---------------------------------------------------------------------------------------------
-# The proof, op by op
-
-
 class _Projection(nn.Module):
-    """``Y = X W``, optionally behind a value mask: the smallest op whose weight gradient reduces
-    over every physical row."""
+    """``Y = X W``, optionally behind a value mask: its weight gradient reduces over every row."""
 
     def __init__(self, masked):
         super().__init__()
@@ -136,9 +115,8 @@ def test_value_mask_makes_a_projection_exact_at_capacity(layout, fill):
     x, target = filled_input_and_target(tokens, cu, fill, 4, 3, seed=0)
     module = _Projection(masked=True)
     assert_exact(padded_and_exact(module, x, target, cu, tokens), rtol=1e-12)
-    # Without the value mask ∇W = Xᵀ∇Y sums the inactive rows; ∇Y is exactly 0 there (the loss
-    # selects), but NaN * 0 and Inf * 0 are NaN. A huge finite value times an exact 0 is 0: finite
-    # garbage only hurts where its gradient is not exactly 0 (the next test and test_block.py).
+    # Without the mask ∇W = Xᵀ∇Y sums the inactive rows: ∇Y is 0 there, but NaN * 0 and Inf * 0 are
+    # NaN (a huge finite value times 0 is 0: it hurts only where its gradient is not 0).
     module.masked = False
     if fill != "huge" and int(cu[-1]) < tokens:
         assert "proj.weight" in contaminated(padded_and_exact(module, x, target, cu, tokens), 1e-12)
@@ -203,10 +181,6 @@ def test_edge_layouts_through_the_projection_and_short_conv(layout, fill):
         assert report["loss_at_capacity"] == 0 and all(g["max_abs_exact"] == 0 for g in report["gradients"].values())
 
 
-# ---------------------------------------------------------------------------------------------
-# The comparison itself (attn_gym_lite.testing.exactness)
-
-
 def test_capacity_loss_is_the_inner_product_over_active_rows():
     cu = pad_cu_seqlens(cu_seqlens_from_lengths([2, 1]), 3)
     y = torch.tensor([[1.0, 2.0], [3.0, 4.0], [5.0, 6.0], [math.nan, 1.0]], requires_grad=True)
@@ -217,14 +191,6 @@ def test_capacity_loss_is_the_inner_product_over_active_rows():
     assert torch.equal(grad, torch.tensor([[1.0, 0.5], [2.0, -1.0], [0.0, 1.0], [0.0, 0.0]]))
     # float16 target with a float64 y: accumulated in float64 (promote(y, float32)), same value.
     assert capacity_loss(y.double(), target.half(), active_token_mask(y, cu)).item() == 10
-
-
-def test_exact_gradients_of_no_tokens_are_zero():
-    module = _Projection(masked=True)
-    x, target = torch.randn(5, 4, dtype=torch.float64), torch.randn(5, 3, dtype=torch.float64)
-    loss, grads = exact_gradients(module, x, target, pad_cu_seqlens(cu_seqlens_from_lengths([0]), 2))
-    assert loss.item() == 0 and set(grads) == {"input", "proj.weight"}
-    assert all(torch.equal(g, torch.zeros_like(g)) for g in grads.values())
 
 
 def test_compare_gradients_and_error_stats_stay_json_ready_and_exact():
@@ -240,86 +206,3 @@ def test_compare_gradients_and_error_stats_stay_json_ready_and_exact():
     assert stats["max_abs_diff"] == pytest.approx(math.sqrt(2)) and stats["max_abs_ref"] == 1.0
     stats = error_stats(torch.tensor([1.0, 2.0]), torch.tensor([1.5, 2.0]))
     assert stats == {"nonfinite": 0, "max_abs_diff": 0.5, "max_abs_ref": 2.0, "rel_err": 0.25}
-
-
-# ---------------------------------------------------------------------------------------------
-# GPU: the masks inside a captured graph, replayed with new layouts
-
-
-@pytest.mark.gpu
-def test_masks_under_graph_replay_follow_the_new_layout():
-    from attn_gym_lite.graph.capture import capture_graph
-
-    tokens = 64
-    static_x = torch.randn(tokens, 8, device="cuda", requires_grad=True)
-    static_cu = torch.zeros(5, dtype=torch.int32, device="cuda")
-    upstream = torch.full((tokens, 8), math.nan, device="cuda")
-
-    def step():
-        active = active_token_mask(static_x, static_cu)
-        out = mask_inactive_token_gradients(mask_inactive_tokens(static_x, active) * 2, active)
-        (grad,) = torch.autograd.grad(out, static_x, torch.where(active[:, None], 1.0, upstream))
-        return out, grad
-
-    graph, (out, grad) = capture_graph(step)
-    for lengths in ([64], [10, 20], [0], [1, 0, 2, 3]):
-        static_cu.copy_(pad_cu_seqlens(cu_seqlens_from_lengths(lengths), 4))
-        with torch.no_grad():
-            static_x.copy_(fill_inactive(torch.randn(tokens, 8, device="cuda"), static_cu, "nan"))
-        graph.replay()
-        active_tokens = sum(lengths)
-        torch.testing.assert_close(out[:active_tokens], 2 * static_x.detach()[:active_tokens])
-        assert torch.equal(out[active_tokens:], torch.zeros_like(out[active_tokens:]))
-        assert torch.equal(grad[:active_tokens], torch.full_like(grad[:active_tokens], 2.0))
-        assert torch.equal(grad[active_tokens:], torch.zeros_like(grad[active_tokens:]))
-
-
-@pytest.mark.gpu
-def test_torch_varlen_attn_nan_gradients_at_padded_capacity_and_the_fix():
-    from attn_gym_lite.bench.masking import varlen_attn_repro
-
-    result = varlen_attn_repro(token_capacity=512, sequence_capacity=8, active_tokens=300, active_sequences=4,
-                               dim=256, num_heads=2)
-    runs = {(run["memory"], run["masks"]): run for run in result["runs"]}
-    for memory in ("as allocated", "uninitialized as NaN"):
-        assert_exact(runs[memory, True], rtol=5e-2)  # the masks make torch's path exact
-    # Finite inputs everywhere, yet torch's undefined output rows reach the output projection.
-    assert "out_proj.weight" in contaminated(runs["uninitialized as NaN", False], rtol=5e-2)
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("fill", FILLS)
-def test_cuda_varlen_attention_module_is_exact_at_capacity_eagerly_and_replayed(fill):
-    from attn_gym_lite.graph.capture import capture_graph
-
-    tokens, slots, dim = 256, 16, 256
-    layouts = ([256], [0], [40, 0, 3, 100], [7] * 16)
-
-    def batch(lengths, seed):
-        generator = torch.Generator().manual_seed(seed)
-        cu = pad_cu_seqlens(cu_seqlens_from_lengths(lengths), slots)
-        x, target = (
-            fill_inactive(torch.randn(tokens, dim, generator=generator).bfloat16(), cu, fill) for _ in range(2)
-        )
-        return x.cuda(), target.cuda(), cu.cuda()
-
-    torch.manual_seed(0)
-    module = VarLenAttention(dim, 2, causal=True, mask_inactive_capacity=True, device="cuda", dtype=torch.bfloat16)
-    for seed, lengths in enumerate(layouts):
-        x, target, cu = batch(lengths, seed)
-        with uninitialized_memory_as_nan():
-            assert_exact(padded_and_exact(module, x, target, cu, tokens), rtol=5e-2)
-            module.mask_inactive_capacity = False
-            if sum(lengths) < tokens:
-                assert "out_proj.weight" in contaminated(padded_and_exact(module, x, target, cu, tokens), 5e-2)
-            module.mask_inactive_capacity = True
-    static_x, static_target, static_cu = batch(layouts[0], 0)
-    graph, (loss, grads) = capture_graph(
-        lambda: gradients_at_capacity(module, static_x, static_target, static_cu, tokens)
-    )
-    for seed, lengths in enumerate(layouts):
-        x, target, cu = batch(lengths, seed)
-        for static, new in ((static_x, x), (static_target, target), (static_cu, cu)):
-            static.copy_(new)
-        graph.replay()
-        assert_exact(compare_gradients((loss, grads), exact_gradients(module, x, target, cu)), rtol=5e-2)
