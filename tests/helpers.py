@@ -116,9 +116,8 @@ def assert_attention_close(ours, reference, active, rtol, zeroed=False, what="")
 
 def calling(attention):
     """Patch target for a module's ``varlen_attention``: same call, another implementation."""
-    return lambda q, k, v, cu_seqlens, *, causal=False, max_seqlen=None, **options: attention(
-        q, k, v, cu_seqlens, max_seqlen, causal=causal
-    )
+    return lambda q, k, v, cu_seqlens, *, causal=False, max_seqlen=None, **_: attention(q, k, v, cu_seqlens, max_seqlen,
+                                                                                     causal=causal)
 
 
 class ByteTokenizer:
@@ -143,9 +142,7 @@ def sequences_of(batch: PackedBatch) -> list[list[int]]:
     return [ids[start:end] for start, end in pairwise(batch.cu_seqlens.tolist()) if end > start]
 
 
-def assert_batch_invariants(
-    batch: PackedBatch, token_capacity: int, sequence_capacity: int, *, second_half_loss=False
-) -> None:
+def assert_batch_invariants(batch: PackedBatch, token_capacity: int, sequence_capacity: int, *, second_half_loss=False):
     """Check every documented property of a PackedBatch with plain loops."""
     T, N = token_capacity, sequence_capacity
     assert batch.input_ids.dtype == torch.int64 and batch.input_ids.shape == (T,)
@@ -179,8 +176,7 @@ def assert_batch_invariants(
 
 def interval_attention(q, k, v, start, end, causal):
     """Float64 softmax attention over rows ``[start, end)`` alone (scale ``1/sqrt(D)``):
-    ``[end - start, H, D]``, differentiable. The per-sequence reference of the property and
-    malformed-layout tests."""
+    ``[end - start, H, D]``, differentiable."""
     qs, ks, vs = (x[start:end].double().transpose(0, 1) for x in (q, k, v))
     scores = qs @ ks.transpose(1, 2) / math.sqrt(q.shape[-1])
     if causal:

@@ -52,11 +52,22 @@ def test_plan_buckets_hand_example():
     assert plan_buckets([0, 0], 2, align=8) == BucketPlan((8,), 8.0, 0.0)
 
 
-@pytest.mark.parametrize(("samples", "token_capacity"), [([4, -3], None), ([2**31], None), ([100, 1000], 960)],
-                         ids=["negative", "past int32", "past T"])
-def test_plan_buckets_refuses_a_sample_no_batch_has(samples, token_capacity):
-    with pytest.raises(ValueError, match="active_token_samples"):
-        plan_buckets(samples, 2, token_capacity=token_capacity)
+# What the bucket layer refuses: a sample no batch can have (negative, past int32, past T), and
+# token inputs of another length than the largest capacity (every bucket's view would be cut).
+BUCKET_REFUSALS = {
+    "negative sample": (lambda: plan_buckets([4, -3], 2), "active_token_samples"),
+    "sample past int32": (lambda: plan_buckets([2**31], 2), "active_token_samples"),
+    "sample past T": (lambda: plan_buckets([100, 1000], 2, token_capacity=960), "active_token_samples"),
+    "token inputs not T_max": (lambda: GraphBuckets(lambda inputs: inputs["x"], [4, 8],
+                                                    token_inputs={"x": torch.zeros(6, 2)}), "T_max"),
+}
+
+
+@pytest.mark.parametrize("case", BUCKET_REFUSALS)
+def test_the_bucket_layer_refuses_what_would_plan_or_replay_wrongly(case):
+    build, match = BUCKET_REFUSALS[case]
+    with pytest.raises(ValueError, match=match):
+        build()
 
 
 def test_select_bucket_picks_the_smallest_that_fits():
@@ -87,7 +98,7 @@ def _block(dim, device="cuda"):
 
 
 @pytest.mark.gpu
-def test_each_bucket_matches_eager_and_guards_lifetimes():
+def test_each_bucket_matches_eager():
     dim, capacities = 256, (256, 512, 1024)
     model = _block(dim)
     params = tuple(model.parameters())
@@ -99,7 +110,7 @@ def test_each_bucket_matches_eager_and_guards_lifetimes():
 
     template = {"x": torch.zeros(1024, dim, dtype=torch.bfloat16)}
     buckets = GraphBuckets(step, capacities, token_inputs=template,
-                           fixed_inputs={"w": torch.zeros(1024)}, debug=True)
+                           fixed_inputs={"w": torch.zeros(1024)})
     assert sorted(buckets.graphs) == list(capacities)
     for active in (100, 300, 700, 1024):
         x = torch.randn(1024, dim, dtype=torch.bfloat16).pin_memory()
@@ -109,19 +120,13 @@ def test_each_bucket_matches_eager_and_guards_lifetimes():
         expected = step({"x": x[:capacity].cuda(), "w": w.cuda()})
         assert outputs[0].shape[0] == capacity
         for got, want in zip(outputs, expected):
-            torch.testing.assert_close(got.as_subclass(torch.Tensor), want, atol=2e-2, rtol=2e-2)
-    stale = outputs[1]
-    buckets.replay({"x": x, "w": w}, 50)
-    with pytest.raises(StaleOutputError):
-        stale.item()
-    with pytest.raises(ValueError, match="exceeds the largest captured capacity 1024"):
-        buckets.replay({"x": x, "w": w}, 1025)
+            torch.testing.assert_close(got, want, atol=2e-2, rtol=2e-2)
+    assert buckets.replay({"x": x, "w": w}, 50)[0].shape[0] == 256
 
 
 @pytest.mark.gpu
 def test_shared_pool_costs_no_more_than_the_largest_graph():
-    """Four buckets in one pool against the same recipe with only the largest capacity: a
-    forward (no_grad) and a forward + backward (gradients as outputs) workload."""
+    # Four buckets in one pool against the largest alone, for a forward and a forward + backward.
     dim = 1024
     model = _block(dim)
     params = tuple(model.parameters())
@@ -145,9 +150,8 @@ def test_shared_pool_costs_no_more_than_the_largest_graph():
 
 @pytest.mark.gpu
 def test_buckets_keyed_by_max_seqlen_refuse_a_longer_sequence_and_copy_nothing():
-    """Buckets over torch's varlen_attn, which sizes its work by max_seqlen: a batch within the
-    captured bound replays to the eager result; one past it (or without a bound) is refused
-    before anything is copied into the static buffers."""
+    # varlen_attn sizes its work by max_seqlen: a batch past the captured bound (or without one) is
+    # refused before anything is copied into the static buffers.
     from attn_gym_lite.ops.attention import varlen_attention
     from attn_gym_lite.ragged import cu_seqlens_from_lengths, pad_cu_seqlens
 
@@ -178,9 +182,3 @@ def test_buckets_keyed_by_max_seqlen_refuse_a_longer_sequence_and_copy_nothing()
             buckets.replay(too_long, 300, max_seqlen=max_seqlen)
     for name, buffer in {**buckets.token_inputs, **buckets.fixed_inputs}.items():
         assert torch.equal(buffer, before[name]), f"{name} changed although the batch was refused"
-
-
-def test_graph_buckets_refuse_token_inputs_of_another_length_than_the_largest_capacity():
-    # Checked before anything touches the device: a shorter template would cut every bucket's view.
-    with pytest.raises(ValueError, match="T_max"):
-        GraphBuckets(lambda inputs: inputs["x"], [4, 8], token_inputs={"x": torch.zeros(6, 2)})

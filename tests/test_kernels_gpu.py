@@ -53,17 +53,6 @@ def test_backward_is_deterministic():
             assert torch.equal(first[:3000], second[:3000]), schedule
 
 
-def replay_layouts(T):
-    """Layouts a graph captured at T tokens, 16 slots must replay correctly, padded to N = 16."""
-    return {
-        "zipf_M<N": zipf_lengths(T - 300, 9, generator=torch.Generator().manual_seed(7)).tolist(),
-        "empty_middle": [700, 0, 0, 129, 1, 0, 511],
-        "no_tokens": [0],
-        "single_tokens": [1] * 16,
-        "one_sequence_of_T": [T],
-    }
-
-
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 @pytest.mark.parametrize("schedule", ["rect", "flat", "persistent", "dynamic"])
 def test_capture_then_replay_new_layouts(schedule, causal):
@@ -78,7 +67,10 @@ def test_capture_then_replay_new_layouts(schedule, causal):
         return (out, *torch.autograd.grad(out, (q, k, v), do))
 
     graph, outputs = capture_graph(step)
-    for name, lengths in replay_layouts(T).items():
+    layouts = {"zipf_M<N": zipf_lengths(T - 300, 9, generator=torch.Generator().manual_seed(7)).tolist(),
+               "empty_middle": [700, 0, 0, 129, 1, 0, 511], "no_tokens": [0], "single_tokens": [1] * 16,
+               "one_sequence_of_T": [T]}
+    for name, lengths in layouts.items():
         cu.copy_(pad_cu_seqlens(cu_seqlens_from_lengths(lengths, device="cuda"), N))
         graph.replay()
         torch.cuda.synchronize()

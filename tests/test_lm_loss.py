@@ -67,15 +67,6 @@ def test_a_stray_label_on_an_unselected_row_changes_nothing(stray):
     assert clean.item() == pytest.approx(naive_mean_loss(logits, labels, mask)[0], rel=1e-12)
 
 
-def test_an_ignorable_label_on_a_selected_row_is_an_error_not_a_zero_loss():
-    # With cross_entropy's ignore_index = -100 the row would count in the denominator with a zero
-    # loss: a silently smaller mean. No label is ignorable, so torch refuses the target.
-    logits, labels, mask = _batch(2)
-    labels[0] = -100  # row 0 is selected
-    with pytest.raises(IndexError, match="Target -100"):
-        packed_lm_loss(logits, labels, mask)
-
-
 def test_an_all_false_mask_gives_zero_not_nan():
     logits, labels, _ = _batch(3)
     labels[2] = -100  # nothing is selected, so nothing is read
@@ -122,9 +113,14 @@ def test_model_loss_ignores_stale_labels_past_the_active_rows():
     assert loss.item() == pytest.approx(naive_mean_loss(logits, labels, mask)[0], rel=1e-12)
 
 
-def test_model_loss_refuses_a_cpu_mask_past_the_active_rows():
-    # The mean would count capacity rows; a CUDA mask is not read (a sync): PackedBatch checks it.
+# The mean would count a wrong row: with cross_entropy's usual ignore_index a -100 label on a counted
+# row is a zero loss in the denominator (no label is ignorable here: torch refuses the target), and
+# a counted row past L is capacity (a CPU mask is checked; a CUDA one would sync: PackedBatch checks it).
+@pytest.mark.parametrize(("row", "label", "error", "match"), [(0, -100, IndexError, "Target -100"),
+                                                              (6, 1, ValueError, "loss_mask")],
+                         ids=["-100 on a counted row", "a counted row past L"])
+def test_the_loss_refuses_a_row_that_would_change_the_mean_silently(row, label, error, match):
     model, cu, ids, labels, mask = _small_batch()
-    mask[6] = True  # L = 5
-    with pytest.raises(ValueError, match="loss_mask"):
+    mask[row], labels[row] = True, label
+    with pytest.raises(error, match=match):
         model.loss(ids, labels, mask, cu, 3)

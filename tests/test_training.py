@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from attn_gym_lite.data import packed_batch_loader
+from attn_gym_lite.data.batch import batch_from_pieces
 from attn_gym_lite.graph.training import FIELDS, FixedCapacityTrainer
 from attn_gym_lite.models import PackedLM, PackedTransformer
 
@@ -16,8 +17,7 @@ def _batches(n=3):
 
 
 def _train_beside_a_reference(freeze_embedding: bool = False):
-    """An eager trainer and an independent copy stepped by torch's unfused Adam on the same
-    batches; asserts equal losses at every step and returns ``(trainer, model, reference)``."""
+    """An eager trainer beside a copy stepped by torch's unfused Adam: equal losses at every step."""
     torch.manual_seed(0)
     batches = _batches()
     model = PackedLM(97, 16, 2).double()
@@ -77,31 +77,19 @@ def test_graph_training_matches_eager_training(stack):
 
 
 @pytest.mark.gpu
-def test_the_graph_key_holds_max_seqlen_only_where_the_attention_needs_it():
-    # The first batch is full (L = T) with Zipf lengths; later ones are shorter. Capture with a
-    # bound below the first batch's longest sequence and feed that batch again.
-    batches = [b.pin_memory() for b in packed_batch_loader(4, 1024, 512, 8, seed=2)]
-    longest = batches[0].max_seqlen
+def test_only_an_attention_that_reads_max_seqlen_keys_the_graph_by_it():
+    # Captured with a bound below the first (full, Zipf) batch's longest sequence: the default
+    # attention reads the layout on the device and trains on it; a bounded one is refused (below).
+    batches = [b.pin_memory() for b in packed_batch_loader(3, 1024, 512, 8, seed=2)]
     bound = max(b.max_seqlen for b in batches[1:])
-    assert bound < longest
-    for impl, schedule in (("varlen_attn", "auto"), ("triton", "rect")):
-        torch.manual_seed(0)
-        model = PackedLM(512, 128, 2, impl=impl, schedule=schedule, device="cuda", dtype=torch.bfloat16)
-        assert model.needs_max_seqlen
-        trainer = FixedCapacityTrainer(model, batches[1], use_graph=True, max_seqlen=bound)
-        trainer.step(batches[2])  # within the bound: fine
-        with pytest.raises(ValueError, match="max_seqlen"):
-            trainer.step(batches[0])
-    # The default attention reads the layout on the device: no bound, any batch of the capacity.
+    assert bound < batches[0].max_seqlen
     model = PackedLM(512, 128, 2, device="cuda", dtype=torch.bfloat16)
-    assert not model.needs_max_seqlen
+    assert not model.needs_max_seqlen and PackedLM(512, 128, 2, impl="varlen_attn").needs_max_seqlen
     trainer = FixedCapacityTrainer(model, batches[1], use_graph=True, max_seqlen=bound)
     assert torch.isfinite(trainer.step(batches[0]))
 
 
 def _capacity_16_3(lengths=(5, 4, 7), token_capacity=16, sequence_capacity=3):
-    from attn_gym_lite.data.batch import batch_from_pieces
-
     return batch_from_pieces([[i + 1] * n for i, n in enumerate(lengths)], token_capacity, sequence_capacity)
 
 
@@ -113,6 +101,8 @@ REFUSED = {
                      "frozen"),
     "capacities": (lambda model, trainer: FixedCapacityTrainer(model, _capacity_16_3(), use_graph=False,
                                                                capacities=[8]), "capacities"),
+    # Captured with max_seqlen = 8 by an attention that sizes its grid by it: longer rows go unseen.
+    "max_seqlen": (lambda model, trainer: trainer.step(_capacity_16_3((12, 2, 1))), "max_seqlen"),
 }
 
 
@@ -121,11 +111,15 @@ REFUSED = {
 @pytest.mark.parametrize("case", REFUSED)
 def test_the_trainer_refuses_a_batch_outside_its_graph_key(case, mode):
     cuda = mode != "eager"
-    torch.manual_seed(0)  # head dim 64 on the GPU: the Triton path, the graph-safe one
+    if case == "max_seqlen" and not cuda:
+        pytest.skip("an eager step sizes its grid by each batch's own max_seqlen")
+    torch.manual_seed(0)  # head dim 64 on the GPU: the Triton kernels, the graph-safe path
     model = PackedLM(11, 128 if cuda else 8, 2, device="cuda" if cuda else "cpu",
-                     dtype=torch.bfloat16 if cuda else torch.float32)
+                     dtype=torch.bfloat16 if cuda else torch.float32,
+                     **({"impl": "triton", "schedule": "rect"} if case == "max_seqlen" else {}))
     first = _capacity_16_3().pin_memory() if cuda else _capacity_16_3()
-    trainer = FixedCapacityTrainer(model, first, use_graph=cuda, capacities=[8, 16] if mode == "buckets" else None)
+    trainer = FixedCapacityTrainer(model, first, use_graph=cuda, capacities=[8, 16] if mode == "buckets" else None,
+                                   max_seqlen=8)
     before = [p.detach().clone() for p in model.parameters()]
     refused, match = REFUSED[case]
     with pytest.raises(ValueError, match=match):
@@ -134,12 +128,9 @@ def test_the_trainer_refuses_a_batch_outside_its_graph_key(case, mode):
 
 
 def test_the_padded_baseline_trains_batches_of_their_own_capacity():
-    """The end-to-end suite's 'eager padded' stack feeds each batch at its own capacity M x S_max;
-    its losses equal those of the packed stacks on the same documents (padding after a token is
-    unseen by a causal model)."""
+    # The end-to-end suite's padded stack: each batch at its own capacity M x S_max, the losses of
+    # the packed stack on the same documents (padding after a token is unseen by a causal model).
     from attn_gym_lite.bench.end_to_end import _build
-    from attn_gym_lite.data.batch import batch_from_pieces
-
     g = torch.Generator().manual_seed(0)
     batches = [batch_from_pieces([torch.randint(0, 50, (n,), generator=g).tolist() for n in lengths], 32, 4)
                for lengths in ([5, 9, 3], [12, 2, 7, 4], [16])]
@@ -159,10 +150,8 @@ def test_the_padded_baseline_trains_batches_of_their_own_capacity():
                                    lambda impl: PackedTransformer(64, 32, 2, 1, impl=impl)],
                          ids=["PackedLM", "PackedTransformer"])
 def test_an_eager_step_on_a_batch_without_tokens_has_loss_0_and_zero_gradients(build, impl):
-    """A replay computes zero gradients for an L = 0 batch and runs Adam on them; so does an eager
-    step, although the reference attention never reaches the projections then."""
-    from attn_gym_lite.data.batch import batch_from_pieces
-
+    # A replay computes zero gradients for an L = 0 batch and runs Adam on them; so does an eager
+    # step, although the reference attention never reaches the projections then.
     torch.manual_seed(0)
     model = build(impl)
     first = batch_from_pieces([[1, 2, 3]], 16, 2)

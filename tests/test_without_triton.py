@@ -1,8 +1,5 @@
-"""Without Triton installed (a CPU build of torch does not bring it, and the package's dependencies
-leave it out), everything but the Triton kernels works: ``impl="auto"`` picks the reference
-attention, the README's training loop trains, the KDA and short-convolution references run, and
-asking for a kernel says what to install. Each case runs in a fresh interpreter where
-``import triton`` fails."""
+"""Without Triton (a CPU build of torch does not bring it), everything but the kernels works and
+asking for a kernel says what to install. Each case runs in an interpreter where ``import triton`` fails."""
 
 import json
 import os
