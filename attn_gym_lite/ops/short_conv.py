@@ -13,8 +13,6 @@ selects crossing taps away with ``torch.where`` (exact when other rows hold NaN)
 
 from __future__ import annotations
 
-import math
-
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -133,8 +131,7 @@ class ShortConv(nn.Module):
         super().__init__()
         self.activation, self.impl = activation, impl
         self.weight = nn.Parameter(torch.empty(dim, kernel_size, device=device, dtype=dtype))
-        bound = 1 / math.sqrt(kernel_size)
-        nn.init.uniform_(self.weight, -bound, bound)
+        nn.init.uniform_(self.weight, -kernel_size**-0.5, kernel_size**-0.5)
 
     def forward(self, x: Tensor, cu_seqlens: Tensor) -> Tensor:
         return short_conv(x, self.weight, cu_seqlens, activation=self.activation, impl=self.impl)

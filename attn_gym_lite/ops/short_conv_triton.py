@@ -140,6 +140,10 @@ def short_conv_backward_kernel(x, w, g, dx, dw_parts, position, cu_seqlens, num_
              dx_acc.to(dx.dtype.element_ty), mask=row_ok[:, None] & col_ok[None, :])
 
 
+def _grid(tokens: int, channels: int) -> tuple[int, int]:
+    return triton.cdiv(max(tokens, 1), BLOCK_T), triton.cdiv(channels, BLOCK_D)
+
+
 class ShortConvTriton(torch.autograd.Function):  # behind short_conv(..., impl="triton")
     @staticmethod
     def forward(ctx, x: Tensor, weight: Tensor, cu_seqlens: Tensor, silu: bool) -> Tensor:
@@ -148,7 +152,7 @@ class ShortConvTriton(torch.autograd.Function):  # behind short_conv(..., impl="
         position = positions_in_sequence(cu_seqlens, tokens)  # on the device: no host read
         y = torch.empty_like(x)
         if tokens and channels:
-            short_conv_forward_kernel[(triton.cdiv(tokens, BLOCK_T), triton.cdiv(channels, BLOCK_D))](
+            short_conv_forward_kernel[_grid(tokens, channels)](
                 x, weight, y, position, cu_seqlens, cu_seqlens.shape[0] - 1, tokens, channels, x.stride(0), y.stride(0),
                 W=weight.shape[1], SILU=silu, BT=BLOCK_T, BD=BLOCK_D, num_warps=NUM_WARPS)
         ctx.save_for_backward(x, weight, position, cu_seqlens)
@@ -162,7 +166,7 @@ class ShortConvTriton(torch.autograd.Function):  # behind short_conv(..., impl="
         grad_y = grad_y.contiguous()
         tokens, channels = x.shape
         width = weight.shape[1]
-        grid = (triton.cdiv(max(tokens, 1), BLOCK_T), triton.cdiv(channels, BLOCK_D))
+        grid = _grid(tokens, channels)
         layout = (position, cu_seqlens, cu_seqlens.shape[0] - 1, tokens, channels)
         grad_x = torch.empty_like(x)
         parts = torch.empty(grid[0], channels, width, device=x.device, dtype=torch.float32)

@@ -628,14 +628,13 @@ class _Plan:
 
 
 def _value_block(V: int, largest: int = 64) -> int:
-    # One block in the interpreter (it runs programs one after another); on the GPU a [128, 64] float32
-    # state block is 64 registers per thread, and the per-chunk backward takes 32 to fit shared memory.
+    # One block in the interpreter (it runs programs in turn); 64 registers per thread for a [128, 64] state.
     return V if INTERPRETED else min(V, largest)
 
 
 def _key_block(K: int) -> int:
-    # Key channels per block of the per-chunk backward (the whole K spilled 2.4 KiB of stack per
-    # thread, blocks of 32 0.2 KiB); 16 in the interpreter, so that the tests run the split.
+    # The per-chunk backward's key block: 32 (the whole K spilled 2.4 KiB of stack per thread), 16 in
+    # the interpreter so that the tests run the split.
     return min(K, 16 if INTERPRETED else 32)
 
 
@@ -695,8 +694,7 @@ def _kda_backward(q: Tensor, k: Tensor, v: Tensor, g_dtype: torch.dtype, beta: T
     T, H, K, V, N, C = plan.T, plan.H, plan.K, plan.V, plan.N, plan.C
     device = q.device
     f32 = dict(dtype=torch.float32, device=device)
-    # A None gradient (that output unused) is zero: dO becomes a zero buffer (three kernels read it);
-    # without dS_final the reverse recurrence starts from zero (HAS_D_FINAL=False).
+    # A None gradient (an unused output) is zero: a zero dO buffer, or a reverse recurrence from zero.
     d_o = torch.zeros(T, H, V, dtype=q.dtype, device=device) if d_o is None else d_o.contiguous()
     d_final = None if d_final is None else d_final.float().contiguous()
     d_u = torch.empty(T, H, V, dtype=plan.storage, device=device)
