@@ -1,5 +1,6 @@
-"""The package's kernels inside torch.compile: one graph, no graph break, no recompile when the layout
-changes, values equal to eager; and a compiled step captured by the trainer (on a GPU)."""
+"""The package's kernels (attention, KDA, short convolution) inside torch.compile: one graph, no
+graph break, no recompile when the layout changes, values equal to eager; and a compiled step
+captured by the trainer (on a GPU)."""
 
 import pytest
 import torch
@@ -30,16 +31,36 @@ def _loss_and_grads(loss_fn, model, batch, device):
     return loss.detach(), torch.autograd.grad(loss, list(model.parameters()))
 
 
-def _compiled_layouts(device, dtype, backend, tolerance):
+def _layers(device, dtype):
+    """The package's layers, each as (module, loss of a batch): the LM's own loss; the KDA layer
+    (KDA kernels and short convolution) and the short-conv block, a weighted sum of their real rows."""
+    from attn_gym_lite.models import ShortConvAttentionBlock
+    from attn_gym_lite.models.kda import KDAAttention
+
+    factory = {"device": device, "dtype": dtype}
     torch.manual_seed(0)
-    model = PackedTransformer(VOCAB, 32, 2, 1, device=device, dtype=dtype)
+    lm = PackedTransformer(VOCAB, 32, 2, 1, **factory)
+    weights = torch.randn(T, 32, **factory)
+
+    def rows_loss(module):
+        def loss(ids, labels, mask, cu):
+            x = torch.nn.functional.embedding(ids, weights)  # a fixed input per batch
+            return (module(x, cu) * weights * mask[:, None]).sum()
+        return loss
+
+    kda, block = KDAAttention(32, 2, head_dim=16, **factory), ShortConvAttentionBlock(32, 2, **factory)
+    return {"lm": (lm, lm.loss), "kda": (kda, rows_loss(kda)), "block": (block, rows_loss(block))}
+
+
+def _compiled_layouts(name, device, dtype, backend, tolerance):
+    model, loss_fn = _layers(device, dtype)[name]
     torch._dynamo.reset()
     counters.clear()
-    compiled = torch.compile(model.loss, backend=backend, fullgraph=True)  # fullgraph: a break would raise
+    compiled = torch.compile(loss_fn, backend=backend, fullgraph=True)  # fullgraph: a break would raise
     for lengths in LAYOUTS:
         batch = _batch(lengths)
         loss, grads = _loss_and_grads(compiled, model, batch, device)
-        expected, expected_grads = _loss_and_grads(model.loss, model, batch, device)
+        expected, expected_grads = _loss_and_grads(loss_fn, model, batch, device)
         torch.testing.assert_close(loss, expected, atol=tolerance, rtol=tolerance)
         for g, e in zip(grads, expected_grads):
             torch.testing.assert_close(g, e, atol=tolerance, rtol=tolerance)
@@ -47,17 +68,19 @@ def _compiled_layouts(device, dtype, backend, tolerance):
     assert counters["stats"]["unique_graphs"] == 1 and not counters["graph_break"]
 
 
-def test_the_kernels_compile_into_one_graph_over_changing_layouts():
+@pytest.mark.parametrize("name", ["lm", "kda", "block"])
+def test_the_kernels_compile_into_one_graph_over_changing_layouts(name):
     pytest.importorskip("triton")
     from attn_gym_lite.ops.attention import resolve_impl
 
     assert resolve_impl("auto", torch.zeros(1, 1, 16)) == "triton"  # the interpreter runs the kernels here
-    _compiled_layouts("cpu", torch.float32, "aot_eager", 1e-5)
+    _compiled_layouts(name, "cpu", torch.float32, "aot_eager", 1e-4)
 
 
 @pytest.mark.gpu
-def test_the_kernels_compile_with_inductor_on_the_gpu():
-    _compiled_layouts("cuda", torch.bfloat16, "inductor", 2e-2)
+@pytest.mark.parametrize("name", ["lm", "kda", "block"])
+def test_the_kernels_compile_with_inductor_on_the_gpu(name):
+    _compiled_layouts(name, "cuda", torch.bfloat16, "inductor", 3e-2)
 
 
 @pytest.mark.gpu

@@ -115,9 +115,9 @@ def short_conv(x: Tensor, weight: Tensor, cu_seqlens: Tensor, *, activation: str
         raise ValueError(f"short_conv(impl='triton') needs x as a CUDA tensor (a CPU one under TRITON_INTERPRET=1) "
                          f"in bfloat16, float16 or float32, got {x.device.type} {x.dtype}: use impl='auto' or 'torch'")
     if resolve_short_conv_impl(impl, x) == "triton":
-        from .short_conv_triton import ShortConvTriton
+        from .short_conv_triton import short_conv_forward
 
-        return ShortConvTriton.apply(x, weight, cu_seqlens, activation == "silu")
+        return short_conv_forward(x, weight, cu_seqlens, activation == "silu")
     y = _RaggedShortConv.apply(x, weight, cu_seqlens)
     return F.silu(y) if activation == "silu" else y
 

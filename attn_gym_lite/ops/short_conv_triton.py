@@ -18,7 +18,6 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
-from torch.autograd.function import once_differentiable
 
 from ..ragged import positions_in_sequence
 
@@ -144,40 +143,61 @@ def _grid(tokens: int, channels: int) -> tuple[int, int]:
     return triton.cdiv(max(tokens, 1), BLOCK_T), triton.cdiv(channels, BLOCK_D)
 
 
-class ShortConvTriton(torch.autograd.Function):  # behind short_conv(..., impl="triton")
-    @staticmethod
-    def forward(ctx, x: Tensor, weight: Tensor, cu_seqlens: Tensor, silu: bool) -> Tensor:
-        x, weight = x.contiguous(), weight.contiguous()
-        tokens, channels = x.shape
-        position = positions_in_sequence(cu_seqlens, tokens)  # on the device: no host read
-        y = torch.empty_like(x)
-        if tokens and channels:
-            short_conv_forward_kernel[_grid(tokens, channels)](
-                x, weight, y, position, cu_seqlens, cu_seqlens.shape[0] - 1, tokens, channels, x.stride(0), y.stride(0),
-                W=weight.shape[1], SILU=silu, BT=BLOCK_T, BD=BLOCK_D, num_warps=NUM_WARPS)
-        ctx.save_for_backward(x, weight, position, cu_seqlens)
-        ctx.silu = silu
-        return y
+# The two launches as torch ops (``torch.library.custom_op`` with fake implementations): torch.compile
+# traces each call as one node, with no graph break and no host read of cu_seqlens.
+@torch.library.custom_op("attn_gym_lite::short_conv_forward", mutates_args=())
+def short_conv_forward(x: Tensor, weight: Tensor, cu_seqlens: Tensor, silu: bool) -> Tensor:
+    x, weight = x.contiguous(), weight.contiguous()
+    tokens, channels = x.shape
+    position = positions_in_sequence(cu_seqlens, tokens)  # on the device: no host read
+    y = torch.empty_like(x)
+    if tokens and channels:
+        short_conv_forward_kernel[_grid(tokens, channels)](
+            x, weight, y, position, cu_seqlens, cu_seqlens.shape[0] - 1, tokens, channels, x.stride(0), y.stride(0),
+            W=weight.shape[1], SILU=silu, BT=BLOCK_T, BD=BLOCK_D, num_warps=NUM_WARPS)
+    return y
 
-    @staticmethod
-    @once_differentiable  # the kernels have no backward of their own: a double backward raises
-    def backward(ctx, grad_y: Tensor) -> tuple[Tensor, Tensor, None, None]:
-        x, weight, position, cu_seqlens = ctx.saved_tensors
-        grad_y = grad_y.contiguous()
-        tokens, channels = x.shape
-        width = weight.shape[1]
-        grid = _grid(tokens, channels)
-        layout = (position, cu_seqlens, cu_seqlens.shape[0] - 1, tokens, channels)
-        grad_x = torch.empty_like(x)
-        parts = torch.empty(grid[0], channels, width, device=x.device, dtype=torch.float32)
-        if not (tokens and channels):
-            return grad_x, parts.zero_().sum(0).to(weight.dtype), None, None
+
+@short_conv_forward.register_fake
+def _(x, weight, cu_seqlens, silu):
+    return x.new_empty(x.shape)
+
+
+@torch.library.custom_op("attn_gym_lite::short_conv_backward", mutates_args=())
+def short_conv_backward(grad_y: Tensor, x: Tensor, weight: Tensor, cu_seqlens: Tensor,
+                        silu: bool) -> tuple[Tensor, Tensor]:
+    x, weight, grad_y = x.contiguous(), weight.contiguous(), grad_y.contiguous()
+    tokens, channels = x.shape
+    width = weight.shape[1]
+    grid = _grid(tokens, channels)
+    layout = (positions_in_sequence(cu_seqlens, tokens), cu_seqlens, cu_seqlens.shape[0] - 1, tokens, channels)
+    grad_x = torch.empty_like(x)
+    parts = torch.zeros(grid[0], channels, width, device=x.device, dtype=torch.float32)
+    if tokens and channels:
         grad_z = grad_y  # the gradient of the pre-activation: dy itself without the SiLU
-        if ctx.silu:
+        if silu:
             # Written once in float32 (rows >= L never), read back W times from cache below.
             grad_z = torch.empty(tokens, channels, device=x.device, dtype=torch.float32)
             short_conv_silu_backward_kernel[grid](x, weight, grad_y, grad_z, *layout, x.stride(0), grad_y.stride(0),
                                                   W=width, BT=BLOCK_T, BD=BLOCK_D, num_warps=NUM_WARPS)
         short_conv_backward_kernel[grid](x, weight, grad_z, grad_x, parts, *layout, x.stride(0), grad_z.stride(0),
                                          grad_x.stride(0), W=width, BT=BLOCK_T, BD=BLOCK_D, num_warps=NUM_WARPS)
-        return grad_x, parts.sum(0).to(weight.dtype), None, None
+    return grad_x, parts.sum(0).to(weight.dtype)
+
+
+@short_conv_backward.register_fake
+def _(grad_y, x, weight, cu_seqlens, silu):
+    return x.new_empty(x.shape), weight.new_empty(weight.shape)
+
+
+def _setup_context(ctx, inputs, output):
+    x, weight, cu_seqlens, ctx.silu = inputs
+    ctx.save_for_backward(x, weight, cu_seqlens)
+
+
+def _grad(ctx, grad_y):
+    # The backward op has no backward of its own: a double backward through the kernels raises.
+    return (*short_conv_backward(grad_y, *ctx.saved_tensors, ctx.silu), None, None)
+
+
+short_conv_forward.register_autograd(_grad, setup_context=_setup_context)

@@ -638,21 +638,30 @@ def _key_block(K: int) -> int:
     return min(K, 16 if INTERPRETED else 32)
 
 
-def _kda_forward(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, cu_seqlens: Tensor,
-                 plan: _Plan) -> tuple[Tensor, Tensor | None, dict[str, Tensor]]:
-    # Returns (o, final_state or None, what the backward reads).
+def _forward_buffers(q: Tensor, plan: _Plan) -> tuple[Tensor, Tensor, dict[str, Tensor]]:
+    """``(o, final state, what the backward reads)``, allocated (the fake implementation's shapes too)."""
     T, H, K, V, N, C = plan.T, plan.H, plan.K, plan.V, plan.N, plan.C
     f32 = dict(dtype=torch.float32, device=q.device)
     # What only feeds matrix products is kept in plan.storage (bfloat16 for bfloat16 inputs); the
     # decay cumsum, Γ (which builds A) and the inverse M stay float32, as the solve needs them exact.
     low = dict(dtype=plan.storage, device=q.device)
-    offsets = launch_chunk_offsets(cu_seqlens, C, token_capacity=T)  # on the device, clamped into T rows
-    g_cum, gram, inverse = torch.empty(T, H, K, **f32), torch.empty(T, H, C, **f32), torch.empty(T, H, C, **f32)
-    w, q_decayed, k_to_end = (torch.empty(T, H, K, **low) for _ in range(3))
-    qk, u = torch.empty(T, H, C, **low), torch.empty(T, H, V, **low)
-    states = torch.empty(max(plan.G_cap, 1), H, K, V, **low)
-    final = torch.empty(N, H, K, V, **f32) if plan.final_state else None
+    saved = dict(offsets=torch.empty(N + 1, dtype=torch.int32, device=q.device), g_cum=torch.empty(T, H, K, **f32),
+                 gram=torch.empty(T, H, C, **f32), qk=torch.empty(T, H, C, **low), inverse=torch.empty(T, H, C, **f32),
+                 w=torch.empty(T, H, K, **low), u=torch.empty(T, H, V, **low), q_decayed=torch.empty(T, H, K, **low),
+                 k_to_end=torch.empty(T, H, K, **low), states=torch.empty(max(plan.G_cap, 1), H, K, V, **low))
+    final = torch.empty(N if plan.final_state else 0, H, K, V, **f32)
     o = torch.zeros(T, H, V, dtype=q.dtype, device=q.device)  # rows L .. T - 1 stay zero
+    return o, final, saved
+
+
+def _kda_forward(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, cu_seqlens: Tensor,
+                 plan: _Plan) -> tuple[Tensor, Tensor | None, dict[str, Tensor]]:
+    # Returns (o, final_state or None, what the backward reads).
+    T, H, K, V, N, C = plan.T, plan.H, plan.K, plan.V, plan.N, plan.C
+    o, final, saved = _forward_buffers(q, plan)
+    offsets = launch_chunk_offsets(cu_seqlens, C, out=saved["offsets"], token_capacity=T)  # clamped into T rows
+    g_cum, gram, qk, inverse, w, u, q_decayed, k_to_end, states = list(saved.values())[1:]
+    final = final if plan.final_state else None
     precision = plan.precision
     if plan.G_cap > 0:
         grid = (plan.G_cap, H)
@@ -670,8 +679,6 @@ def _kda_forward(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, cu_se
     if plan.G_cap > 0:  # u now holds U = U_0 - W S
         kda_output_kernel[(plan.G_cap, H, V // BV)](q_decayed, qk, u, states, o, cu_seqlens, offsets, N, T, H,
                                                     K=K, V=V, C=C, BV=BV, PRECISION=precision)
-    saved = dict(offsets=offsets, g_cum=g_cum, gram=gram, qk=qk, inverse=inverse, w=w, u=u, q_decayed=q_decayed,
-                 k_to_end=k_to_end, states=states)
     return o, final, saved
 
 
@@ -727,25 +734,65 @@ def _kda_backward(q: Tensor, k: Tensor, v: Tensor, g_dtype: torch.dtype, beta: T
     return dq, dk, dv, dg, dbeta
 
 
-class _KDATriton(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, cu_seqlens: Tensor,
-                plan: _Plan) -> tuple[Tensor, Tensor | None]:
-        # An unused output gets a None gradient, not zeros: no [N, H, K, V] zeros for a final state.
-        ctx.set_materialize_grads(False)
-        o, final, saved = _kda_forward(q, k, v, g, beta, cu_seqlens, plan)
-        ctx.save_for_backward(q, k, v, beta, cu_seqlens, *saved.values())
-        ctx.saved_names = tuple(saved)
-        ctx.g_dtype = g.dtype
-        ctx.plan = plan
-        return o, final
+def _plan(q: Tensor, v: Tensor, cu_seqlens: Tensor, chunk_size: int, scale: float, final_state: bool) -> _Plan:
+    T, H, K = q.shape
+    N, C, V = cu_seqlens.shape[0] - 1, chunk_size, v.shape[2]
+    return _Plan(T=T, H=H, K=K, V=V, N=N, C=C, scale=scale, G_cap=chunk_capacity(T, N, C),
+                 # Full-precision products for float32 inputs; bfloat16 ones are rounded more coarsely than tf32.
+                 precision="ieee" if q.dtype == torch.float32 else "tf32", storage=q.dtype,
+                 value_block=_value_block(V), backward_value_block=_value_block(V, 32), final_state=final_state)
 
-    @staticmethod
-    def backward(ctx, d_o: Tensor | None, d_final: Tensor | None):
-        q, k, v, beta, cu_seqlens, *rest = ctx.saved_tensors
-        saved = dict(zip(ctx.saved_names, rest))
-        grads = _kda_backward(q, k, v, ctx.g_dtype, beta, cu_seqlens, saved, d_o, d_final, ctx.plan)
-        return (*grads, None, None)
+
+# Forward and backward as torch ops (``torch.library.custom_op``, fake implementations from the same
+# allocation): torch.compile traces each call as one node, with no graph break and no host read of
+# cu_seqlens. The forward returns what its backward reads, so autograd saves it.
+_ARGS = "Tensor q, Tensor k, Tensor v, Tensor g, Tensor beta, Tensor cu_seqlens"
+_OPTIONS = "int chunk_size, float scale, bool output_final_state"
+
+
+@torch.library.custom_op("attn_gym_lite::kda_forward", mutates_args=(),
+                         schema=f"({_ARGS}, {_OPTIONS}) -> ({', '.join(['Tensor'] * 12)})")
+def _forward_op(q, k, v, g, beta, cu_seqlens, chunk_size, scale, output_final_state):
+    plan = _plan(q, v, cu_seqlens, chunk_size, scale, output_final_state)
+    o, final, saved = _kda_forward(q, k, v, g, beta, cu_seqlens, plan)
+    return o, (final if final is not None else q.new_empty(0, plan.H, plan.K, plan.V, dtype=torch.float32)), \
+        *saved.values()
+
+
+@_forward_op.register_fake
+def _(q, k, v, g, beta, cu_seqlens, chunk_size, scale, output_final_state):
+    o, final, saved = _forward_buffers(q, _plan(q, v, cu_seqlens, chunk_size, scale, output_final_state))
+    return o, final, *saved.values()
+
+
+@torch.library.custom_op("attn_gym_lite::kda_backward", mutates_args=(),
+                         schema=f"({_ARGS}, Tensor[] saved, Tensor? d_o, Tensor? d_final, {_OPTIONS}) "
+                                "-> (Tensor, Tensor, Tensor, Tensor, Tensor)")
+def _backward_op(q, k, v, g, beta, cu_seqlens, saved, d_o, d_final, chunk_size, scale, output_final_state):
+    plan = _plan(q, v, cu_seqlens, chunk_size, scale, output_final_state)
+    names = ("offsets", "g_cum", "gram", "qk", "inverse", "w", "u", "q_decayed", "k_to_end", "states")
+    return _kda_backward(q, k, v, g.dtype, beta, cu_seqlens, dict(zip(names, saved)), d_o,
+                         d_final if output_final_state else None, plan)
+
+
+@_backward_op.register_fake
+def _(q, k, v, g, beta, cu_seqlens, saved, d_o, d_final, chunk_size, scale, output_final_state):
+    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape), g.new_empty(g.shape), \
+        beta.new_empty(beta.shape)
+
+
+def _setup_context(ctx, inputs, output):
+    *tensors, ctx.chunk_size, ctx.scale, ctx.final_state = inputs
+    ctx.save_for_backward(*tensors, *output[2:])
+
+
+def _grad(ctx, d_o, d_final, *_unused):
+    q, k, v, g, beta, cu_seqlens, *saved = ctx.saved_tensors
+    grads = _backward_op(q, k, v, g, beta, cu_seqlens, saved, d_o, d_final, ctx.chunk_size, ctx.scale, ctx.final_state)
+    return (*grads, None, None, None, None)
+
+
+_forward_op.register_autograd(_grad, setup_context=_setup_context)
 
 
 def kda_triton(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, cu_seqlens: Tensor, *,
@@ -778,7 +825,7 @@ def kda_triton(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, cu_seql
         and multiplied in that dtype (float32 accumulation, as fla); decays and the solve stay float32.
     """
     T, H, K = check_kda_metadata(q, k, v, g, beta, cu_seqlens)
-    V, N, C = v.shape[2], cu_seqlens.numel() - 1, chunk_size
+    V, C = v.shape[2], chunk_size
     if C not in (16, 32, 64):  # the kernels tile chunks by 16-row sub-blocks
         raise ValueError(f"chunk_size must be one of (16, 32, 64), got {C}")
     if q.device.type != ("cpu" if INTERPRETED else "cuda"):  # the interpreter reads CPU memory only
@@ -786,15 +833,11 @@ def kda_triton(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, cu_seql
                          f"({'with' if INTERPRETED else 'without'} TRITON_INTERPRET=1), got device {q.device}")
     if T * H * max(K, V, C) > checks.INT32_MAX:  # the kernels' row offsets are 32-bit
         raise ValueError(f"q must have T * H * max(K, V, C) below 2**31, got T = {T}, H = {H}, K = {K}, V = {V}")
-    capturing = cu_seqlens.is_cuda and torch.cuda.is_current_stream_capturing()
+    capturing = torch.compiler.is_compiling() or (cu_seqlens.is_cuda and torch.cuda.is_current_stream_capturing())
     if (cu_seqlens.device.type == "cpu" if validate is None else validate) and not capturing:
         checks.check_cu_seqlens_values(cu_seqlens, token_capacity=T)
-    plan = _Plan(
-        T=T, H=H, K=K, V=V, N=N, C=C, scale=K**-0.5 if scale is None else scale, G_cap=chunk_capacity(T, N, C),
-        # Full-precision products for float32 inputs; bfloat16 ones are rounded more coarsely than tf32.
-        precision="ieee" if q.dtype == torch.float32 else "tf32", storage=q.dtype,
-        value_block=_value_block(V), backward_value_block=_value_block(V, 32), final_state=output_final_state,
-    )
     g = g.clamp_min(LOG_DECAY_FLOOR)  # strong and infinite decays stay exact (see LOG_DECAY_FLOOR)
     q, k, v, g, beta = (x.contiguous() for x in (q, k, v, g, beta))
-    return _KDATriton.apply(q, k, v, g, beta, cu_seqlens, plan)
+    o, final, *_ = _forward_op(q, k, v, g, beta, cu_seqlens, C, K**-0.5 if scale is None else float(scale),
+                               output_final_state)
+    return o, (final if output_final_state else None)
