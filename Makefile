@@ -15,6 +15,6 @@ book: $(VENV)/.installed
 # Unit tests and notebooks run in two processes: a notebook client sharing a process with the
 # unit tests (their threads, tensor subclasses, ...) was seen to hang waiting for kernel messages.
 test: $(VENV)/.installed
-	$(BIN)/ruff check attn_gym_lite tests
+	$(BIN)/ruff check attn_gym_lite tests scripts
 	$(BIN)/python -m pytest -q tests
 	$(BIN)/python -m pytest -q --nbmake notebooks

@@ -1,12 +1,19 @@
 """Exploration (not a recording): forward and backward tile configs of the Triton kernels on the
 H200, exact-shape graphs, TFLOP/s. Prints JSON lines. Run on the GPU host."""
-import itertools, json, time
+import itertools
+import json
+import time
+
 import torch
-from attn_gym_lite.bench.schedulers import attention_flops, throughput_layouts, eager_host_us
+import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+from attn_gym_lite.bench.schedulers import attention_flops, eager_host_us, throughput_layouts
 from attn_gym_lite.bench.timing import cuda_event_us, median
 from attn_gym_lite.graph.capture import capture_graph
 from attn_gym_lite.ops.kernels import AttentionConfig, KernelConfig, default_config, varlen_attention_triton
 from attn_gym_lite.ragged import cu_seqlens_from_lengths
+
 
 def measure(lengths, causal, config, backward, schedule="auto", H=16, D=128, iters=20):
     cu = cu_seqlens_from_lengths(lengths, device="cuda")
@@ -33,7 +40,8 @@ for (bm, bn, w, st), (name, lengths), causal in itertools.product(fwd_configs, l
     cfg = AttentionConfig(KernelConfig(bm, bn, num_warps=w, num_stages=st), base.dq, base.dkdv)
     try:
         us, tf = measure(lengths, causal, cfg, False)
-        print(json.dumps({"kind": "fwd", "cfg": [bm, bn, w, st], "layout": name, "causal": causal, "us": round(us, 1), "tflops": round(tf, 1)}), flush=True)
+        print(json.dumps({"kind": "fwd", "cfg": [bm, bn, w, st], "layout": name, "causal": causal, "us": round(us, 1),
+                          "tflops": round(tf, 1)}), flush=True)
     except Exception as e:
         print(json.dumps({"kind": "fwd", "cfg": [bm, bn, w, st], "error": str(e)[:200]}), flush=True)
 print("fwd sweep s", time.time() - t0, flush=True)
@@ -45,15 +53,14 @@ for (dq, dkdv), (name, lengths), causal in itertools.product(bwd_configs, layout
                           KernelConfig(dkdv[0], dkdv[1], num_warps=dkdv[2], num_stages=dkdv[3]))
     try:
         us, tf = measure(lengths, causal, cfg, True)
-        print(json.dumps({"kind": "fwd_bwd", "cfg": [dq, dkdv], "layout": name, "causal": causal, "us": round(us, 1), "tflops": round(tf, 1)}), flush=True)
+        print(json.dumps({"kind": "fwd_bwd", "cfg": [dq, dkdv], "layout": name, "causal": causal, "us": round(us, 1),
+                          "tflops": round(tf, 1)}), flush=True)
     except Exception as e:
         print(json.dumps({"kind": "fwd_bwd", "cfg": [dq, dkdv], "error": str(e)[:200]}), flush=True)
 print("bwd sweep s", time.time() - t0, flush=True)
 for impl in ("varlen_attn", "default", "flat"):
     print(json.dumps({"kind": "eager", "impl": impl, **eager_host_us(impl, 200, 0)}), flush=True)
 # dense SDPA per backend, uniform 16x1024
-from torch.nn.attention import SDPBackend, sdpa_kernel
-import torch.nn.functional as F
 for causal in (False, True):
     for backend in (SDPBackend.FLASH_ATTENTION, SDPBackend.CUDNN_ATTENTION, SDPBackend.EFFICIENT_ATTENTION):
         try:

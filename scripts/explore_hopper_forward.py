@@ -157,7 +157,7 @@ def main():
                     cfg = AttentionConfig(KernelConfig(bm, bn, num_warps=w, num_stages=st), base.dq, base.dkdv)
                     def fn():
                         return varlen_attention_triton(q, k, v, cu, causal=causal, schedule="rect", max_seqlen=S,
-                                                       config=cfg, validate=False)
+                                                       config=cfg)
                 else:
                     def fn():
                         return tma_forward(q, k, v, cu, S, causal, bm, bn, w, st, ws)
