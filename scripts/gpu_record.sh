@@ -5,7 +5,7 @@
 # A: schedulers, hello-world, pitfalls, training-loop, profiling, masking, buckets on the GPU
 #    (cores 0-7), and the CPU-only packing-study beside them (cores 8-15); about 410 s on the H200;
 # L: linear-attention (alone: it needs most of a call);
-# B: end-to-end (alone: 368 s at 64da1b9, over 430 s on a slower host at 6d5d3ee, so 560 s allowed);
+# B: end-to-end (E2E_LIMIT_S), end-to-end-large with LARGE=1, then notebook 08 in GPU mode on them;
 # C: the GPU tests and, at the same time, the notebooks in GPU mode, NOTEBOOK_LANES at once
 #    (correctness and live demonstrations only: nothing of C is a recording, so sharing the GPU is
 #    harmless). Three test lanes: the `gpu`-marked tests without the linear-attention ones; the
@@ -77,7 +77,13 @@ for pass in ${PASS}; do
         record linear-attention 580
       fi ;;
     B)
-      record end-to-end 560 ;;
+      # end-to-end, then (LARGE=1) end-to-end-large, then notebook 08 in GPU mode on these fresh
+      # recordings (it reads them: copied into the tree here; bring them back from results_B).
+      record end-to-end "${E2E_LIMIT_S:-440}"
+      if [ "${LARGE:-0}" = 1 ]; then record end-to-end-large "${LARGE_LIMIT_S:-150}"; fi
+      cp "$REC"/*.json attn_gym_lite/results/h200/
+      NOTEBOOK_LIMIT_S=${NOTEBOOK_LIMIT_S:-150} notebook notebooks/08_putting_it_together.ipynb
+      tail -1 "$LOGS/nb_08_putting_it_together.log" | tee -a "$log"; pack_logs ;;
     S)
       export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
       record scale-out 480 ;;  # three launches of at most 150 + 150 + 90 s, plus stopping a hung one
