@@ -48,7 +48,6 @@ CAPTURE_ENVIRONMENT = {
 }
 
 _TOKEN_FIELDS = ("input_ids", "labels", "loss_mask")
-_world_size = dist.get_world_size  # notebook 10 literalincludes global_token_mean_loss from this name on
 
 
 def global_token_mean_loss(token_loss_sum: Tensor, active_tokens: Tensor,
@@ -61,7 +60,7 @@ def global_token_mean_loss(token_loss_sum: Tensor, active_tokens: Tensor,
     are spread. The rank average of ``l_r`` is the global mean loss. ``C`` is all-reduced on the
     device (no host read: capturable); every rank of ``group`` must call this, in the same order.
     """
-    world_size = _world_size(group)
+    world_size = dist.get_world_size(group)
     global_tokens = active_tokens.to(torch.int64, copy=True)
     dist.all_reduce(global_tokens, op=dist.ReduceOp.SUM, group=group)
     return token_loss_sum / global_tokens.clamp_min(1).to(token_loss_sum.dtype) * world_size
