@@ -43,7 +43,7 @@ def plot_end_to_end_losses(record: dict):
     for ax, (workload, runs) in zip(axes[0], table.items()):
         for stack, run in runs.items():
             trend = running_mean(run["losses"], 10)
-            ax.plot(np.arange(len(trend)) + len(run["losses"]) - len(trend), trend, color=STACK_COLOURS.get(stack), label=stack,
+            ax.plot(np.arange(len(trend)) + len(run["losses"]) - len(trend), trend, color=STACK_COLOURS.get(stack, "0.7"), label=stack,
                     linewidth=1.2)
         ax.set(xlabel="training step", ylabel="loss, 10-step mean (nats/token)", title=workload)
     legend_right(axes[0][-1])
@@ -65,7 +65,7 @@ def plot_end_to_end_throughput(record: dict, live: dict | None = None):
         # Whiskers: the slowest and fastest of the repeated passes over the same batches.
         low = [rates[i] - min(runs[n].get("repeats", [rates[i] * 1e6])) / 1e6 for i, n in enumerate(names)]
         high = [max(runs[n].get("repeats", [rates[i] * 1e6])) / 1e6 - rates[i] for i, n in enumerate(names)]
-        bars = ax.barh(names, rates, xerr=[low, high], color=[STACK_COLOURS.get(n) for n in names])
+        bars = ax.barh(names, rates, xerr=[low, high], color=[STACK_COLOURS.get(n, "0.7") for n in names])
         ax.bar_label(bars, fmt="%.2f", padding=4)
         ax.margins(x=0.15)
         for i, name in enumerate(names):
