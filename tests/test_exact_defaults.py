@@ -113,4 +113,6 @@ def test_defaults_are_exact_on_a_padded_batch(name, poison):
 @pytest.mark.parametrize("poison", POISONS, ids=["nan", "inf", "huge"])
 @pytest.mark.parametrize("name", sorted(BUILD))
 def test_defaults_are_exact_on_a_padded_batch_on_the_gpu(name, poison):
-    _sweep(name, poison, "cuda", torch.bfloat16, 5e-2)
+    # bfloat16 rounds a weight gradient summed over the rows to a few percent; a leaked capacity row
+    # gives inf, NaN or an error of its own size (1e30).
+    _sweep(name, poison, "cuda", torch.bfloat16, 0.1)

@@ -115,6 +115,10 @@ class GraphBuckets:
                 small = small if isinstance(small, tuple) else (small,)
                 self._token_output = tuple(t.dim() > 0 and t.shape[0] == capacity and s.shape[0] == self.capacities[0]
                                            for t, s in zip(probe, small))
+                del small
+            # The probes' autograd graphs must be gone before the capture: a live one keeps the
+            # parameters' gradient-accumulation nodes on the stream the probe ran on (the default
+            # one), and the captured backward would then make that stream wait on the capture.
             del probe
 
         def captured() -> None:
