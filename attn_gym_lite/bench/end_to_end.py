@@ -280,16 +280,21 @@ def end_to_end_suite(config: dict = CONFIG, *, stacks: tuple[str, ...] | None = 
                 "loss_tokens": [int(b.loss_mask.sum()) for b in batches],
             }
             for stack in stacks:
+                began = time.perf_counter()
                 try:
                     runs.append(run_isolated(run_stack, workload, stack, path, config, timeout_s=timeout_s))
                 except IsolatedRunError as error:
                     errors[f"{workload} / {stack}"] = str(error)[-3000:]
+                # Progress on stdout, so that a run stopped at its time limit shows where the time went.
+                print(f"end-to-end: {workload} / {stack}: {time.perf_counter() - began:.0f} s", flush=True)
     sweep = None
     if config["size"] == CONFIG["size"] and stacks == CONFIG["stacks"]:
+        began = time.perf_counter()
         try:
             sweep = run_isolated(capacity_sweep, config, timeout_s=timeout_s)
         except IsolatedRunError as error:
             errors["capacity sweep"] = str(error)[-3000:]
+        print(f"end-to-end: capacity sweep: {time.perf_counter() - began:.0f} s", flush=True)
     return {"config": {**config, "stacks": list(stacks), "workloads": list(workloads),
                        "timing": "real (active) tokens of the timed batches / host wall clock of one pass over them, "
                                  "synchronised at both ends; the median of the repeated passes"},
