@@ -145,6 +145,21 @@ def test_the_padded_baseline_trains_batches_of_their_own_capacity():
     torch.testing.assert_close(losses["eager padded"], losses["eager packed"], rtol=1e-5, atol=1e-5)
 
 
+def test_the_suite_runs_a_workloads_stacks_in_one_process_from_the_same_start(tmp_path):
+    # run_stacks: each stack from the same weights on the same batches (equal losses), a failing
+    # stack is an error entry and the next stack still runs.
+    from attn_gym_lite.bench.end_to_end import CONFIG, run_stacks, workload_batches
+    config = {**CONFIG, "T": 128, "dim": 16, "num_heads": 2, "num_layers": 1, "steps": 5, "warmup": 2,
+              "repeats": 1, "device": "cpu", "sft_documents": 3}
+    path = tmp_path / "sft.pt"
+    torch.save(workload_batches("sft", config["steps"], config), path)
+    done = run_stacks("sft", ("eager padded", "no such stack", "eager packed"), str(path), config)
+    assert list(done["errors"]) == ["sft / no such stack"]
+    padded, packed = done["runs"]
+    assert (padded["stack"], packed["stack"]) == ("eager padded", "eager packed")
+    torch.testing.assert_close(torch.tensor(padded["losses"]), torch.tensor(packed["losses"]), rtol=1e-4, atol=1e-4)
+
+
 @pytest.mark.parametrize("impl", ["reference", "auto"])
 @pytest.mark.parametrize("build", [lambda impl: PackedLM(64, 32, 2, impl=impl),
                                    lambda impl: PackedTransformer(64, 32, 2, 1, impl=impl)],

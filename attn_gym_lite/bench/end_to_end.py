@@ -18,15 +18,19 @@ Two workloads: ``pretraining`` (best-fit packing of a shuffled corpus cut into p
 ``pretraining_piece`` tokens, so batches hold several documents) and ``sft`` (a fixed number of
 documents per batch, ``L`` anywhere in 10-100 % of ``T``, loss on the second half of each
 document). Two model sizes: :data:`CONFIG` (chapter 8's, launch-bound) and :data:`LARGE` (dim 2048,
-matmul-bound), and a sweep of ``T`` for the fastest stack. Every (workload, stack) runs in a fresh
-process. Reported per run: real tokens per
+matmul-bound), and a sweep of ``T`` for the fastest stack. Each workload runs in a fresh process,
+its stacks one after another (dynamo and its CUDA graph trees reset between them; a fresh process
+per stack spent most of the suite starting interpreters and reloading compile caches), the profiled
+replay last (the profiler slows every later launch of its process). Reported per run: real tokens per
 second over ``repeats`` passes over the same timed batches (host clock, synchronised at both
 ends), their median and spread, model FLOPs utilisation against the bf16 matmul rate measured on the same GPU, the loss of
-every step, peak memory, dynamo's counters for the compiled stacks.
+every step, peak memory above what the process held before the stack was built, dynamo's counters
+for the compiled stacks.
 """
 
 from __future__ import annotations
 
+import gc
 import itertools
 import os
 import statistics
@@ -42,6 +46,7 @@ from ..graph.training import FixedCapacityTrainer
 from ..isolation import IsolatedRunError, run_isolated
 from ..models import PackedTransformer
 from ..profiling import annotate_trace, profile, record_annotations, trace_summary
+from .harness import error_text, recorded
 
 MIB = 2**20
 STACKS = ("eager padded", "eager packed", "compile reduce-overhead, fixed capacity", "graph ours", "buckets ours",
@@ -121,6 +126,8 @@ def _dynamo_counters() -> dict:
 
 def _build(stack: str, model_args: dict, batches: list, config: dict):
     """(step function taking a batch, the batches it is fed) for one stack."""
+    if stack not in STACKS:  # else a misspelt stack would run as a graph of torch's kernel
+        raise ValueError(f"stack must be one of {STACKS}, got {stack!r}")
     torch.manual_seed(config["seed"])
     lr, device = config["lr"], torch.device(config["device"])
     impl = "sdpa" if stack == "eager padded" else "auto" if "ours" in stack else "varlen_attn"
@@ -180,6 +187,7 @@ def run_stack(workload: str, stack: str, batches_path: str, config: dict = CONFI
     vocab_size = load_tokenizer().vocab_size
     model_args = {"vocab_size": vocab_size, "dim": config["dim"], "num_heads": config["num_heads"],
                   "num_layers": config["num_layers"]}
+    held = torch.cuda.memory_allocated() if cuda else 0  # what earlier stacks of this process left
     start = time.perf_counter()
     step, fed = _build(stack, model_args, batches, config)
     warmup = config["warmup"]
@@ -213,7 +221,7 @@ def run_stack(workload: str, stack: str, batches_path: str, config: dict = CONFI
         "step_us": statistics.median(seconds) / len(timed) * 1e6,
         "model_tflops_per_step": flops / 1e12,
         "setup_s": setup_s,
-        "peak_allocated_mib": torch.cuda.max_memory_allocated() / MIB if cuda else None,
+        "peak_allocated_mib": (torch.cuda.max_memory_allocated() - held) / MIB if cuda else None,
         "reserved_mib": torch.cuda.memory_reserved() / MIB if cuda else None,
     }
     if cuda:
@@ -221,9 +229,37 @@ def run_stack(workload: str, stack: str, batches_path: str, config: dict = CONFI
         result["mfu"] = flops / (result["step_us"] / 1e6) / (result["matmul_tflops"] * 1e12)
     if stack.startswith("compile"):
         result["dynamo"] = _dynamo_counters()
-    if stack == "graph ours" and config["size"] == CONFIG["size"]:
-        result["regions"] = _profiled_regions(model_args, batches, config)
     return result
+
+
+def run_stacks(workload: str, stacks: tuple[str, ...], batches_path: str, config: dict = CONFIG) -> dict:
+    """:func:`run_stack` for each of ``stacks`` in this process, each from a clean slate (dynamo,
+    its counters and CUDA graph trees reset, memory returned); a stack that raises is an entry of
+    ``errors``. Then, at chapter 8's size, where a replayed ``graph ours`` step spends its time."""
+    from torch._dynamo.utils import counters
+
+    runs, errors = [], {}
+    for stack in stacks:
+        torch._dynamo.reset()
+        counters.clear()
+        gc.collect()
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+        began = time.perf_counter()
+        try:
+            runs.append(run_stack(workload, stack, batches_path, config))
+        except Exception as error:  # one stack failing is a result; the others still run
+            errors[f"{workload} / {stack}"] = error_text(error)
+        # Progress on stdout, so that a run stopped at its time limit shows where the time went.
+        print(f"end-to-end: {config['size']} / {workload} / {stack}: {time.perf_counter() - began:.0f} s", flush=True)
+    graph_ours = [run for run in runs if run["stack"] == "graph ours"]
+    if graph_ours and config["size"] == CONFIG["size"] and torch.cuda.is_available():
+        batches = torch.load(batches_path, weights_only=False)
+        model_args = {"vocab_size": load_tokenizer().vocab_size, "dim": config["dim"],
+                      "num_heads": config["num_heads"], "num_layers": config["num_layers"]}
+        with recorded(errors, f"{workload} / graph ours / regions"):
+            graph_ours[0]["regions"] = _profiled_regions(model_args, [b.pin_memory() for b in batches], config)
+    return {"runs": runs, "errors": errors}
 
 
 def _profiled_regions(model_args: dict, batches: list, config: dict, steps: int = 3) -> dict:
@@ -263,8 +299,8 @@ def capacity_sweep(config: dict = CONFIG, capacities=(1024, 2048, 4096, 8192),
 
 def end_to_end_suite(config: dict = CONFIG, *, stacks: tuple[str, ...] | None = None,
                      workloads: tuple[str, ...] = WORKLOADS, timeout_s: float = 600) -> dict:
-    """Every stack of ``config`` (or ``stacks``) on every workload, each in a fresh process: a fault
-    or a hang in one is recorded under ``"errors"`` and the others still run."""
+    """Every stack of ``config`` (or ``stacks``) on every workload, a fresh process per workload (see
+    :func:`run_stacks`): a fault or a hang is recorded under ``"errors"`` and the next workload still runs."""
     stacks = tuple(stacks or config["stacks"])
     runs, errors, workload_info = [], {}, {}
     with tempfile.TemporaryDirectory() as folder:
@@ -279,14 +315,12 @@ def end_to_end_suite(config: dict = CONFIG, *, stacks: tuple[str, ...] | None = 
                 "mean_fill": sum(b.active_tokens for b in batches) / (len(batches) * config["T"]),
                 "loss_tokens": [int(b.loss_mask.sum()) for b in batches],
             }
-            for stack in stacks:
-                began = time.perf_counter()
-                try:
-                    runs.append(run_isolated(run_stack, workload, stack, path, config, timeout_s=timeout_s))
-                except IsolatedRunError as error:
-                    errors[f"{workload} / {stack}"] = str(error)[-3000:]
-                # Progress on stdout, so that a run stopped at its time limit shows where the time went.
-                print(f"end-to-end: {workload} / {stack}: {time.perf_counter() - began:.0f} s", flush=True)
+            try:
+                done = run_isolated(run_stacks, workload, stacks, path, config, timeout_s=timeout_s)
+                runs += done["runs"]
+                errors.update(done["errors"])
+            except IsolatedRunError as error:  # a fault or a hang ends the workload's process
+                errors[workload] = str(error)[-3000:]
     sweep = None
     if config["size"] == CONFIG["size"] and stacks == CONFIG["stacks"]:
         began = time.perf_counter()
@@ -307,4 +341,4 @@ def end_to_end_large_suite() -> dict:
 
 
 __all__ = ["CONFIG", "LARGE", "OURS", "SFT_CORPUS_DOCUMENTS", "STACKS", "WORKLOADS", "end_to_end_large_suite",
-           "end_to_end_suite", "model_flops", "run_stack", "workload_batches"]
+           "end_to_end_suite", "model_flops", "run_stack", "run_stacks", "workload_batches"]
