@@ -149,7 +149,7 @@ def _fake_suite(monkeypatch, function):
     from attn_gym_lite.bench.suites import Suite
 
     monkeypatch.setattr(hello_world, "fake_suite", function, raising=False)
-    return Suite("fake", "attn_gym_lite.bench.hello_world", "fake_suite", needs_cuda=False, writes_files=True)
+    return Suite("fake", "attn_gym_lite.bench.hello_world", "fake_suite", "A fake suite.", needs_cuda=False, writes_files=True)
 
 
 def test_cli_record_publishes_the_suites_files_and_json(tmp_path, monkeypatch):
@@ -196,6 +196,18 @@ def test_cli_refuses_an_out_that_is_not_a_folder_before_running(tmp_path):
     afile.write_text("keep")
     result = CliRunner().invoke(app, ["packing-study", "--out", str(afile)])
     assert result.exit_code == 2 and "error:" in result.output and afile.read_text() == "keep"
+
+
+def test_cli_help_says_what_each_suite_runs_on_in_plain_text():
+    from typer.testing import CliRunner
+
+    from attn_gym_lite.bench.__main__ import app
+
+    text = CliRunner().invoke(app, ["--help"], env={"COLUMNS": "200"}).output
+    for suite in SUITES.values():
+        line = next(row for row in text.splitlines() if f" {suite.name} " in row)
+        assert ("(CPU only)" in line) == (not suite.needs_cuda) and ("GPU" in line) == suite.needs_cuda
+    assert not any(markup in text for markup in ("``", ":class:", ":mod:", ":func:"))
 
 
 def test_cli_record_refuses_a_commit_that_is_not_a_full_one_before_running(tmp_path, monkeypatch):

@@ -6,45 +6,59 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
-import inspect
 from collections.abc import Callable
 
 
 @dataclasses.dataclass(frozen=True)
 class Suite:
-    """A suite's CLI name, module and function; whether it needs CUDA or writes files beside its JSON."""
+    """A suite's CLI name, module, function and one-line description; whether it needs CUDA (and how
+    many GPUs) or writes files beside its JSON."""
 
     name: str
     module: str
     function: str
+    about: str
     needs_cuda: bool = True
     writes_files: bool = False
+    gpus: int = 1
 
     def load(self) -> Callable[..., dict]:
         return getattr(importlib.import_module(self.module), self.function)  # imported when it runs
 
     @property
     def summary(self) -> str:
-        """The first paragraph of the suite module's docstring (``--help`` prints it)."""
-        doc = inspect.getdoc(importlib.import_module(self.module)) or ""
-        return doc.split("\n\n")[0]
+        """What ``--help`` prints: the description and what the suite runs on."""
+        where = "CPU only" if not self.needs_cuda else "one CUDA GPU" if self.gpus == 1 else f"{self.gpus} CUDA GPUs"
+        return f"{self.about} ({where})"
 
 
 _BENCH = "attn_gym_lite.bench"
 SUITES: dict[str, Suite] = {
     suite.name: suite
     for suite in (
-        Suite("hello-world", f"{_BENCH}.hello_world", "hello_world_suite"),
-        Suite("training-loop", f"{_BENCH}.training_loop", "training_loop"),
-        Suite("pitfalls", f"{_BENCH}.pitfalls", "pitfalls_suite"),
-        Suite("schedulers", f"{_BENCH}.schedulers", "schedulers_suite"),
-        Suite("masking", f"{_BENCH}.masking", "masking_suite"),
-        Suite("buckets", f"{_BENCH}.buckets", "buckets_suite"),
-        Suite("packing-study", f"{_BENCH}.packing", "packing_study_suite", needs_cuda=False),
-        Suite("profiling", f"{_BENCH}.profiling", "profiling_suite", writes_files=True),
-        Suite("end-to-end", f"{_BENCH}.end_to_end", "end_to_end_suite"),
-        Suite("end-to-end-large", f"{_BENCH}.end_to_end", "end_to_end_large_suite"),
-        Suite("linear-attention", f"{_BENCH}.linear_attention", "linear_attention_suite", writes_files=True),
-        Suite("scale-out", f"{_BENCH}.scale_out", "scale_out_suite"),
+        Suite("hello-world", f"{_BENCH}.hello_world", "hello_world_suite",
+              "Chapter 2's first measurement: eager launches against one graph replay."),
+        Suite("training-loop", f"{_BENCH}.training_loop", "training_loop",
+              "Chapter 2's packed model trained eagerly and from one graph."),
+        Suite("pitfalls", f"{_BENCH}.pitfalls", "pitfalls_suite", "Chapter 2's capture pitfalls, each run for real."),
+        Suite("schedulers", f"{_BENCH}.schedulers", "schedulers_suite",
+              "Chapter 4: ragged attention schedules replayed from graphs captured for the worst case."),
+        Suite("masking", f"{_BENCH}.masking", "masking_suite",
+              "Chapter 5: what inactive rows do without masks, and what the masks cost."),
+        Suite("buckets", f"{_BENCH}.buckets", "buckets_suite",
+              "Chapter 6: memory and time of graph buckets against one graph."),
+        Suite("packing-study", f"{_BENCH}.packing", "packing_study_suite",
+              "Chapter 7: packing policies on real document lengths, and the packer's speed.", needs_cuda=False),
+        Suite("profiling", f"{_BENCH}.profiling", "profiling_suite",
+              "Chapter 3: a training step profiled eagerly and replayed, traces written beside the JSON.",
+              writes_files=True),
+        Suite("end-to-end", f"{_BENCH}.end_to_end", "end_to_end_suite",
+              "Chapter 8: one model trained by every stack, at the chapter's size, with a T sweep."),
+        Suite("end-to-end-large", f"{_BENCH}.end_to_end", "end_to_end_large_suite",
+              "Chapter 8 at a matmul-bound size (dim 2048, 8 layers, T = 8192), the fastest stacks."),
+        Suite("linear-attention", f"{_BENCH}.linear_attention", "linear_attention_suite",
+              "Chapter 9: KDA exactness and timings against fla, traces beside the JSON.", writes_files=True),
+        Suite("scale-out", f"{_BENCH}.scale_out", "scale_out_suite",
+              "Chapter 10: data-parallel training, eager DDP against DDP captured per rank.", gpus=2),
     )
 }
