@@ -6,6 +6,7 @@
 #    (cores 0-7), and the CPU-only packing-study beside them (cores 8-15); about 410 s on the H200;
 # L: linear-attention (alone: it needs most of a call);
 # B: end-to-end (E2E_LIMIT_S), end-to-end-large with LARGE=1, then notebook 08 in GPU mode on them;
+# G: end-to-end-large alone (it was cut at 180 s after end-to-end in one B call at 235b129);
 # C: the GPU tests and, at the same time, the notebooks in GPU mode, NOTEBOOK_LANES at once
 #    (correctness and live demonstrations only: nothing of C is a recording, so sharing the GPU is
 #    harmless). Three test lanes: the `gpu`-marked tests without the linear-attention ones; the
@@ -28,7 +29,7 @@ set -uo pipefail
 # Provenance: a recording names the full commit it measured (tests/test_bench.py checks it). At f3e7c20
 # a mistyped value went into eight recordings, so a value that is no 40-hex commit stops here.
 # (Passes C and X record nothing and need no commit.)
-if [[ " ${PASS} " =~ \ [ALBS]\  ]] && [[ ! "${ATTN_GYM_LITE_GIT_COMMIT:-}" =~ ^[0-9a-f]{40}$ ]]; then
+if [[ " ${PASS} " =~ \ [ALBSG]\  ]] && [[ ! "${ATTN_GYM_LITE_GIT_COMMIT:-}" =~ ^[0-9a-f]{40}$ ]]; then
   echo "ATTN_GYM_LITE_GIT_COMMIT must be the checkout's full commit (git rev-parse HEAD), got '${ATTN_GYM_LITE_GIT_COMMIT:-}'" >&2
   exit 2
 fi
@@ -61,7 +62,7 @@ for pass in ${PASS}; do
   # fresh process, and fla's kernels would otherwise autotune again in each one. A key is tuned once,
   # in the first recording process that meets it, alone on the GPU (pass C, which shares the GPU,
   # keeps none).
-  case "$pass" in A|L|B) export TRITON_CACHE_AUTOTUNING=1 ;; esac
+  case "$pass" in A|L|B|G) export TRITON_CACHE_AUTOTUNING=1 ;; esac
   case "$pass" in
     A)
       record packing-study 420 8-15 &
@@ -89,6 +90,7 @@ for pass in ${PASS}; do
       cp "$REC"/*.json attn_gym_lite/results/h200/
       NOTEBOOK_LIMIT_S=${NOTEBOOK_LIMIT_S:-150} notebook notebooks/08_putting_it_together.ipynb
       tail -1 "$LOGS/nb_08_putting_it_together.log" | tee -a "$log"; pack_logs ;;
+    G) record end-to-end-large "${LARGE_LIMIT_S:-540}" ;;
     S)
       export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
       record scale-out 480 ;;  # three launches of at most 150 + 150 + 90 s, plus stopping a hung one
@@ -190,7 +192,7 @@ PY
           > "$LOGS/explore_short_conv.log" 2>&1
         echo "explore short_conv: rc $?" | tee -a "$log"; tail -30 "$LOGS/explore_short_conv.log" | tee -a "$log"
       fi ;;
-    *) echo "unknown pass $pass (A, L, B, C, S or X)" | tee -a "$log"; exit 2 ;;
+    *) echo "unknown pass $pass (A, L, B, G, C, S or X)" | tee -a "$log"; exit 2 ;;
   esac
   ls -la "$REC" | tee -a "$log"
   pack_logs
