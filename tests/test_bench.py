@@ -14,6 +14,7 @@ import attn_gym_lite
 from attn_gym_lite.bench import provenance as provenance_module
 from attn_gym_lite.bench.provenance import PACKAGE_ROOT, provenance, source_digest, source_files
 from attn_gym_lite.bench.suites import SUITES
+from attn_gym_lite.book import results as results_module
 from attn_gym_lite.book.figures.ch01_ragged import plot_packed_batch
 from attn_gym_lite.book.figures.ch02_capture import plot_hello_world, plot_training_loop
 from attn_gym_lite.book.results import DECLARED_STALE, RESULTS_ROOT, banner, declared_stale, load_result, provenance_line
@@ -54,14 +55,14 @@ def test_source_digest_covers_exactly_what_a_suite_imports(tmp_path, monkeypatch
 @pytest.mark.parametrize("path", RECORDED, ids=lambda p: f"{p.parent.name}/{p.name}")
 def test_recordings_are_not_stale(path):
     """A recording made by other code than today's must be re-recorded (README: Record results),
-    unless results/stale.json declares it, with the reason; a declared one must really be stale."""
+    unless book/stale_recordings.json declares it, with the reason; a declared one must really be stale."""
     record = json.loads(path.read_text())
     suite = SUITES[record["suite"]]
     fresh = record["provenance"].get("source_sha256") == source_digest(suite.module)
     reason = declared_stale().get(f"{path.parent.name}/{path.name}")
     if reason is not None:
-        assert not fresh, f"{path.name} matches today's code: remove it from {DECLARED_STALE}"
-        assert len(reason) > 40, f"{DECLARED_STALE} must say why {path.name} was not re-recorded"
+        assert not fresh, f"{path.name} matches today's code: remove it from {DECLARED_STALE.name}"
+        assert len(reason) > 40, f"{DECLARED_STALE.name} must say why {path.name} was not re-recorded"
         return
     assert fresh, (
         f"{path.name} was recorded by other code than today's {suite.module} and what it imports: "
@@ -69,15 +70,16 @@ def test_recordings_are_not_stale(path):
     )
 
 
-def test_declared_stale_recordings_exist_and_the_banner_says_why(tmp_path):
+def test_declared_stale_recordings_exist_and_the_banner_says_why(tmp_path, monkeypatch):
     for name in declared_stale():
-        assert (RESULTS_ROOT / name).is_file(), f"{DECLARED_STALE} names {name}, which is not a recording"
+        assert (RESULTS_ROOT / name).is_file(), f"{DECLARED_STALE.name} names {name}, which is not a recording"
     # The mechanism on a made-up folder: a declared recording carries its reason into the banner.
+    monkeypatch.setattr(results_module, "DECLARED_STALE", tmp_path / "stale.json")
     (tmp_path / "h200").mkdir()
     record = {"suite": "hello-world", "provenance": json.loads((RESULTS_ROOT / "h200" / "hello_world.json").read_text())["provenance"]}
     (tmp_path / "h200" / "hello_world.json").write_text(json.dumps(record))
     assert "declared_stale" not in load_result("hello-world", root=tmp_path)
-    (tmp_path / DECLARED_STALE).write_text(json.dumps({"h200/hello_world.json": "the suite timed out on the GPU host"}))
+    (tmp_path / "stale.json").write_text(json.dumps({"h200/hello_world.json": "the suite timed out on the GPU host"}))
     loaded = load_result("hello-world", root=tmp_path)
     assert loaded["declared_stale"] == "the suite timed out on the GPU host"
     assert "Older than this package: the suite timed out on the GPU host" in banner(loaded, "x")
@@ -149,7 +151,7 @@ def _fake_suite(monkeypatch, function):
     from attn_gym_lite.bench.suites import Suite
 
     monkeypatch.setattr(hello_world, "fake_suite", function, raising=False)
-    return Suite("fake", "attn_gym_lite.bench.hello_world", "fake_suite", "A fake suite.", needs_cuda=False, writes_files=True)
+    return Suite("fake", "attn_gym_lite.bench.hello_world", "fake_suite", "A fake suite.", gpus=0, writes_files=True)
 
 
 def test_cli_record_publishes_the_suites_files_and_json(tmp_path, monkeypatch):

@@ -9,14 +9,14 @@ from pathlib import Path
 import torch
 
 RESULTS_ROOT = Path(__file__).resolve().parents[1] / "results"  # a folder per GPU (h200) of <suite>.json
-#: ``{"<gpu>/<file>.json": why it was not re-recorded}``: recordings older than their suite's code.
-DECLARED_STALE = "stale.json"
+#: ``{"<gpu>/<file>.json": why it was not re-recorded}``: recordings older than their suite's code
+#: (beside this module, not among the recordings: it is no recording itself).
+DECLARED_STALE = Path(__file__).with_name("stale_recordings.json")
 BANNER_WIDTH = 88  # characters: a rendered code cell's output shows about 90
 
 
-def declared_stale(root=None) -> dict[str, str]:
-    path = Path(root or RESULTS_ROOT) / DECLARED_STALE
-    return json.loads(path.read_text()) if path.is_file() else {}
+def declared_stale() -> dict[str, str]:
+    return json.loads(DECLARED_STALE.read_text()) if DECLARED_STALE.is_file() else {}
 
 
 def load_result(suite: str, gpu: str = "h200", root=None) -> dict:
@@ -25,7 +25,7 @@ def load_result(suite: str, gpu: str = "h200", root=None) -> dict:
     carries the reason under ``"declared_stale"``, which :func:`banner` prints."""
     path = Path(root or RESULTS_ROOT) / gpu / f"{suite.replace('-', '_')}.json"
     record = json.loads(path.read_text())
-    reason = declared_stale(root).get(f"{gpu}/{path.name}")
+    reason = declared_stale().get(f"{gpu}/{path.name}")
     if reason:
         record["declared_stale"] = reason
     return record
