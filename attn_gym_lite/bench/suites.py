@@ -11,24 +11,27 @@ from collections.abc import Callable
 
 @dataclasses.dataclass(frozen=True)
 class Suite:
-    """A suite's CLI name, module, function and one-line description; whether it needs CUDA (and how
-    many GPUs) or writes files beside its JSON."""
+    """A suite's CLI name, module, function and one-line description; how many GPUs it needs and
+    whether it writes files beside its JSON."""
 
     name: str
     module: str
     function: str
     about: str
-    needs_cuda: bool = True
+    gpus: int = 1  # 0: CPU only
     writes_files: bool = False
-    gpus: int = 1
 
     def load(self) -> Callable[..., dict]:
         return getattr(importlib.import_module(self.module), self.function)  # imported when it runs
 
     @property
+    def needs_cuda(self) -> bool:
+        return self.gpus > 0
+
+    @property
     def summary(self) -> str:
         """What ``--help`` prints: the description and what the suite runs on."""
-        where = "CPU only" if not self.needs_cuda else "one CUDA GPU" if self.gpus == 1 else f"{self.gpus} CUDA GPUs"
+        where = {0: "CPU only", 1: "one CUDA GPU"}.get(self.gpus, f"{self.gpus} CUDA GPUs")
         return f"{self.about} ({where})"
 
 
@@ -48,14 +51,14 @@ SUITES: dict[str, Suite] = {
         Suite("buckets", f"{_BENCH}.buckets", "buckets_suite",
               "Chapter 6: memory and time of graph buckets against one graph."),
         Suite("packing-study", f"{_BENCH}.packing", "packing_study_suite",
-              "Chapter 7: packing policies on real document lengths, and the packer's speed.", needs_cuda=False),
+              "Chapter 7: packing policies on real document lengths, and the packer's speed.", gpus=0),
         Suite("profiling", f"{_BENCH}.profiling", "profiling_suite",
               "Chapter 3: a training step profiled eagerly and replayed, traces written beside the JSON.",
               writes_files=True),
         Suite("end-to-end", f"{_BENCH}.end_to_end", "end_to_end_suite",
               "Chapter 8: one model trained by every stack, at the chapter's size, with a T sweep."),
         Suite("end-to-end-large", f"{_BENCH}.end_to_end", "end_to_end_large_suite",
-              "Chapter 8 at a matmul-bound size (dim 2048, 8 layers, T = 8192), the fastest stacks."),
+              "Chapter 8 at a matmul-bound model size, the fastest stacks of each kind."),
         Suite("linear-attention", f"{_BENCH}.linear_attention", "linear_attention_suite",
               "Chapter 9: KDA exactness and timings against fla, traces beside the JSON.", writes_files=True),
         Suite("scale-out", f"{_BENCH}.scale_out", "scale_out_suite",
