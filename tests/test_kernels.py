@@ -10,6 +10,7 @@ from helpers import assert_attention_close, attention_and_grads, reference_and_g
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from attn_gym_lite.bench.schedulers import IMPLEMENTATIONS, attention_fn
 from attn_gym_lite.ops.kernels import varlen_attention_triton
 from attn_gym_lite.ops.kernels.tasks import first_task, next_task, task_at
 from attn_gym_lite.ragged import cu_seqlens_from_lengths, pad_cu_seqlens
@@ -47,6 +48,20 @@ def assert_matches_reference(lengths, slots, schedule, causal, seed=0, zero_inac
                                                 zero_inactive=zero_inactive, **kwargs),
         q, k, v, do)
     assert_attention_close(ours, reference_and_grads(q, k, v, do, cu, causal), sum(lengths), rtol, zero_inactive)
+
+
+@pytest.mark.parametrize("implementation", [i for i in IMPLEMENTATIONS if i != "varlen_attn" or DEVICE == "cuda"])
+def test_every_schedulers_suite_implementation_runs_and_matches_reference(implementation):
+    # The suite times each implementation in a child process and records a failure as an error
+    # beside the others: here each one runs, on CPU through the interpreter.
+    lengths, slots = EDGE_LAYOUTS["zipf_tail"]
+    q, k, v, do, cu = make_inputs(lengths, slots)
+    if implementation == "varlen_attn":
+        q, k, v, do = (x.to(torch.bfloat16) for x in (q, k, v, do))
+    attend = attention_fn(implementation, True, max(lengths))
+    ours = attention_and_grads(lambda q, k, v: attend(q, k, v, cu), q, k, v, do)
+    rtol = RTOL if q.dtype == DTYPE else 2e-2
+    assert_attention_close(ours, reference_and_grads(q, k, v, do, cu, True), sum(lengths), rtol, zeroed=implementation.endswith("+zero"))
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])

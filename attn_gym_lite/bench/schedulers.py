@@ -60,7 +60,7 @@ def attention_fn(implementation: str, causal: bool, max_seqlen: int):
     options = {"max_seqlen": max_seqlen} if schedule == "rect" else {}
     zero = implementation.endswith("+zero")
     return lambda q, k, v, cu: varlen_attention_triton(
-        q, k, v, cu, causal=causal, schedule=schedule, zero_inactive=zero, validate=False, **options)
+        q, k, v, cu, causal=causal, schedule=schedule, zero_inactive=zero, **options)
 
 
 class AttentionGraph:
