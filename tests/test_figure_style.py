@@ -20,6 +20,7 @@ from attn_gym_lite.bench.linear_attention import amdahl_point, amdahl_summary, o
 from attn_gym_lite.bench.masking import ablation_verdicts
 from attn_gym_lite.bench.scale_out import scaling, throughput
 from attn_gym_lite.book import figures
+from attn_gym_lite.book.figures.ch04_schedulers import cta_maps
 from attn_gym_lite.book.figures.style import FULL_WIDTH, STYLE
 from attn_gym_lite.book.results import RESULTS_ROOT, load_result
 from attn_gym_lite.data import BestFit, FirstFit, InOrder
@@ -90,6 +91,7 @@ def _cases() -> dict:
         "plot_boundary_memory": lambda: F["plot_boundary_memory"](buckets),
         "plot_masking": lambda: F["plot_masking"](ablation_verdicts(r["masking"]["block_ablation"]), r["masking"]["mask_cost"]["points"]),
         "plot_grid_sizes": lambda: F["plot_grid_sizes"](grid_sizes(16384, 256, [700, 200, 124], 128, 16, 132)),
+        "plot_cta_maps": lambda: F["plot_cta_maps"](cta_maps([7, 2, 0, 5], 16, 5, 4, 3)),
         "plot_sweeps": lambda: F["plot_sweeps"](r["schedulers"], r["schedulers"]),
         "plot_throughput": lambda: F["plot_throughput"](r["schedulers"]),
         "plot_length_distribution": lambda: F["plot_length_distribution"](study["document_lengths"], title="stdlib"),

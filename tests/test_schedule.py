@@ -143,3 +143,23 @@ def test_dense_gap_and_eager_overhead_read_a_record():
     assert (fwd_bwd["dense_backend"], fwd_bwd["ours_schedule"], fwd_bwd["ours_vs_dense"]) == ("flash", "flat", 310 / 400)
     rows = {r["implementation"]: r for r in eager_overhead(record)}
     assert rows["default"]["fwd_vs_varlen_attn"] == 1.5 and rows["default"]["fwd_bwd_vs_varlen_attn"] == 1.3
+
+
+def test_cta_maps_and_their_picture():
+    import matplotlib
+
+    from attn_gym_lite.book.figures.ch04_schedulers import cta_maps, plot_cta_maps
+
+    matplotlib.use("Agg")
+    lengths, T, N, C, sms = [7, 2, 0, 5], 16, 5, 4, 3
+    # Independently: the real chunks sequence by sequence, and each grid's size by hand.
+    chunks = [(s, c) for s, n in enumerate(lengths) for c in range(math.ceil(n / C))]
+    maps = cta_maps(lengths, T, N, C, sms)
+    assert len(maps["rect"]) == N * math.ceil(T / C) and len(maps["flat"]) == N + (T - N) // C
+    assert [t for runs in maps["rect"] for t in runs] == chunks
+    assert [t for runs in maps["flat"] for t in runs] == chunks and all(maps["flat"][:len(chunks)])
+    assert maps["persistent"] == [chunks[0::3], chunks[1::3], chunks[2::3]]
+    fig = plot_cta_maps(maps)
+    labels = [[t.get_text() for t in ax.texts] for ax in fig.axes]
+    assert labels[2] == ["\n".join(f"s{s} c{c}" for s, c in runs) for runs in maps["persistent"]]
+    assert [len(ax.patches) for ax in fig.axes] == [20, 7, 3]

@@ -1,7 +1,10 @@
 """Chapter 4, schedulers: the grids each schedule launches, the overcapture sweeps and throughput."""
 
 import numpy as np
+from matplotlib.patches import Rectangle
 
+from ...ragged import cu_seqlens_from_lengths, pad_cu_seqlens
+from ...schedule import chunk_capacity, chunk_offsets, decode_chunk, persistent_workers
 from .style import SERIES_COLOURS, captured_and_exact, figure, legend_right, log_ticks, sources, styled
 
 # torch's varlen_attn keeps its colour of every chapter; ours are the blues, dense kernels greys.
@@ -33,6 +36,47 @@ def plot_grid_sizes(sizes: dict):
     ax.set(xscale="log", xlim=(1, launched.max() * 30), xlabel=f"thread blocks launched (CTAs; active tasks: {sizes['active']:,})")
     ax.legend(loc="upper right")
     return ax
+
+
+def cta_maps(lengths: list[int], T: int, N: int, C: int, num_sms: int) -> dict[str, list[list[tuple[int, int]]]]:
+    """For one head: every CTA each schedule launches, in launch order, and the (sequence, chunk)
+    tasks it runs (none: it exits at once). rect is sized for ``max_seqlen = T``, as under a graph."""
+    cu = pad_cu_seqlens(cu_seqlens_from_lengths(lengths), N)
+    offsets = chunk_offsets(cu, C)
+    # The flat list, decoded the way the kernels do (binary search over chunk_offsets).
+    tasks = [decode_chunk(offsets, cu, f, C)[:2] for f in range(int(offsets[-1]))]
+    sizes = [int(s) for s in cu.diff()]
+    rect = [[(i, j)] if j * C < sizes[i] else [] for i in range(N) for j in range(-(-T // C))]
+    flat = [[tasks[f]] if f < len(tasks) else [] for f in range(chunk_capacity(T, N, C))]
+    # A persistent worker strides over the list: w, w + workers, ... (dynamic hands the same list
+    # out through a counter instead, so its order is decided at run time).
+    workers = persistent_workers(len(flat), num_sms, 1)
+    persistent = [tasks[w::workers] for w in range(workers)]
+    return {"rect": rect, "flat": flat, "persistent": persistent}
+
+
+@styled
+def plot_cta_maps(maps: dict):
+    """One row of boxes per schedule, a box per CTA labelled with the chunks it runs (sequence s,
+    chunk c) and coloured by sequence; hatched grey: a CTA that launches only to exit."""
+    fig, axes = figure(len(maps), 1, height=0.9 * len(maps) + 0.6)
+    widest = max(len(ctas) for ctas in maps.values())
+    for ax, (name, ctas) in zip(np.atleast_1d(axes), maps.items()):
+        for x, runs in enumerate(ctas):
+            idle = not runs
+            colour = SERIES_COLOURS["padding"] if idle else f"C{runs[0][0] % 10}"
+            ax.add_patch(Rectangle((x + 0.05, 0.05), 0.9, 0.9, facecolor=colour, hatch="//" if idle else None,
+                                   edgecolor="0.6" if idle else "white", alpha=1 if idle else 0.45))
+            label = "\n".join(f"s{s} c{c}" for s, c in runs) if runs else ""
+            ax.text(x + 0.5, 0.5, label, ha="center", va="center", fontsize=7)
+        busy = sum(bool(runs) for runs in ctas)
+        ax.set(xlim=(0, widest), ylim=(0, 1), xticks=[], yticks=[])
+        ax.set_ylabel(name, rotation=0, ha="right", va="center")
+        ax.set_title(f"{len(ctas)} CTAs launched, {busy} with work", loc="left", fontsize=8)
+        ax.grid(False)
+        for side in ("left", "bottom"):
+            ax.spines[side].set_visible(False)
+    return fig
 
 
 @styled

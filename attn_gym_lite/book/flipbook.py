@@ -1,0 +1,55 @@
+"""Figures a reader can play with in the static book, without a kernel.
+
+A notebook's ipywidgets need a running Python to redraw, so the rendered page shows only their
+default view. A flipbook instead draws every combination of a few slider values ahead of time, and a
+few lines of JavaScript inside the output show the one the sliders select. Nothing is fetched from a
+CDN, so the page works offline, in the built site and in any notebook front-end that runs an
+output's script.
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+import itertools
+import json
+import uuid
+
+import matplotlib.pyplot as plt
+
+
+def frame_key(values) -> str:
+    """The key of one combination of slider values, as the page's script builds it."""
+    return "|".join(str(v) for v in values)
+
+
+def flipbook(draw, sliders: dict[str, list], default: dict | None = None, dpi: int = 72) -> str:
+    """HTML of a figure with one range slider per entry of ``sliders`` (name -> the values it steps
+    through). ``draw(**values)`` returns a matplotlib figure for one combination; every combination
+    is drawn here, so keep the product of the lists small (each frame is a PNG in the page)."""
+    names = list(sliders)
+    frames = {}
+    for values in itertools.product(*sliders.values()):
+        fig = draw(**dict(zip(names, values)))
+        buffer = io.BytesIO()
+        fig.savefig(buffer, format="png", dpi=dpi, metadata={"Software": None})
+        plt.close(fig)
+        frames[frame_key(values)] = base64.b64encode(buffer.getvalue()).decode()
+    start = {name: (default or {}).get(name, options[0]) for name, options in sliders.items()}
+    uid = f"flipbook-{uuid.uuid4().hex[:8]}"
+    controls = "".join(
+        f'<label style="margin-right:1.5em">{name} <input type="range" data-name="{name}" min="0" '
+        f'max="{len(options) - 1}" step="1" value="{options.index(start[name])}"> <output>{start[name]}</output></label>'
+        for name, options in sliders.items())
+    first = frames[frame_key(start.values())]
+    # The script only looks a frame up: every number in the picture was computed in Python.
+    script = (f"(function(){{const root=document.getElementById('{uid}');"
+              f"const names={json.dumps(names)},options={json.dumps(sliders)},frames={json.dumps(frames)};"
+              "const img=root.querySelector('img');"
+              "function show(){const chosen=names.map(n=>{const input=root.querySelector(`input[data-name=\"${n}\"]`);"
+              "const value=options[n][+input.value];input.nextElementSibling.textContent=value;return value;});"
+              "img.src='data:image/png;base64,'+frames[chosen.join('|')];}"
+              "root.querySelectorAll('input').forEach(i=>i.addEventListener('input',show));})();")
+    return (f'<div class="flipbook" id="{uid}"><div>{controls}</div>'
+            f'<img style="max-width:100%" alt="figure for the chosen slider values" src="data:image/png;base64,{first}">'
+            f"<script>{script}</script></div>")
