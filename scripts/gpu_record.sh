@@ -3,10 +3,10 @@
 # book/reproducing.md). Usage on the host (PASS may name several passes, run in that order):
 #   ATTN_GYM_LITE_GIT_COMMIT=<sha> PASS=A bash scripts/gpu_record.sh
 # A: schedulers, hello-world, pitfalls, training-loop, profiling, masking, buckets on the GPU
-#    (cores 0-7), and the CPU-only packing-study beside them (cores 8-15); about 410 s on the H200;
+#    (cores 0-7), and the CPU-only packing-study beside them (cores 8-15); about 380 s on the H200;
 # L: linear-attention (alone: it needs most of a call);
 # B: end-to-end (E2E_LIMIT_S), end-to-end-large with LARGE=1, then notebook 08 in GPU mode on them;
-# G: end-to-end-large alone (it was cut at 180 s after end-to-end in one B call at 235b129);
+# G: end-to-end-large alone (about 165 s: with end-to-end and notebook 08 it overruns one call);
 # C: the GPU tests and, at the same time, the notebooks in GPU mode, NOTEBOOK_LANES at once
 #    (correctness and live demonstrations only: nothing of C is a recording, so sharing the GPU is
 #    harmless). Three test lanes: the `gpu`-marked tests without the linear-attention ones; the
