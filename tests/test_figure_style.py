@@ -89,6 +89,9 @@ def _cases() -> dict:
         "plot_hello_world_timelines": lambda: F["plot_hello_world_timelines"](hello),
         "plot_host_phases": lambda: F["plot_host_phases"](r["profiling"]["host_phases"]),
         "plot_boundary_memory": lambda: F["plot_boundary_memory"](buckets),
+        "plot_shared_pool": lambda: F["plot_shared_pool"](
+            next(p["capacities"] for p in buckets["memory"] if p["config"] == "shared buckets"),
+            {"x": 8192, "out": 8192}, {"h": 8192, "y": 8192}),
         "plot_masking": lambda: F["plot_masking"](ablation_verdicts(r["masking"]["block_ablation"]), r["masking"]["mask_cost"]["points"]),
         "plot_grid_sizes": lambda: F["plot_grid_sizes"](grid_sizes(16384, 256, [700, 200, 124], 128, 16, 132)),
         "plot_cta_maps": lambda: F["plot_cta_maps"](cta_maps([7, 2, 0, 5], 16, 5, 4, 3)),

@@ -1,6 +1,7 @@
-"""Chapter 6, graph buckets: replay time against ``L``, padding per plan, memory at the optimizer step."""
+"""Chapter 6, graph buckets: replay time against ``L``, padding per plan, the shared pool, memory at the optimizer step."""
 
 import numpy as np
+from matplotlib.lines import Line2D
 from matplotlib.ticker import PercentFormatter
 
 from .style import SERIES_COLOURS, figure, legend_right, log_ticks, sources, styled
@@ -9,6 +10,9 @@ MIB = 2**20
 # The bands of plot_boundary_memory, bottom to top.
 MEMORY_BANDS = {"parameters": "tab:blue", "Adam state": "tab:purple", "captured gradient buffers": "tab:orange",
                 "fresh gradients": "tab:red", "activations and other": "0.75"}
+# The tensors of plot_shared_pool, one colour each in both panels: the output buffer and the last
+# intermediate are different memory, so they get different colours.
+TENSOR_COLOURS = ("tab:cyan", "tab:olive", "tab:blue", "tab:orange", "tab:purple", "tab:brown")
 
 
 @styled
@@ -42,6 +46,48 @@ def plot_padding_versus_buckets(plans: list, samples_mean: float):
     for k, plan in zip(ks, plans):
         ladder.scatter([k] * len(plan.capacities), plan.capacities, marker="_", s=300, color=SERIES_COLOURS["buckets"])
     ladder.set(xlabel="buckets k", ylabel="capacity T (tokens)", xticks=ks, xlim=(0.5, len(ks) + 0.5), title="the capacities chosen")
+    return fig
+
+
+@styled
+def plot_shared_pool(capacities, buffers: dict[str, int], intermediates: dict[str, int], pool_bytes: int | None = None):
+    """GraphBuckets' memory, a row per bucket in capture order (largest first). Left: the max-sized
+    input and output ``buffers`` (bytes per token), outside the pool, each bucket a prefix view
+    ``[:T]``. Right: each capture's ``intermediates`` (bytes per token) in the one shared pool, drawn
+    packed from its start (which freed blocks the allocator hands each tensor is its choice); the
+    pool is the largest capture's, or ``pool_bytes`` where a measurement gives it."""
+    order = sorted(set(capacities), reverse=True)  # GraphBuckets captures reversed(sorted(capacities))
+    top, last = order[0], len(order) - 1
+    spans = {"buffers": sum(buffers.values()) * top, "pool": max(sum(intermediates.values()) * top, pool_bytes or 0)}
+    fig, (left, right) = figure(1, 2, height=0.45 * len(order) + 1.6, sharey=True,
+                                gridspec_kw={"width_ratios": list(spans.values())})
+    colours = dict(zip([*buffers, *intermediates], TENSOR_COLOURS * 2))
+    for row, capacity in enumerate(order):
+        start = 0  # separate allocations, drawn side by side, each from its own row 0
+        for name, per_token in buffers.items():
+            left.barh(row, per_token * top / MIB, left=start / MIB, color=SERIES_COLOURS["padding"], edgecolor="0.6",
+                      gid="unused rows", label="buffer rows past the view" if (row, start) == (last, 0) else None)
+            left.barh(row, per_token * capacity / MIB, left=start / MIB, color=colours[name], gid=name, label=name if row == 0 else None)
+            start += per_token * top
+        # A later capture finds the pool already reserved: what it does not use stays held, idle.
+        right.barh(row, spans["pool"] / MIB, color=SERIES_COLOURS["padding"], hatch="//", edgecolor="0.6", gid="pool",
+                   label="pool held, idle in this bucket" if row == last else None)
+        start = 0
+        for name, per_token in intermediates.items():
+            right.barh(row, per_token * capacity / MIB, left=start / MIB, color=colours[name], gid=name,
+                       label=name if row == 0 else None)
+            start += per_token * capacity
+    if pool_bytes:
+        right.axvline(pool_bytes / MIB, color="black", linestyle=":", linewidth=1, label=f"pool measured: {pool_bytes / MIB:,.0f} MiB")
+    left.set(yticks=range(len(order)), yticklabels=[f"{i + 1}. T = {c:,}" for i, c in enumerate(order)], ylim=(last + 0.5, -0.5),
+             ylabel="bucket, in capture order", xlabel="offset in the buffers (MiB)",
+             title="input and output buffers, outside the pool:\nevery bucket a prefix view [:T]")
+    right.set(xlabel="offset in the shared pool (MiB)",
+              title="one pool, sized by the first capture:\nthe later ones reuse its freed blocks")
+    for ax in (left, right):
+        ax.grid(False, axis="y")
+    handles = [h for ax in (left, right) for h in ax.get_legend_handles_labels()[0]]
+    legend_right(right, handles=sorted(handles, key=lambda h: isinstance(h, Line2D)))  # the tensors first, as drawn
     return fig
 
 
