@@ -87,6 +87,7 @@ def _cases() -> dict:
                                                 ylabel="L / T (fraction of capacity)", title="fill", ylim=(0, 1.05), markers=True),
         "plot_compact_timeline": lambda: F["plot_compact_timeline"](r["profiling"]["host_phases"]["timeline"], title="one step"),
         "plot_hello_world_timelines": lambda: F["plot_hello_world_timelines"](hello),
+        "plot_step_dataflow": lambda: F["plot_step_dataflow"](),
         "plot_host_phases": lambda: F["plot_host_phases"](r["profiling"]["host_phases"]),
         "plot_boundary_memory": lambda: F["plot_boundary_memory"](buckets),
         "plot_shared_pool": lambda: F["plot_shared_pool"](
