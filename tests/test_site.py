@@ -182,6 +182,19 @@ def test_every_chapter_that_plots_has_a_figure():
         assert _article(page).select(".cell_output img"), f"{page}.html shows no figure"
 
 
+@pytest.mark.parametrize("page", CHAPTERS)
+def test_slider_figures_respond_without_a_kernel_or_a_network(page):
+    """A flipbook (attn_gym_lite.book.flipbook) whose notebook builds one shows its sliders, its
+    first frame and its script in the page; no output loads a script or a widget state from outside."""
+    source = (ROOT / f"{page}.ipynb").read_text()
+    article = _article(page)
+    books = article.select(".cell_output .flipbook")
+    assert len(books) == source.count("HTML(flipbook("), f"{page}.html shows {len(books)} slider figures"
+    for book in books:
+        assert book.select("input[type=range]") and book.select("img[src^='data:image/png']") and book.script
+    assert not article.select(".cell_output script[src]") and "application/vnd.jupyter.widget" not in str(article)
+
+
 BROWSERS = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable")
 
 
