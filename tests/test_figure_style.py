@@ -106,6 +106,7 @@ def _cases() -> dict:
         "plot_end_to_end_throughput": lambda: F["plot_end_to_end_throughput"](r["end-to-end"], r["end-to-end"]),
         "plot_kda_overcapture": lambda: F["plot_kda_overcapture"](kda_record(), kda_record(0.9)),
         "plot_kda_amdahl": lambda: F["plot_kda_amdahl"](kda_record(), kda_record()),
+        "plot_kda_chunks": lambda: F["plot_kda_chunks"](torch.tensor([0, 9, 12, 12, 18], dtype=torch.int32), 4, 24),
         "plot_scale_out": lambda: F["plot_scale_out"](scale_out_record()),
     }
 

@@ -33,3 +33,18 @@ def test_amdahl_figure_stacks_core_and_rest_and_scales_to_the_largest_T():
     assert list(core.get_ydata()) == pytest.approx([500 / 1230, 770 / 1230, 1.0])
     assert list(proportional.get_ydata()) == pytest.approx([0.25, 0.5, 1.0])
     assert [t.get_text() for t in bars.texts] == ["core 19%", "core 26%", "core 36%"]
+
+
+def test_chunk_picture_draws_each_sequences_chunks_and_hands_state_only_within_one():
+    from attn_gym_lite.book.figures.ch09_linear_attention import plot_kda_chunks
+    from attn_gym_lite.ragged import cu_seqlens_from_lengths, pad_cu_seqlens
+
+    lengths, C = [9, 3, 0, 6, 1], 4
+    ax = plot_kda_chunks(pad_cu_seqlens(cu_seqlens_from_lengths(lengths), 7), C, 30).axes[0]
+    chunks = [(s, start) for s, n in enumerate(lengths) for start in range(0, n, C)]  # by hand
+    boxes = sorted((p.get_x(), p.get_width()) for p in ax.patches if p.get_gid() == "chunk")
+    offsets = [sum(lengths[:s]) for s in range(len(lengths))]
+    assert boxes == [(offsets[s] + start, min(C, lengths[s] - start)) for s, start in chunks]
+    labels = [t.get_text() for t in ax.texts]
+    assert labels.count("S = 0") == sum(n > 0 for n in lengths)  # a reset at every non-empty sequence
+    assert labels.count("") == sum(max(-(-n // C) - 1, 0) for n in lengths)  # hand-offs within sequences

@@ -1,12 +1,43 @@
-"""Chapter 9, linear attention (KDA): overcapture at a fixed capacity, and the module-level Amdahl study."""
+"""Chapter 9, linear attention (KDA): the chunked form on a packed batch, overcapture at a fixed capacity,
+and the module-level Amdahl study."""
 
 import numpy as np
+from matplotlib.patches import Rectangle
 
+from ...schedule import chunk_offsets, decode_chunk
 from .style import SERIES_COLOURS, captured_and_exact, figure, log_ticks, sources, styled
 
 KDA_COLOURS = {"ours": SERIES_COLOURS["ours"], "fla_graph": SERIES_COLOURS["fla"]}
 KDA_LABELS = {"ours": "ours (kda_triton)", "fla_graph": "fla chunk_kda(use_graph=True)"}
 GOAL = 1.05  # captured / exact, the goal for ours
+
+
+@styled
+def plot_kda_chunks(cu_seqlens, C: int, T: int):
+    """The chunked KDA forward on one packed batch: every chunk of the flat list (decoded as the
+    kernels do) as a box over its rows, labelled with its flat index; the state S handed from chunk
+    to chunk within a sequence (arrows), and zero at every sequence's first chunk."""
+    offsets = chunk_offsets(cu_seqlens, C)
+    chunks = [decode_chunk(offsets, cu_seqlens, f, C) for f in range(int(offsets[-1]))]
+    ends = cu_seqlens.tolist()[1:]
+    ax = figure(height=1.9)[1]
+    ax.grid(False)
+    for f, (seq, local, start) in enumerate(chunks):
+        # Chunking restarts at each sequence start, so a sequence's last chunk may be partial.
+        end = min(start + C, ends[seq])
+        ax.add_patch(Rectangle((start, 0), end - start, 1, facecolor=f"C{seq % 10}", alpha=0.45, edgecolor="white", gid="chunk"))
+        ax.text((start + end) / 2, 0.5, f"chunk {f}\n(seq {seq})", ha="center", va="center", fontsize=7)
+        if local == 0:
+            ax.annotate("S = 0", (start, 1.0), (start, 1.45), ha="center", fontsize=7,
+                        arrowprops={"arrowstyle": "->", "color": "0.4"})
+        else:  # the only sequential step: the previous chunk's final state enters this one
+            ax.annotate("", (start + 0.15 * C, 1.05), (start - 0.15 * C, 1.05),
+                        arrowprops={"arrowstyle": "->", "connectionstyle": "arc3,rad=-0.5", "color": "black"})
+    ax.axvspan(ends[-1], T, color=SERIES_COLOURS["padding"], label="inactive rows (no chunk)")
+    ax.set(xlim=(0, T), ylim=(0, 1.8), yticks=[], xlabel="packed row (tokens)",
+           title=f"chunks of C = {C}: the intra-chunk work runs in parallel; S passes only between chunks of one sequence")
+    ax.legend(loc="upper right")
+    return ax.figure
 
 
 @styled
