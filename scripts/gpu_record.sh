@@ -44,6 +44,10 @@ record() {  # record SUITE LIMIT_S [taskset cores]
   local rc=$?
   tail -5 "$LOGS/suite_$1.log" | tee -a "$log"
   echo "$1: rc $rc, $((SECONDS - start)) s" | tee -a "$log"
+  # A suite records a failed part under "errors" and still exits 0: say so here, not at ship time.
+  local file="$REC/${1//-/_}.json"
+  [ -f "$file" ] && python3 -c "import json, sys; e = json.load(open(sys.argv[1])).get('errors')
+if e: print(sys.argv[2] + ': PARTS FAILED: ' + ', '.join(e))" "$file" "$1" | tee -a "$log"
   tar -czf "$OUT/results_${pass}.tar.gz" -C "$REC" . 2>/dev/null
   pack_logs
 }
