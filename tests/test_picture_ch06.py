@@ -1,7 +1,6 @@
 """Chapter 6's picture of the shared pool draws what its inputs say: a row per bucket, largest first
 (GraphBuckets' capture order), every buffer view and intermediate as wide as its capacity times its
-bytes per token, the views from each buffer's row 0, the pool as wide as the largest capture's
-intermediates or the measured pool."""
+bytes per token, the views from each buffer's row 0, the pool as wide as the measured pool."""
 
 import matplotlib
 import pytest
@@ -34,8 +33,3 @@ def test_rows_largest_first_and_boxes_capacity_times_bytes_per_token():
     assert boxes(right, "pool")[3:] == pytest.approx([pool / MiB] * 3)
     assert [line.get_xdata()[0] for line in right.lines] == pytest.approx([pool / MiB])
 
-
-def test_without_a_measurement_the_pool_is_the_largest_capture():
-    right = plot_shared_pool([4096, 1024], buffers={"x": 8192}, intermediates={"a": 8192, "b": 16384}).axes[1]
-    assert boxes(right, "pool")[2:] == pytest.approx([4096 * (8192 + 16384) / MiB] * 2)
-    assert not right.lines

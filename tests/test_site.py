@@ -212,18 +212,13 @@ def test_screenshot_is_not_blank(page, tmp_path):
     assert pixels.size and pixels.std() > 0.01, f"the screenshot of {page}.html is blank"
 
 
-# The site's own stylesheet (Jupyter Book 1 links every _static/*.css after the theme's): a wider
-# content column at laptop widths, output text that wraps, output tables that scroll in their box.
-LAYOUT_CSS = "_static/wide.css"
+LAYOUT_CSS = "_static/wide.css"  # Jupyter Book 1 links every _static/*.css after the theme's
 
 
-@pytest.mark.parametrize("page", PAGES)
-def test_every_page_links_the_layout_css_once(page):
-    hrefs = [link["href"].split("?", 1)[0] for link in _soup(SITE / f"{page}.html").find_all("link", rel="stylesheet", href=True)]
-    assert sum(href.endswith(LAYOUT_CSS) for href in hrefs) == 1, hrefs
-
-
-def test_layout_css_wraps_outputs_scrolls_tables_and_fetches_nothing():
+def test_layout_css_is_linked_once_wraps_outputs_scrolls_tables_and_fetches_nothing():
+    for page in PAGES:
+        hrefs = [link["href"].split("?")[0] for link in _soup(SITE / f"{page}.html").find_all("link", rel="stylesheet", href=True)]
+        assert sum(href.endswith(LAYOUT_CSS) for href in hrefs) == 1, (page, hrefs)
     css = re.sub(r"\s+", " ", re.sub(r"/\*.*?\*/", "", (SITE / LAYOUT_CSS).read_text(), flags=re.DOTALL))
     rules = re.findall(r"([^{}]+)\{([^{}]*)\}", css)
     declared = lambda words, declaration: any(all(w in sel for w in words) and re.search(declaration, body) for sel, body in rules)
