@@ -91,9 +91,7 @@ def small_bpe(small_cache):
         return load_tokenizer(vocab_size=512, max_training_bytes=100_000)
 
 
-# ---------------------------------------------------------------------------------------------
 # PackedBatch
-# ---------------------------------------------------------------------------------------------
 
 
 def _batch_5_4_7() -> PackedBatch:
@@ -158,9 +156,7 @@ def test_packed_batch_takes_what_is_harmless():
     assert batch.pin_memory() is batch or batch.pin_memory().input_ids.is_pinned()
 
 
-# ---------------------------------------------------------------------------------------------
 # Synthetic loaders and the padded layout
-# ---------------------------------------------------------------------------------------------
 
 
 def test_synthetic_loader_shapes_schedule_and_seed():
@@ -212,9 +208,7 @@ def test_padded_batch_is_the_padded_layout_of_the_same_documents():
     assert int(padded.loss_mask.sum()) == int(batch.loss_mask.sum())
 
 
-# ---------------------------------------------------------------------------------------------
 # Corpora
-# ---------------------------------------------------------------------------------------------
 
 
 def test_text_files_are_read_sorted_without_a_byte_order_mark(tmp_path):
@@ -257,9 +251,7 @@ def test_python_stdlib_corpus_is_real_source():
     assert not any(path.read_bytes().decode("utf-8", "replace") in contents for path in tests)
 
 
-# ---------------------------------------------------------------------------------------------
 # Tokenizers
-# ---------------------------------------------------------------------------------------------
 
 ROUND_TRIP_TEXTS = [
     "def f(x):\n    return x + 1\n",
@@ -304,9 +296,7 @@ def test_tiktoken_spec_loads_an_encoding(monkeypatch):
     assert tokenizer.decode(tokenizer.encode(text)) == text
 
 
-# ---------------------------------------------------------------------------------------------
 # The loader on real text, in corpus order (shuffle_buffer=1, in-order packing)
-# ---------------------------------------------------------------------------------------------
 
 
 def in_order(token_capacity, sequence_capacity, **kwargs) -> list[PackedBatch]:

@@ -212,6 +212,14 @@ def test_screenshot_is_not_blank(page, tmp_path):
     assert pixels.size and pixels.std() > 0.01, f"the screenshot of {page}.html is blank"
 
 
+def test_pages_load_every_script_and_stylesheet_from_the_site():
+    """Formulas (MathJax), theme and figures work offline: no page fetches a script or stylesheet from elsewhere."""
+    tags = [(page, t) for page in PAGES for t in _soup(SITE / f"{page}.html").find_all(["script", "link"])]
+    urls = [(page, t.get("src") or (t.get("href") if "stylesheet" in t.get("rel", []) else None)) for page, t in tags]
+    assert not [(page, url) for page, url in urls if url and re.match(r"(https?:)?//", url)]
+    assert any(url and url.endswith("_static/mathjax/tex-chtml.js") for _, url in urls)  # pages with formulas get it
+
+
 LAYOUT_CSS = "_static/wide.css"  # Jupyter Book 1 links every _static/*.css after the theme's
 
 
