@@ -4,7 +4,8 @@
 #   ATTN_GYM_LITE_GIT_COMMIT=<sha> PASS=A bash scripts/gpu_record.sh
 # A: schedulers, hello-world, pitfalls, training-loop, profiling, masking, buckets on the GPU
 #    (cores 0-7), and the CPU-only packing-study beside them (cores 8-15); about 380 s on the H200;
-# L: linear-attention (alone: it needs most of a call);
+# L: linear-attention (alone, at its default budget: at b7cdcea, with a 320 s budget, its exactness
+#    and exact-shape parts used all of it and the other three parts did not run);
 # B: end-to-end (E2E_LIMIT_S), end-to-end-large with LARGE=1, then notebook 08 in GPU mode on them;
 # G: end-to-end-large alone (about 165 s: with end-to-end and notebook 08 it overruns one call);
 # C: the GPU tests and, at the same time, the notebooks in GPU mode, NOTEBOOK_LANES at once
@@ -19,7 +20,9 @@
 # S: scale-out, on a host with two GPUs (NVLink multicast off in every process);
 # X: explorations, not recordings: scripts/explore_hopper_forward.py, then scripts/explore_kda.py,
 #    EXPLORE_S seconds each; EXPLORE="kda" (or "forward") runs one of them only; EXPLORE="short_conv"
-#    runs scripts/explore_short_conv.py (the short-convolution kernels' tiles against the tensor ops).
+#    runs scripts/explore_short_conv.py (the short-convolution kernels' tiles against the tensor ops);
+#    EXPLORE="backward" runs scripts/explore_atomic_backward.py (one pass with atomic dQ against the
+#    package's deterministic two-pass backward).
 # Everything lands in $OUT: one tarball of recordings per pass, re-made after every suite so that a
 # call killed at its limit still returns what finished, and one tarball of every log of the pass
 # (logs_<PASS>.tar.gz: a device call returns a limited number of files, so logs travel together).
@@ -190,6 +193,11 @@ PY
         timeout $(( ${EXPLORE_S:-100} + 30 )) python3 scripts/explore_kda.py --budget "${EXPLORE_S:-100}" \
           > "$LOGS/explore_kda.log" 2>&1
         echo "explore kda: rc $?" | tee -a "$log"; tail -30 "$LOGS/explore_kda.log" | tee -a "$log"
+      fi
+      if [[ " ${EXPLORE:-forward kda} " == *" backward "* ]]; then  # only when named
+        timeout $(( ${EXPLORE_S:-100} + 30 )) python3 scripts/explore_atomic_backward.py "${EXPLORE_S:-100}" \
+          > "$LOGS/explore_backward.log" 2>&1
+        echo "explore backward: rc $?" | tee -a "$log"; tail -32 "$LOGS/explore_backward.log" | tee -a "$log"
       fi
       if [[ " ${EXPLORE:-forward kda} " == *" short_conv "* ]]; then  # only when named
         timeout $(( ${EXPLORE_S:-100} + 30 )) python3 scripts/explore_short_conv.py --budget "${EXPLORE_S:-100}" \
