@@ -161,24 +161,9 @@ def check():
     print("one-pass backward matches the package's in the interpreter")
 
 
-def event_us(fn, iters=20, repeats=5):
-    """Median device µs per call of ``repeats`` runs of ``iters`` back-to-back calls (two events)."""
-    for _ in range(3):
-        fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(repeats):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        for _ in range(iters):
-            fn()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b) * 1e3 / iters)
-    return sorted(times)[len(times) // 2]
-
-
 def main():
+    from explore_hopper_forward import event_us  # back-to-back calls between two events (scripts/ is on sys.path)
+
     from attn_gym_lite.bench.schedulers import attention_flops, throughput_layouts
     from attn_gym_lite.ragged import cu_seqlens_from_lengths
 

@@ -4,8 +4,8 @@
 #   ATTN_GYM_LITE_GIT_COMMIT=<sha> PASS=A bash scripts/gpu_record.sh
 # A: schedulers, hello-world, pitfalls, training-loop, profiling, masking, buckets on the GPU
 #    (cores 0-7), and the CPU-only packing-study beside them (cores 8-15); about 380 s on the H200;
-# L: linear-attention (alone, at its default budget: at b7cdcea, with a 320 s budget, its exactness
-#    and exact-shape parts used all of it and the other three parts did not run);
+# L: linear-attention (alone, at its default budget: on a machine with cold autotune caches its first
+#    two parts alone take about 300 s);
 # B: end-to-end (E2E_LIMIT_S), end-to-end-large with LARGE=1, then notebook 08 in GPU mode on them;
 # G: end-to-end-large alone (about 165 s: with end-to-end and notebook 08 it overruns one call);
 # C: the GPU tests and, at the same time, the notebooks in GPU mode, NOTEBOOK_LANES at once
@@ -183,27 +183,14 @@ for path in sorted(glob.glob("notebooks/*.ipynb")):
 PY
       ;;
     X)
-      # EXPLORE names which explorations run (default both): "forward", "kda" or "forward kda".
-      if [[ " ${EXPLORE:-forward kda} " == *" forward "* ]]; then
-        timeout $(( ${EXPLORE_S:-100} + 30 )) python3 scripts/explore_hopper_forward.py "${EXPLORE_S:-100}" \
-          > "$LOGS/explore_forward.log" 2>&1
-        echo "explore forward: rc $?" | tee -a "$log"; tail -30 "$LOGS/explore_forward.log" | tee -a "$log"
-      fi
-      if [[ " ${EXPLORE:-forward kda} " == *" kda "* ]] && [ -f scripts/explore_kda.py ]; then
-        timeout $(( ${EXPLORE_S:-100} + 30 )) python3 scripts/explore_kda.py --budget "${EXPLORE_S:-100}" \
-          > "$LOGS/explore_kda.log" 2>&1
-        echo "explore kda: rc $?" | tee -a "$log"; tail -30 "$LOGS/explore_kda.log" | tee -a "$log"
-      fi
-      if [[ " ${EXPLORE:-forward kda} " == *" backward "* ]]; then  # only when named
-        timeout $(( ${EXPLORE_S:-100} + 30 )) python3 scripts/explore_atomic_backward.py "${EXPLORE_S:-100}" \
-          > "$LOGS/explore_backward.log" 2>&1
-        echo "explore backward: rc $?" | tee -a "$log"; tail -32 "$LOGS/explore_backward.log" | tee -a "$log"
-      fi
-      if [[ " ${EXPLORE:-forward kda} " == *" short_conv "* ]]; then  # only when named
-        timeout $(( ${EXPLORE_S:-100} + 30 )) python3 scripts/explore_short_conv.py --budget "${EXPLORE_S:-100}" \
-          > "$LOGS/explore_short_conv.log" 2>&1
-        echo "explore short_conv: rc $?" | tee -a "$log"; tail -30 "$LOGS/explore_short_conv.log" | tee -a "$log"
-      fi ;;
+      # EXPLORE names which explorations run, in order (default "forward kda"); each gets EXPLORE_S seconds.
+      declare -A scripts=([forward]="explore_hopper_forward.py" [kda]="explore_kda.py --budget"
+                          [backward]="explore_atomic_backward.py" [short_conv]="explore_short_conv.py --budget")
+      for name in ${EXPLORE:-forward kda}; do
+        timeout $(( ${EXPLORE_S:-100} + 30 )) python3 scripts/${scripts[$name]} "${EXPLORE_S:-100}" \
+          > "$LOGS/explore_$name.log" 2>&1
+        echo "explore $name: rc $?" | tee -a "$log"; tail -32 "$LOGS/explore_$name.log" | tee -a "$log"
+      done ;;
     *) echo "unknown pass $pass (A, L, B, G, C, S or X)" | tee -a "$log"; exit 2 ;;
   esac
   ls -la "$REC" | tee -a "$log"
