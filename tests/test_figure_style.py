@@ -26,6 +26,7 @@ from attn_gym_lite.book.results import RESULTS_ROOT, load_result
 from attn_gym_lite.data import BestFit, FirstFit, InOrder
 from attn_gym_lite.data.capacity import plan_buckets
 from attn_gym_lite.data.study import pack_lengths
+from attn_gym_lite.profiling import GraphAnnotations
 from attn_gym_lite.profiling.trace import load_trace
 from attn_gym_lite.schedule import grid_sizes
 
@@ -82,6 +83,7 @@ def _cases() -> dict:
         "plot_padding_versus_buckets": lambda: F["plot_padding_versus_buckets"](
             [plan_buckets(samples, k, align=256) for k in range(1, 5)], sum(samples) / len(samples)),
         "plot_timeline": lambda: F["plot_timeline"](trace, title="graph replay, labelled"),
+        "plot_capture_order": lambda: F["plot_capture_order"](GraphAnnotations.from_dict(r["profiling"]["annotations"]), trace),
         "plot_timelines": lambda: F["plot_timelines"]([trace, trace], ["stock", "labelled"], start_us=0, end_us=2000),
         "plot_series": lambda: F["plot_series"]({"pretraining": [0.9, 1.0, 0.95], "sft": [0.3, 0.6, 0.2]},
                                                 ylabel="L / T (fraction of capacity)", title="fill", ylim=(0, 1.05), markers=True),

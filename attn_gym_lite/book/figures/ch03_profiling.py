@@ -1,9 +1,10 @@
-"""Chapter 3, profiling: a trace's GPU side, the compact step timeline, the phases of one step."""
+"""Chapter 3, profiling: a trace's GPU side, capture-order labelling, the compact step timeline, the
+phases of one step."""
 
 import matplotlib.pyplot as plt
-from matplotlib.patches import Patch
+from matplotlib.patches import ConnectionPatch, Patch
 
-from ...profiling.annotate import REGION_CATEGORY, REGION_TRACK_OFFSET
+from ...profiling.annotate import REGION_CATEGORY, REGION_TRACK_OFFSET, annotate_trace
 from ...profiling.summary import device_events
 from ...profiling.trace import LANE_TID_BASE
 from .style import figure, legend_right, styled
@@ -22,6 +23,13 @@ def _row_order(tid) -> tuple:
     return (base - REGION_TRACK_OFFSET if is_regions else base, 0 if is_regions else 1, lane)
 
 
+def _region_colours(regions) -> dict:
+    # tab20 comes in dark/light pairs: a region is dark, its backward the light shade of it.
+    bases = sorted({r.removesuffix(" backward") or r for r in regions})
+    return {r: plt.get_cmap("tab20")((2 * bases.index(r.removesuffix(" backward") or r) + r.endswith(" backward")) % 20)
+            for r in regions}
+
+
 @styled
 def plot_timeline(trace: dict, ax=None, *, title: str | None = None, start_us: float | None = None,
                   end_us: float | None = None):
@@ -36,10 +44,7 @@ def plot_timeline(trace: dict, ax=None, *, title: str | None = None, start_us: f
     shown = events + boxes
     rows = {tid: row for row, tid in enumerate(sorted({e.get("tid") for e in shown}, key=_row_order, reverse=True))}
     regions = sorted({str(e["args"]["region"]) for e in shown if e.get("args", {}).get("region")})
-    # tab20 comes in dark/light pairs: a region is dark, its backward the light shade of it.
-    bases = sorted({r.removesuffix(" backward") or r for r in regions})
-    colours = {r: plt.get_cmap("tab20")((2 * bases.index(r.removesuffix(" backward") or r) + r.endswith(" backward")) % 20)
-               for r in regions}
+    colours = _region_colours(regions)
     columns = 1 if len(regions) < 6 else 2
     if ax is None:  # tall enough for the rows and for the legend (about 0.2 inch an entry)
         ax = figure(height=max(1.0 + 0.5 * len(rows), 0.8 + 0.2 * -(-(len(regions) + 1) // columns) if regions else 0))[1]
@@ -114,4 +119,42 @@ def plot_host_phases(phases: dict):
     flame_ax.set(xlabel=f"time from the start of {longest!r} (µs)", title=f"longest phase, {longest!r}: {stacks}")
     for ax in (phase_ax, flame_ax):
         ax.grid(False, axis="y")
+    return fig
+
+
+@styled
+def plot_capture_order(annotations, stock_trace: dict):
+    """Capture-order labelling: the launches of the profiled capture in order, each with the region open
+    around it; the first replay of the stock trace, whose kernels carry no names; the same replay after
+    :func:`~attn_gym_lite.profiling.annotate_trace`. A line joins the k-th launch to the k-th replayed
+    kernel, the label it hands on."""
+    ops = annotations.graphs[0]["ops"]
+    labelled = annotate_trace(stock_trace, annotations)
+    first = min((e for e in labelled["traceEvents"] if e.get("name") == "cudaGraphLaunch"), key=lambda e: e["ts"])
+    replay = sorted((e for e in device_events(labelled) if e["args"].get("correlation") == first["args"]["correlation"]),
+                    key=lambda e: e["ts"])
+    origin = replay[0]["ts"]
+    colours = _region_colours(sorted({label for _, label in ops if label}))
+    fig, (launches, stock, named) = figure(3, 1, height=4.6)
+    for k, (_, label) in enumerate(ops):
+        launches.broken_barh([(k, 0.8)], (0, 1), facecolors=colours.get(label, GREY))
+    for event in replay:
+        span = [(event["ts"] - origin, max(event["dur"], 0.5))]
+        stock.broken_barh(span, (0, 1), facecolors=GREY)
+        named.broken_barh(span, (0, 1), facecolors=colours.get(event["args"].get("region"), GREY))
+    for k, event in enumerate(replay[:len(ops)]):  # the k-th launch labels the k-th replayed kernel
+        fig.add_artist(ConnectionPatch((k + 0.4, 0), (event["ts"] - origin + event["dur"] / 2, 1), "data", "data",
+                                       axesA=launches, axesB=stock, color="0.4", linewidth=0.4, alpha=0.6))
+    launches.set(xlim=(0, len(ops)), xlabel="launch k, in capture order",
+                 title="each captured launch hands its region to the kernel at the same position of every replay")
+    for ax in (stock, named):
+        ax.set_xlabel("time from the replay's first kernel (µs)")
+    end = max(e["ts"] + e["dur"] for e in replay) - origin
+    for ax, name in ((launches, "capture\n(profiled once)"), (stock, "one replay,\nstock trace"),
+                     (named, "after\nannotate_trace")):
+        ax.set(yticks=[0.5], yticklabels=[name], ylim=(0, 1))
+        ax.grid(False)
+    for ax in (stock, named):
+        ax.set_xlim(0, end)
+    legend_right(named, handles=[Patch(color=c, label=r) for r, c in colours.items()], ncols=2 if len(colours) > 6 else 1)
     return fig
