@@ -18,6 +18,7 @@ import os
 import re
 import shutil
 import subprocess
+import sys
 from functools import cache
 from pathlib import Path
 from urllib.parse import unquote, urlsplit
@@ -217,7 +218,8 @@ def test_pages_load_every_script_and_stylesheet_from_the_site():
     tags = [(page, t) for page in PAGES for t in _soup(SITE / f"{page}.html").find_all(["script", "link"])]
     urls = [(page, t.get("src") or (t.get("href") if "stylesheet" in t.get("rel", []) else None)) for page, t in tags]
     assert not [(page, url) for page, url in urls if url and re.match(r"(https?:)?//", url)]
-    assert any(url and url.endswith("_static/mathjax/tex-chtml.js") for _, url in urls)  # pages with formulas get it
+    # pages with formulas get it (a rebuild adds Sphinx's "?v=<checksum>" to the URL)
+    assert any(url and urlsplit(url).path.endswith("_static/mathjax/tex-chtml.js") for _, url in urls)
 
 
 LAYOUT_CSS = "_static/wide.css"  # Jupyter Book 1 links every _static/*.css after the theme's
@@ -234,3 +236,10 @@ def test_layout_css_is_linked_once_wraps_outputs_scrolls_tables_and_fetches_noth
     assert declared((".cell_output", ".text_html"), r"overflow-x:\s*auto")
     assert float(re.search(r"--pst-sidebar-secondary:\s*([\d.]+)rem", css).group(1)) < 17  # the theme's 17rem
     assert not re.search(r"@import|url\(\s*['\"]?(https?:)?//", css)
+
+
+
+def test_prose_values_equal_what_the_build_computed():
+    # The notebooks' prose holds its numbers as text, so that they show outside the site too;
+    # scripts/sync_prose.py writes them from this very build's glue records (and says which differ).
+    assert subprocess.run([sys.executable, str(ROOT / "scripts" / "sync_prose.py"), "--check"]).returncode == 0
