@@ -17,12 +17,7 @@ from helpers import ByteTokenizer
 from attn_gym_lite.bench import packing as packing_bench
 from attn_gym_lite.bench.packing import packer_throughput
 from attn_gym_lite.bench.suites import SUITES
-from attn_gym_lite.book.figures.ch07_packing import (
-    plot_length_distribution,
-    plot_packing_run,
-    plot_packing_study,
-    plot_policy_batches,
-)
+from attn_gym_lite.book.figures.ch07_packing import plot_length_distribution, plot_packing_run, plot_packing_study, plot_policy_batches
 from attn_gym_lite.book.results import step_token_rate, study_markdown
 from attn_gym_lite.data import BestFit, FirstFit, InOrder, segment_lengths
 from attn_gym_lite.data.recommend import recommend

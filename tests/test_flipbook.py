@@ -1,5 +1,5 @@
-"""The static page's slider figures: one frame per combination, each the drawing of its values, and
-nothing fetched from outside the page."""
+"""The static page's slider figures (one frame per combination, each the drawing of its values) and
+hover figures (a tooltip per point with its values); nothing fetched from outside the page."""
 
 import base64
 import io
@@ -9,7 +9,7 @@ import re
 import matplotlib
 import matplotlib.pyplot as plt
 
-from attn_gym_lite.book.flipbook import flipbook
+from attn_gym_lite.book.flipbook import flipbook, hover
 
 matplotlib.use("Agg")
 
@@ -31,3 +31,12 @@ def test_every_combination_is_its_own_drawing_and_the_page_is_self_contained():
     assert f'src="data:image/png;base64,{frames["2|5"]}"' in html  # the default shown first, sliders on it
     assert re.findall(r'data-name="(\w)" min="0" max="(\d)" step="1" value="(\d)"', html) == [("a", "2", "1"), ("b", "1", "1")]
     assert not re.search(r"(src|href)=\"(https?:)?//", html) and "<script src" not in html
+
+
+def test_hover_names_every_point_with_its_values():
+    fig, ax = plt.subplots()
+    ax.plot([1, 2], [30, 40], label="flat")
+    ax.plot([1, 2], [5, 6], label="_flat (exact)")
+    ax.set(xlabel="L", ylabel="µs")
+    assert re.findall(r"<title>(.*?)</title>", hover(fig)) == [
+        "flat: L = 1; µs = 30", "flat: L = 2; µs = 40", "flat (exact): L = 1; µs = 5", "flat (exact): L = 2; µs = 6"]

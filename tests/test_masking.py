@@ -28,20 +28,10 @@ from hypothesis import strategies as st
 from torch import nn
 
 from attn_gym_lite.models import VarLenAttention
-from attn_gym_lite.ops.masking import (
-    active_token_mask,
-    mask_inactive_token_gradients,
-    mask_inactive_tokens,
-    uninitialized_memory_as_nan,
-)
+from attn_gym_lite.ops.masking import active_token_mask, mask_inactive_token_gradients, mask_inactive_tokens, uninitialized_memory_as_nan
 from attn_gym_lite.ops.short_conv import ShortConv
 from attn_gym_lite.ragged import cu_seqlens_from_lengths, pad_cu_seqlens
-from attn_gym_lite.testing.exactness import (
-    capacity_loss,
-    compare_gradients,
-    error_stats,
-    gradients_at_capacity,
-)
+from attn_gym_lite.testing.exactness import capacity_loss, compare_gradients, error_stats, gradients_at_capacity
 
 
 @FAST

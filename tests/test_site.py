@@ -193,6 +193,8 @@ def test_slider_figures_respond_without_a_kernel_or_a_network(page):
     assert len(books) == source.count("HTML(flipbook("), f"{page}.html shows {len(books)} slider figures"
     for book in books:
         assert book.select("input[type=range]") and book.select("img[src^='data:image/png']") and book.script
+    hovers = article.select(".cell_output .hover-figure")  # attn_gym_lite.book.flipbook.hover: SVG tooltips
+    assert len(hovers) == source.count("HTML(hover(") and all(h.select("svg title") for h in hovers)
     assert not article.select(".cell_output script[src]") and "application/vnd.jupyter.widget" not in str(article)
 
 

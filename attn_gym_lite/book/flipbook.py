@@ -2,17 +2,19 @@
 
 A notebook's ipywidgets need a running Python to redraw, so the rendered page shows only their
 default view. A flipbook instead draws every combination of a few slider values ahead of time, and a
-few lines of JavaScript inside the output show the one the sliders select. Nothing is fetched from a
-CDN, so the page works offline, in the built site and in any notebook front-end that runs an
-output's script.
+few lines of JavaScript inside the output show the one the sliders select. A hover figure is an
+inline SVG whose data points carry their values as SVG tooltips (no script at all). Nothing is
+fetched from a CDN, so the page works offline, in the built site and in any notebook front-end.
 """
 
 from __future__ import annotations
 
 import base64
+import html
 import io
 import itertools
 import json
+import re
 import uuid
 
 import matplotlib.pyplot as plt
@@ -53,3 +55,25 @@ def flipbook(draw, sliders: dict[str, list], default: dict | None = None, dpi: i
     return (f'<div class="flipbook" id="{uid}"><div>{controls}</div>'
             f'<img style="max-width:100%" alt="figure for the chosen slider values" src="data:image/png;base64,{first}">'
             f"<script>{script}</script></div>")
+
+
+def hover(fig) -> str:
+    """HTML of ``fig`` as an inline SVG in which every point of every line shows, under the pointer,
+    its line's label and its x and y values with the axes' labels. A line whose label starts with an
+    underscore (hidden from the legend) is named by the rest of it."""
+    tips = []
+    for ax in fig.axes:
+        for line in list(ax.get_lines()):
+            name = line.get_label().lstrip("_")
+            name = "" if name.startswith("child") else f"{name}: "
+            for x, y in zip(*line.get_data()):
+                # One invisible marker per point, in its own SVG group (gid) to hang the tooltip on.
+                ax.plot([x], [y], "o", ms=9, alpha=0, gid=f"tip-{len(tips)}")
+                tips.append(f"{name}{ax.get_xlabel()} = {x:,g}; {ax.get_ylabel()} = {y:,.4g}")
+    buffer = io.StringIO()
+    with plt.rc_context({"svg.fonttype": "none"}):  # text as text: a smaller page
+        fig.savefig(buffer, format="svg")
+    plt.close(fig)
+    svg = buffer.getvalue()[buffer.getvalue().index("<svg"):]
+    svg = re.sub(r'<g id="tip-(\d+)">', lambda m: f"{m[0]}<title>{html.escape(tips[int(m[1])])}</title>", svg)
+    return f'<div class="hover-figure" style="max-width:100%;overflow-x:auto">{svg}</div>'

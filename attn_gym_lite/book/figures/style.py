@@ -46,7 +46,8 @@ def sources(recorded, live):
 def captured_and_exact(ax, x, rows, colour, label, linestyle="-", alpha=1.0):
     """Overcapture rows: the graph captured at capacity solid, the exact-shape one dashed (live: dotted)."""
     ax.plot(x, [r["captured_us"] for r in rows], linestyle, marker="o", ms=3, color=colour, alpha=alpha, label=label)
-    ax.plot(x, [r["exact_us"] for r in rows], "--" if linestyle == "-" else linestyle, color=colour, alpha=alpha)
+    ax.plot(x, [r["exact_us"] for r in rows], "--" if linestyle == "-" else linestyle, color=colour, alpha=alpha,
+            label=f"_{label} (exact)")  # "_": not in the legend, but named where a figure shows its values
 
 
 def legend_right(ax, *args, **kw):
