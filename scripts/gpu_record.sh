@@ -17,6 +17,9 @@
 #    instead, one lane per file of test node ids (to finish what an earlier call cut off);
 #    NOTEBOOKS=none: no notebooks (they already ran at this code); STOP_ON_FAILURE=1: a failed test
 #    ends the call after C, so that PASS="C A" records nothing on code that just failed;
+# N: every notebook in GPU mode (NOTEBOOK_LANES at once; NOTEBOOKS to name fewer), no tests, then
+#    scripts/sync_prose.py --check against their outputs: the prose values a GPU run prints otherwise
+#    (for notebooks whose code is unchanged since C, after a change to their prose; about 280 s);
 # S: scale-out, on a host with two GPUs (NVLink multicast off in every process);
 # X: explorations, not recordings: scripts/explore_hopper_forward.py, then scripts/explore_kda.py,
 #    EXPLORE_S seconds each; EXPLORE="kda" (or "forward") runs one of them only; EXPLORE="short_conv"
@@ -93,7 +96,8 @@ for pass in ${PASS}; do
       # end-to-end, then (LARGE=1) end-to-end-large, then notebook 08 in GPU mode on these fresh
       # recordings (it reads them: copied into the tree here; bring them back from results_B).
       record end-to-end "${E2E_LIMIT_S:-440}"
-      if [ "${LARGE:-0}" = 1 ]; then record end-to-end-large "${LARGE_LIMIT_S:-150}"; fi
+      # With LARGE=1 the call holds about 520 s: end-to-end 226 s, end-to-end-large 208 s, notebook 83 s.
+      if [ "${LARGE:-0}" = 1 ]; then record end-to-end-large "${LARGE_LIMIT_S:-300}"; fi
       cp "$REC"/*.json attn_gym_lite/results/h200/
       NOTEBOOK_LIMIT_S=${NOTEBOOK_LIMIT_S:-150} notebook notebooks/08_putting_it_together.ipynb
       tail -1 "$LOGS/nb_08_putting_it_together.log" | tee -a "$log"; pack_logs ;;
@@ -182,6 +186,13 @@ for path in sorted(glob.glob("notebooks/*.ipynb")):
                 print(f"--- {path}\n{text.strip()[:2500]}")
 PY
       ;;
+    N)
+      ls ${NOTEBOOKS:-notebooks/09*.ipynb notebooks/08*.ipynb notebooks/02*.ipynb notebooks/04*.ipynb notebooks/03*.ipynb \
+        notebooks/10*.ipynb notebooks/06*.ipynb notebooks/01*.ipynb notebooks/07*.ipynb notebooks/05*.ipynb} \
+        | NOTEBOOK_LIMIT_S=${NOTEBOOK_LIMIT_S:-420} xargs -P "${NOTEBOOK_LANES:-3}" -I{} bash -c 'notebook {}'
+      for f in "$LOGS"/nb_*.log; do tail -1 "$f"; done | tee -a "$log"
+      # nbmake --overwrite left each notebook's outputs in it: the values its glue() calls computed here.
+      python3 scripts/sync_prose.py --check --executed notebooks | tee -a "$log" ;;
     X)
       # EXPLORE names which explorations run, in order (default "forward kda"); each gets EXPLORE_S seconds.
       declare -A scripts=([forward]="explore_hopper_forward.py" [kda]="explore_kda.py --budget"
@@ -191,7 +202,7 @@ PY
           > "$LOGS/explore_$name.log" 2>&1
         echo "explore $name: rc $?" | tee -a "$log"; tail -32 "$LOGS/explore_$name.log" | tee -a "$log"
       done ;;
-    *) echo "unknown pass $pass (A, L, B, G, C, S or X)" | tee -a "$log"; exit 2 ;;
+    *) echo "unknown pass $pass (A, L, B, G, C, N, S or X)" | tee -a "$log"; exit 2 ;;
   esac
   ls -la "$REC" | tee -a "$log"
   pack_logs
