@@ -64,6 +64,11 @@ notebook() {  # notebook PATH: run it in GPU mode under nbmake, its log beside t
   echo "$1: rc $?, $((SECONDS - start)) s" >> "$LOGS/nb_$name.log"
 }
 export -f notebook
+notebooks() {  # NOTEBOOKS (default: all, heaviest first), NOTEBOOK_LANES at once
+  ls ${NOTEBOOKS:-notebooks/09*.ipynb notebooks/04*.ipynb notebooks/08*.ipynb notebooks/02*.ipynb notebooks/06*.ipynb \
+    notebooks/10*.ipynb notebooks/05*.ipynb notebooks/03*.ipynb notebooks/07*.ipynb notebooks/01*.ipynb} \
+    | NOTEBOOK_LIMIT_S=${NOTEBOOK_LIMIT_S:-420} xargs -P "${NOTEBOOK_LANES:-3}" -I{} bash -c 'notebook {}'
+}
 for pass in ${PASS}; do
   REC=/tmp/rec_$pass; mkdir -p "$OUT" "$REC"
   log="$OUT/pass_${pass}.log"
@@ -142,10 +147,7 @@ for pass in ${PASS}; do
       # Heaviest first, so that the lanes finish together (09 alone took 275-300 s in GPU mode).
       # NOTEBOOKS=none: tests only (the notebooks already ran in GPU mode at this code).
       if [ "${NOTEBOOKS:-}" != none ]; then
-        ls ${NOTEBOOKS:-notebooks/09*.ipynb notebooks/04*.ipynb notebooks/08*.ipynb notebooks/02*.ipynb \
-          notebooks/06*.ipynb notebooks/10*.ipynb notebooks/05*.ipynb notebooks/03*.ipynb notebooks/07*.ipynb \
-          notebooks/01*.ipynb} | NOTEBOOK_LIMIT_S=${NOTEBOOK_LIMIT_S:-420} xargs -P "${NOTEBOOK_LANES:-3}" -I{} \
-          bash -c 'notebook {}'
+        notebooks
       fi
       # The test lanes by their PIDs: a bare `wait` (or one given nothing, if `jobs` had already
       # dropped the finished lanes) would wait for the log packer's endless loop too.
@@ -187,9 +189,7 @@ for path in sorted(glob.glob("notebooks/*.ipynb")):
 PY
       ;;
     N)
-      ls ${NOTEBOOKS:-notebooks/09*.ipynb notebooks/08*.ipynb notebooks/02*.ipynb notebooks/04*.ipynb notebooks/03*.ipynb \
-        notebooks/10*.ipynb notebooks/06*.ipynb notebooks/01*.ipynb notebooks/07*.ipynb notebooks/05*.ipynb} \
-        | NOTEBOOK_LIMIT_S=${NOTEBOOK_LIMIT_S:-420} xargs -P "${NOTEBOOK_LANES:-3}" -I{} bash -c 'notebook {}'
+      notebooks
       for f in "$LOGS"/nb_*.log; do tail -1 "$f"; done | tee -a "$log"
       # nbmake --overwrite left each notebook's outputs in it: the values its glue() calls computed here.
       python3 scripts/sync_prose.py --check --executed notebooks | tee -a "$log" ;;

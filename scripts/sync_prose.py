@@ -2,8 +2,8 @@
 
 Jupyter Book would paste values with `{glue:text}` roles and code with `{literalinclude}`, but only
 when it builds the site: a reader who opens a notebook in Jupyter, Colab or a GitHub preview would
-see the raw markup instead. So the Markdown holds the values and the code themselves, between HTML
-comments that no renderer shows, and this script rewrites them from their sources:
+see the raw markup instead. So the Markdown holds the values and the code themselves, between markers
+that no renderer shows, and this script rewrites them from their sources:
 
 - a value in a sentence: `<span data-glue="KEY">TEXT</span>`, TEXT being what the notebook's
   `glue("KEY", ...)` call recorded when the book build executed it (`_build/jupyter_execute`), as
@@ -17,14 +17,13 @@ Usage, from the project root:
     make book && python scripts/sync_prose.py     # rewrite the notebooks
     python scripts/sync_prose.py --check          # list what differs, exit 1 if anything does
     python scripts/sync_prose.py --check --listings   # the listings only (no build needed)
-`--check` runs in tests/test_site.py (after the book build) and tests/test_book.py (listings only).
+tests/test_site.py runs `--check` after the book build; tests/test_book.py checks the listings.
 """
 import ast
 import json
 import re
 import sys
 import textwrap
-from ast import literal_eval
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -48,7 +47,7 @@ def glued_values(notebook: Path) -> dict:
             values[key] = data["text/markdown"].strip()
         elif key:
             try:  # what myst-nb does: a str's repr loses its quotes
-                values[key] = str(literal_eval(data["text/plain"]))
+                values[key] = str(ast.literal_eval(data["text/plain"]))
             except (SyntaxError, ValueError):
                 values[key] = data["text/plain"]
     return values
