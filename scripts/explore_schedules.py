@@ -1,0 +1,95 @@
+"""Exploration (not a recording): is there one schedule, fixed at capture, within 2% of the best at
+every point of the schedulers suite? Run on the GPU host:
+
+    python3 scripts/explore_schedules.py [--budget SECONDS]
+
+The recording at b7cdcea has ``auto`` (flat at these sizes) within 2% of the best schedule at 15 of
+its 19 points; the four others are nearly empty replays (``L <= T/4``) where the persistent grid's
+one wave of workers wins (up to 1.8x at ``L = T/16`` of the constant-length sweep), while flat
+wins wherever the replay is nearly full (persistent loses up to 40% there: its static striding
+deals uneven tasks). Between the two lies a persistent or dynamic grid of several waves:
+``ctas_per_sm = w`` launches ``w`` waves of workers, so a nearly empty replay launches ``w`` times
+fewer idle CTAs than flat, and a full one gives each worker only a few tasks.
+
+For each of the suite's three sweeps it captures forward + backward (dq, dk, dv) once at the
+sweep's capacity, per variant, and times a replay of every layout (median of 20 CUDA-event
+timings), then prints each variant's worst ratio to the best variant over all points. The
+package is not changed: variants differ only in the ``AttentionConfig`` passed in.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import time
+
+import torch
+
+from attn_gym_lite.bench.harness import device_us
+from attn_gym_lite.bench.schedulers import sweep_layouts
+from attn_gym_lite.graph.capture import capture_graph
+from attn_gym_lite.ops.kernels import varlen_attention_triton
+from attn_gym_lite.ops.kernels.varlen import AttentionConfig, default_config
+from attn_gym_lite.ragged import cu_seqlens_from_lengths, pad_cu_seqlens
+
+HEADS, HEAD_DIM = 16, 128
+VARIANTS = [("flat", 1), ("dynamic", 1), ("dynamic", 2), ("dynamic", 4), ("dynamic", 8),
+            ("persistent", 1), ("persistent", 2), ("persistent", 4), ("persistent", 8), ("persistent", 16)]
+
+
+def config(waves: int) -> AttentionConfig:
+    c = default_config()
+    return AttentionConfig(*(dataclasses.replace(k, ctas_per_sm=waves) for k in (c.forward, c.dq, c.dkdv)))
+
+
+def sweep(schedule: str, waves: int, T: int, N: int, layouts, iters: int) -> list[float]:
+    generator = torch.Generator(device="cuda").manual_seed(0)
+    q, k, v, grad = (torch.randn(T, HEADS, HEAD_DIM, device="cuda", dtype=torch.bfloat16, generator=generator)
+                     for _ in range(4))
+    q, k, v = (x.requires_grad_() for x in (q, k, v))
+    cu_seqlens = pad_cu_seqlens(cu_seqlens_from_lengths([T], device="cuda"), N)
+    cfg = config(waves)
+
+    def step():
+        out = varlen_attention_triton(q, k, v, cu_seqlens, schedule=schedule, config=cfg)
+        return torch.autograd.grad(out, (q, k, v), grad)
+
+    graph, _ = capture_graph(step)
+    times = []
+    for lengths in layouts:
+        cu_seqlens.copy_(pad_cu_seqlens(cu_seqlens_from_lengths(lengths, device="cuda"), N))
+        times.append(device_us(graph.replay, iters))
+    return times
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--budget", type=float, default=150.0)
+    parser.add_argument("--iters", type=int, default=20)
+    args = parser.parse_args()
+    deadline = time.monotonic() + args.budget
+    table = {}  # (sweep, point index) -> {variant: µs}
+    for name, (T, N, layouts) in sweep_layouts(0).items():
+        for schedule, waves in VARIANTS:
+            if time.monotonic() > deadline:
+                print(json.dumps({"sweep": name, "variant": f"{schedule}x{waves}", "skipped": "budget"}), flush=True)
+                continue
+            us = sweep(schedule, waves, T, N, layouts, args.iters)
+            points = [{"L": int(x.sum()), "M": x.numel()} for x in layouts]
+            print(json.dumps({"sweep": name, "T": T, "N": N, "variant": f"{schedule}x{waves}",
+                              "captured_us": [round(t, 1) for t in us], "points": points}), flush=True)
+            for i, t in enumerate(us):
+                table.setdefault((name, i), {})[f"{schedule}x{waves}"] = t
+            torch.cuda.empty_cache()
+    print()
+    variants = [f"{s}x{w}" for s, w in VARIANTS]
+    print(f"{'variant':<14} {'worst ratio to best':>20} {'points within 2%':>17}")
+    for v in variants:
+        ratios = [row[v] / min(row.values()) for row in table.values() if v in row]
+        if ratios:
+            print(f"{v:<14} {max(ratios):>20.3f} {sum(r <= 1.02 for r in ratios):>11}/{len(ratios)}")
+
+
+if __name__ == "__main__":
+    main()
