@@ -41,10 +41,11 @@ POINTERS = {
 CONSTANTS = {"K": K, "V": V, "C": C, "BC": SUB, "LOG2_BC": SUB.bit_length() - 1, "BV": 32, "PRECISION": "tf32",
              "BK": getattr(kda, "_key_block", lambda width: width)(K)}  # what the package launches
 KERNELS = {  # name -> the launch options the package uses (Triton's defaults where it passes none)
-    "kda_intra_kernel": getattr(kda, "_PER_CHUNK", {}),
-    "kda_wy_kernel": getattr(kda, "_PER_CHUNK", {}),
+    "kda_intra_kernel": kda._INTRA,
+    "kda_solve_kernel": kda._SOLVE,
+    "kda_wy_kernel": kda._WY,
     "kda_chunk_backward_kernel": kda._CHUNK_BACKWARD,
-    "kda_pairwise_backward_kernel": getattr(kda, "_PER_CHUNK", {}),
+    "kda_pairwise_backward_kernel": kda._PAIRWISE,
 }
 
 

@@ -4,13 +4,15 @@ The function of :func:`attn_gym_lite.ops.kda.reference.kda_chunked` (the math is
 whose grids depend only on ``T``, ``N``, ``H`` and ``C``, so one captured CUDA graph replays every
 layout of the same capacity. Per-chunk kernels run on a flat grid of ``G_cap`` programs per head
 (:func:`attn_gym_lite.schedule.chunk_capacity`), program ``i`` on flat chunk ``i`` (where the backward
-finds its saved state); the recurrence runs one program per (sequence, head, value block). Every
+finds its saved state), those built from 16-row sub-blocks with one program per sub-block; the
+recurrence runs one program per (sequence, head, value block). Every
 kernel clamps its sequence into the ``T`` rows: a malformed ``cu_seqlens`` cannot address outside.
 Forward, per chunk and head::
 
     1. cumsum   G = cumsum(g)                                           parallel
     2. intra    Γ_rj = Σ_d k_rd k_jd E_rjd (j < r),  P_rj = scale Σ_d q_rd k_jd E_rjd (j <= r)
-    3. wy       M = (I + Diag(beta) Γ)^{-1},  W = M Diag(beta) (K ⊙ exp(G)),  U_0 = M Diag(beta) V
+    3. solve    M = (I + Diag(beta) Γ)^{-1}                             parallel
+       wy       W = M Diag(beta) (K ⊙ exp(G)),  U_0 = M Diag(beta) V
     4. state    per chunk in order, from S = 0: save S;  U = U_0 - W S;  S = Diag(exp(G_last)) S + K_e^T U
     5. output   O = Q_g S + P U                                         parallel
 
@@ -43,13 +45,19 @@ __all__ = ["kda_triton"]
 
 _SUB = 16  # sub-block of the intra-chunk kernels
 _LOG2_SUB = _SUB.bit_length() - 1  # the binary-splitting levels of a diagonal sub-block
-# Launch options (ignored by the interpreter), sized for the H200 with scripts/kernel_resources.py:
-# three stages of the sequential kernels overflow a block's 227 KiB of shared memory at K = V = 128;
-# bfloat16 tiles take a quarter of it, so two fit; 8 warps where 4 spilled stack.
+# Launch options (ignored by the interpreter). The sequential kernels' were sized with
+# scripts/kernel_resources.py: three stages overflow a block's 227 KiB of shared memory at K = V = 128;
+# bfloat16 tiles take a quarter of it, so two fit; 8 warps where 4 spilled stack. The per-chunk
+# kernels' are the fastest scripts/explore_kda_split.py timed on the H200 (forward + backward, T = 8192,
+# K = V = 128): the sub-block kernels with few warps and no pipelining (their loops are short), the
+# per-chunk backward with 4 warps (8 took 1.37x as long).
 _SEQUENTIAL = dict(num_warps=4, num_stages=1)
 _SEQUENTIAL_LOW_PRECISION = dict(num_warps=8, num_stages=2)
-_CHUNK_BACKWARD = dict(num_warps=8, num_stages=2)  # with value blocks of 32, to fit shared memory
-_PER_CHUNK = dict(num_warps=8, num_stages=2)  # the kernels with 16-row sub-blocks
+_CHUNK_BACKWARD = dict(num_warps=4, num_stages=2)  # with value blocks of 32, to fit shared memory
+_WY = dict(num_warps=8, num_stages=2)
+_INTRA = dict(num_warps=2, num_stages=1)
+_PAIRWISE = dict(num_warps=4, num_stages=1)
+_SOLVE = dict(num_warps=1, num_stages=1)
 
 
 @triton.jit
@@ -108,13 +116,14 @@ def _sequence_program(cu_seqlens, chunk_offsets, num_rows, C: tl.constexpr, BV: 
 
 @triton.jit(do_not_specialize=["num_seqs", "num_rows"])
 def kda_cumsum_kernel(g, g_cum, cu_seqlens, chunk_offsets, num_seqs, num_rows, H,
-                      K: tl.constexpr, C: tl.constexpr):
-    # G = cumsum(g) within each chunk, float32. Grid (G_cap, H).
+                      K: tl.constexpr, C: tl.constexpr, FLOOR: tl.constexpr):
+    # G = cumsum(max(g, FLOOR)) within each chunk, float32: strong and infinite decays stay exact (see
+    # LOG_DECAY_FLOOR), and a clamp here costs no pass over g. Grid (G_cap, H).
     task = first_task(cu_seqlens, cu_seqlens, chunk_offsets, num_seqs, H, num_rows, C, "flat")
     while task >= 0:
         seq_start, seq_len, chunk, head = task_at(task, cu_seqlens, chunk_offsets, num_seqs, num_rows, "flat")
         rows, ok = _chunk_rows(seq_start, seq_len, chunk, C)
-        x = _load_rows(g, rows, ok, head, H, K)
+        x = tl.maximum(_load_rows(g, rows, ok, head, H, K), FLOOR)
         _store_rows(g_cum, tl.cumsum(x, 0), rows, ok, head, H, K)
         task = next_task(task, cu_seqlens, chunk_offsets, num_seqs, H, "flat")
 
@@ -144,52 +153,54 @@ def kda_intra_kernel(q, k, g_cum, gram, qk, cu_seqlens, chunk_offsets, num_seqs,
                      K: tl.constexpr, C: tl.constexpr, BC: tl.constexpr, LOG2_BC: tl.constexpr,
                      PRECISION: tl.constexpr):
     # gram[r, j] = Σ_d k_rd k_jd E_rjd (j < r) and qk[r, j] = scale Σ_d q_rd k_jd E_rjd (j <= r), stored
-    # row by row into [T, H, C] buffers (other entries unspecified). Grid (G_cap, H).
+    # row by row into [T, H, C] buffers (other entries unspecified). Grid (G_cap, H, C // BC): one CTA
+    # per 16-row sub-block of a chunk: a CTA per chunk, walking the four in turn, took twice as long on
+    # the H200 (scripts/explore_kda_split.py): each is a chain of small dependent products.
     task = first_task(cu_seqlens, cu_seqlens, chunk_offsets, num_seqs, H, num_rows, C, "flat")
     while task >= 0:
         seq_start, seq_len, chunk, head = task_at(task, cu_seqlens, chunk_offsets, num_seqs, num_rows, "flat")
         chunk_start = seq_start + chunk * C  # packed row of position 0
         valid = tl.minimum(seq_len - chunk * C, C)  # rows of this chunk inside the sequence
         sub = tl.arange(0, BC)
-        for i in range(0, C // BC):  # runtime loops: unrolled, the sub-blocks' tiles stayed live together
-            r = i * BC + sub  # chunk positions of sub-block i
-            ok_i = r < valid
-            q_i = _load_rows(q, chunk_start + r, ok_i, head, H, K)
-            k_i = _load_rows(k, chunk_start + r, ok_i, head, H, K)
-            G_i = _load_rows(g_cum, chunk_start + r, ok_i, head, H, K)
-            block_ok = i * BC < valid
-            ref = _load_row(g_cum, chunk_start + i * BC, block_ok, head, H, K)
-            to_ref = tl.exp(tl.where(ok_i[:, None], G_i - ref[None, :], 0.0))  # <= 1: rows at/after ref
-            q_ref = q_i * to_ref
-            k_ref = k_i * to_ref
-            out = (chunk_start + r[:, None]) * H * C + head * C
-            # Earlier sub-blocks: one product each, through the reference point.
-            for jb in range(0, i):
-                cols_j = jb * BC + sub
-                ok_j = cols_j < tl.where(block_ok, valid, 0)  # nothing if sub-block i is all padding
-                k_j = _load_rows(k, chunk_start + cols_j, ok_j, head, H, K)
-                G_j = _load_rows(g_cum, chunk_start + cols_j, ok_j, head, H, K)
-                k_from_ref = k_j * tl.exp(tl.where(ok_j[:, None], ref[None, :] - G_j, 0.0))  # <= 1: before ref
-                gram_block = tl.dot(k_ref, tl.trans(k_from_ref), input_precision=PRECISION)
-                qk_block = tl.dot(q_ref, tl.trans(k_from_ref), input_precision=PRECISION) * scale
-                tl.store(gram + out + cols_j[None, :], gram_block, mask=ok_i[:, None])
-                tl.store(qk + out + cols_j[None, :], qk_block, mask=ok_i[:, None])
-            # The diagonal sub-block, by binary splitting (see _split_factors): one product per level.
-            gram_diag = tl.zeros([BC, BC], tl.float32)
-            qk_diag = tl.zeros([BC, BC], tl.float32)
-            for bit in range(0, LOG2_BC):  # h = 2**bit: 1, 2, ..., BC / 2
-                row_f, col_f, at_level = _split_factors(g_cum, G_i, chunk_start + i * BC, valid - i * BC, head,
-                                                        H, K, BC, bit)
-                k_col = k_i * col_f
-                gram_diag += tl.where(at_level, tl.dot(k_i * row_f, tl.trans(k_col), input_precision=PRECISION),
-                                      0.0)
-                qk_diag += tl.where(at_level, tl.dot(q_i * row_f, tl.trans(k_col), input_precision=PRECISION),
-                                    0.0)
-            # j = r: E = 1 (P includes its diagonal, Γ does not).
-            qk_diag += tl.where(sub[:, None] == sub[None, :], tl.sum(q_i * k_i, 1)[:, None], 0.0)
-            cols_i = i * BC + sub
-            tl.store(gram + out + cols_i[None, :], gram_diag, mask=ok_i[:, None])
-            tl.store(qk + out + cols_i[None, :], qk_diag * scale, mask=ok_i[:, None])
+        i = tl.program_id(2)  # the sub-block row: it reads rows <= its own, which no other CTA writes
+        r = i * BC + sub  # chunk positions of sub-block i
+        ok_i = r < valid
+        q_i = _load_rows(q, chunk_start + r, ok_i, head, H, K)
+        k_i = _load_rows(k, chunk_start + r, ok_i, head, H, K)
+        G_i = _load_rows(g_cum, chunk_start + r, ok_i, head, H, K)
+        block_ok = i * BC < valid
+        ref = _load_row(g_cum, chunk_start + i * BC, block_ok, head, H, K)
+        to_ref = tl.exp(tl.where(ok_i[:, None], G_i - ref[None, :], 0.0))  # <= 1: rows at/after ref
+        q_ref = q_i * to_ref
+        k_ref = k_i * to_ref
+        out = (chunk_start + r[:, None]) * H * C + head * C
+        # Earlier sub-blocks: one product each, through the reference point.
+        for jb in range(0, i):
+            cols_j = jb * BC + sub
+            ok_j = cols_j < tl.where(block_ok, valid, 0)  # nothing if sub-block i is all padding
+            k_j = _load_rows(k, chunk_start + cols_j, ok_j, head, H, K)
+            G_j = _load_rows(g_cum, chunk_start + cols_j, ok_j, head, H, K)
+            k_from_ref = k_j * tl.exp(tl.where(ok_j[:, None], ref[None, :] - G_j, 0.0))  # <= 1: before ref
+            gram_block = tl.dot(k_ref, tl.trans(k_from_ref), input_precision=PRECISION)
+            qk_block = tl.dot(q_ref, tl.trans(k_from_ref), input_precision=PRECISION) * scale
+            tl.store(gram + out + cols_j[None, :], gram_block, mask=ok_i[:, None])
+            tl.store(qk + out + cols_j[None, :], qk_block, mask=ok_i[:, None])
+        # The diagonal sub-block, by binary splitting (see _split_factors): one product per level.
+        gram_diag = tl.zeros([BC, BC], tl.float32)
+        qk_diag = tl.zeros([BC, BC], tl.float32)
+        for bit in range(0, LOG2_BC):  # h = 2**bit: 1, 2, ..., BC / 2
+            row_f, col_f, at_level = _split_factors(g_cum, G_i, chunk_start + i * BC, valid - i * BC, head,
+                                                    H, K, BC, bit)
+            k_col = k_i * col_f
+            gram_diag += tl.where(at_level, tl.dot(k_i * row_f, tl.trans(k_col), input_precision=PRECISION),
+                                  0.0)
+            qk_diag += tl.where(at_level, tl.dot(q_i * row_f, tl.trans(k_col), input_precision=PRECISION),
+                                0.0)
+        # j = r: E = 1 (P includes its diagonal, Γ does not).
+        qk_diag += tl.where(sub[:, None] == sub[None, :], tl.sum(q_i * k_i, 1)[:, None], 0.0)
+        cols_i = i * BC + sub
+        tl.store(gram + out + cols_i[None, :], gram_diag, mask=ok_i[:, None])
+        tl.store(qk + out + cols_i[None, :], qk_diag * scale, mask=ok_i[:, None])
         task = next_task(task, cu_seqlens, chunk_offsets, num_seqs, H, "flat")
 
 
@@ -233,18 +244,18 @@ def _block_ptrs(ptr, chunk_start, i, j, head, H, C: tl.constexpr, BC: tl.constex
 
 
 @triton.jit(do_not_specialize=["num_seqs", "num_rows"])
-def kda_wy_kernel(q, k, v, g_cum, beta, gram, inverse, w, u, q_decayed, k_to_end, cu_seqlens, chunk_offsets,
-                  num_seqs, num_rows, H, scale, K: tl.constexpr, V: tl.constexpr, C: tl.constexpr,
-                  BC: tl.constexpr, PRECISION: tl.constexpr):
-    # The UT transform of one chunk (M, W, U_0; also Q_g and K_e, so that the sequential kernels do no
-    # exponentials). M by block forward substitution over BC x BC sub-blocks, as fla's solve_tril:
-    # BC - 1 dependent steps on [BC, BC] tiles instead of C - 1 on [C, C], then
+def kda_solve_kernel(beta, gram, inverse, cu_seqlens, chunk_offsets, num_seqs, num_rows, H,
+                     C: tl.constexpr, BC: tl.constexpr):
+    # M = (I + Diag(beta) Γ)^{-1} of one chunk by block forward substitution over BC x BC sub-blocks, as
+    # fla's solve_tril: BC - 1 dependent steps on [BC, BC] tiles instead of C - 1 on [C, C], then
     # M_ij = -M_ii Σ_{j <= l < i} A_il M_lj, the blocks passed through `inverse` itself. IEEE float32
-    # products whatever the inputs: the solve stays exact. Grid (G_cap, H).
+    # products whatever the inputs: the solve stays exact. A kernel of its own, launched with one warp:
+    # every step of _unit_lower_inverse reduces a 16 x 16 tile, within a warp by shuffles, across warps
+    # through shared memory. Fused with kda_wy_kernel's products (8 warps), the two took twice as long
+    # on the H200 (scripts/explore_kda_split.py). Grid (G_cap, H).
     task = first_task(cu_seqlens, cu_seqlens, chunk_offsets, num_seqs, H, num_rows, C, "flat")
     while task >= 0:
         seq_start, seq_len, chunk, head = task_at(task, cu_seqlens, chunk_offsets, num_seqs, num_rows, "flat")
-        rows, ok = _chunk_rows(seq_start, seq_len, chunk, C)
         chunk_start = seq_start + chunk * C
         valid = tl.minimum(seq_len - chunk * C, C)  # rows of this chunk inside the sequence
         sub = tl.arange(0, BC)
@@ -269,7 +280,21 @@ def kda_wy_kernel(q, k, v, g_cum, beta, gram, inverse, w, u, q_decayed, k_to_end
                     acc = tl.dot(A_il, M_lj, acc, input_precision="ieee")
                 M_ij = -tl.dot(M_ii, acc, input_precision="ieee")
                 tl.store(_block_ptrs(inverse, chunk_start, i, j, head, H, C, BC), M_ij, mask=ok_i[:, None])
-            tl.debug_barrier()  # block row i stored: the next rows, and the full load below, read it
+            tl.debug_barrier()  # block row i stored: the next rows read it
+        task = next_task(task, cu_seqlens, chunk_offsets, num_seqs, H, "flat")
+
+
+@triton.jit(do_not_specialize=["num_seqs", "num_rows"])
+def kda_wy_kernel(q, k, v, g_cum, beta, inverse, w, u, q_decayed, k_to_end, cu_seqlens, chunk_offsets,
+                  num_seqs, num_rows, H, scale, K: tl.constexpr, V: tl.constexpr, C: tl.constexpr,
+                  PRECISION: tl.constexpr):
+    # The UT transform's products, M from kda_solve_kernel: W = M Diag(beta) (K ⊙ exp(G)) and
+    # U_0 = M Diag(beta) V; also Q_g and K_e, so that the sequential kernels do no exponentials.
+    # Grid (G_cap, H).
+    task = first_task(cu_seqlens, cu_seqlens, chunk_offsets, num_seqs, H, num_rows, C, "flat")
+    while task >= 0:
+        seq_start, seq_len, chunk, head = task_at(task, cu_seqlens, chunk_offsets, num_seqs, num_rows, "flat")
+        rows, ok = _chunk_rows(seq_start, seq_len, chunk, C)
         M = _load_square(inverse, rows, ok, head, H, C, False)
         b = tl.load(beta + rows * H + head, mask=ok, other=0.0).to(tl.float32)
         k_c = _load_rows(k, rows, ok, head, H, K)
@@ -508,97 +533,109 @@ def _load_block(ptr, rows, ok, cols, head, H, C: tl.constexpr):
 
 
 @triton.jit(do_not_specialize=["num_seqs", "num_rows"])
-def kda_pairwise_backward_kernel(q, k, g_cum, d_qk, d_gram, dq_part, dk_part, dG_part, dq, dk, dg,
+def kda_pairwise_backward_kernel(q, k, g_cum, d_qk, d_gram, dq_part, dk_part, dG_part, dq, dk,
                                  cu_seqlens, chunk_offsets, num_seqs, num_rows, H, K: tl.constexpr, C: tl.constexpr,
                                  BC: tl.constexpr, LOG2_BC: tl.constexpr, PRECISION: tl.constexpr):
     # The pairwise terms, then the chain through G = cumsum(g). With c^P = d_qk, c^Γ = d_gram:
     #     dq_r += Σ_{j<=r} c^P_rj k_j ⊙ E_rj,   dk_r += Σ_{j<r} c^Γ_rj k_j ⊙ E_rj          (row side)
     #     dk_j += Σ_{r>=j} (c^P_rj q_r + c^Γ_rj k_r) ⊙ E_rj                            (column side)
     #     dG_r += q_r ⊙ row(dq_r) + k_r ⊙ row(dk_r) - k_r ⊙ column(dk_r)
-    # Sub-blocks as in kda_intra_kernel, from the chunk's last to its first, carrying Σ dG of the later
-    # rows so that dg_r = Σ_{r' >= r} dG_r' comes out block by block. Grid (G_cap, H).
+    # One CTA per sub-block, as kda_intra_kernel (a CTA per chunk, walking them from the last, took 1.5x
+    # as long on the H200); dG is left in dG_part for kda_reverse_cumsum_kernel. Grid (G_cap, H, C // BC).
     task = first_task(cu_seqlens, cu_seqlens, chunk_offsets, num_seqs, H, num_rows, C, "flat")
     while task >= 0:
         seq_start, seq_len, chunk, head = task_at(task, cu_seqlens, chunk_offsets, num_seqs, num_rows, "flat")
         chunk_start = seq_start + chunk * C
         valid = tl.minimum(seq_len - chunk * C, C)
         sub = tl.arange(0, BC)
-        later = tl.zeros([K], tl.float32)  # Σ dG over the rows after this sub-block
-        for i_back in range(0, C // BC):  # last sub-block first; runtime loops (unrolled, tiles stayed live)
-            i = C // BC - 1 - i_back
-            r = i * BC + sub
-            ok_i = r < valid
-            rows_i = chunk_start + r
-            q_i = _load_rows(q, rows_i, ok_i, head, H, K)
-            k_i = _load_rows(k, rows_i, ok_i, head, H, K)
-            G_i = _load_rows(g_cum, rows_i, ok_i, head, H, K)
-            block_ok = i * BC < valid
-            ref = _load_row(g_cum, chunk_start + i * BC, block_ok, head, H, K)
-            row_q = tl.zeros([BC, K], tl.float32)
-            row_k = tl.zeros([BC, K], tl.float32)
-            col_k = tl.zeros([BC, K], tl.float32)
-            # Row side, earlier sub-blocks jb < i, through this sub-block's reference point.
-            for jb in range(0, i):
-                cols_j = jb * BC + sub
-                ok_j = cols_j < tl.where(block_ok, valid, 0)
-                k_j = _load_rows(k, chunk_start + cols_j, ok_j, head, H, K)
-                G_j = _load_rows(g_cum, chunk_start + cols_j, ok_j, head, H, K)
-                k_from_ref = k_j * tl.exp(tl.where(ok_j[:, None], ref[None, :] - G_j, 0.0))
-                row_q = tl.dot(_load_block(d_qk, rows_i, ok_i, cols_j, head, H, C), k_from_ref, row_q,
-                               input_precision=PRECISION)
-                row_k = tl.dot(_load_block(d_gram, rows_i, ok_i, cols_j, head, H, C), k_from_ref, row_k,
-                               input_precision=PRECISION)
-            to_ref = tl.exp(tl.where(ok_i[:, None], G_i - ref[None, :], 0.0))
-            row_q *= to_ref
-            row_k *= to_ref
-            # Column side, later sub-blocks ib > i (their rows see this sub-block's keys), through
-            # the later sub-block's reference point.
-            for ib in range(i + 1, C // BC):
-                rr = ib * BC + sub
-                ok_r = rr < valid
-                ref_r = _load_row(g_cum, chunk_start + ib * BC, ib * BC < valid, head, H, K)
-                q_r = _load_rows(q, chunk_start + rr, ok_r, head, H, K)
-                k_r = _load_rows(k, chunk_start + rr, ok_r, head, H, K)
-                G_r = _load_rows(g_cum, chunk_start + rr, ok_r, head, H, K)
-                r_to_ref = tl.exp(tl.where(ok_r[:, None], G_r - ref_r[None, :], 0.0))
-                c_P = _load_block(d_qk, chunk_start + rr, ok_r, r, head, H, C)  # [rows rr, columns of block i]
-                c_G = _load_block(d_gram, chunk_start + rr, ok_r, r, head, H, C)
-                part = tl.dot(tl.trans(c_P), q_r * r_to_ref, input_precision=PRECISION)
-                part = tl.dot(tl.trans(c_G), k_r * r_to_ref, part, input_precision=PRECISION)
-                seen_by_r = r < tl.where(ib * BC < valid, valid, 0)  # keys of block i, if block ib has rows
-                col_k += part * tl.exp(tl.where(seen_by_r[:, None], ref_r[None, :] - G_i, 0.0))
-            # The diagonal sub-block, by binary splitting (see _split_factors): per level, the row side
-            # is (c ⊙ at_level) (k ⊙ col_f) scaled by row_f, the column side its transpose.
-            c_P = _load_block(d_qk, rows_i, ok_i, r, head, H, C)
-            c_G = _load_block(d_gram, rows_i, ok_i, r, head, H, C)
-            for bit in range(0, LOG2_BC):  # h = 2**bit: 1, 2, ..., BC / 2
-                row_f, col_f, at_level = _split_factors(g_cum, G_i, chunk_start + i * BC, valid - i * BC, head,
-                                                        H, K, BC, bit)
-                cp_level = tl.where(at_level, c_P, 0.0)
-                cg_level = tl.where(at_level, c_G, 0.0)
-                k_col = k_i * col_f
-                row_q += tl.dot(cp_level, k_col, input_precision=PRECISION) * row_f
-                row_k += tl.dot(cg_level, k_col, input_precision=PRECISION) * row_f
-                to_col = tl.dot(tl.trans(cp_level), q_i * row_f, input_precision=PRECISION)
-                to_col = tl.dot(tl.trans(cg_level), k_i * row_f, to_col, input_precision=PRECISION)
-                col_k += to_col * col_f
-            # j = r: E = 1.
-            on_diagonal = sub[:, None] == sub[None, :]
-            cp_diag = tl.sum(tl.where(on_diagonal, c_P, 0.0), 1)[:, None]
-            cg_diag = tl.sum(tl.where(on_diagonal, c_G, 0.0), 1)[:, None]
-            row_q += cp_diag * k_i
-            row_k += cg_diag * k_i
-            col_k += cp_diag * q_i + cg_diag * k_i
-            d_q = _load_rows(dq_part, rows_i, ok_i, head, H, K) + row_q
-            d_k = _load_rows(dk_part, rows_i, ok_i, head, H, K) + row_k + col_k
-            dG = _load_rows(dG_part, rows_i, ok_i, head, H, K) + q_i * row_q + k_i * (row_k - col_k)
-            dG = tl.where(ok_i[:, None], dG, 0.0)
-            # dg_r = Σ_{r' >= r} dG_r': the later sub-blocks' total plus a reverse cumsum in this one.
-            d_g = later[None, :] + tl.sum(dG, 0)[None, :] - tl.cumsum(dG, 0) + dG
-            later += tl.sum(dG, 0)
-            _store_rows(dq, d_q, rows_i, ok_i, head, H, K)
-            _store_rows(dk, d_k, rows_i, ok_i, head, H, K)
-            _store_rows(dg, d_g, rows_i, ok_i, head, H, K)
+        i = tl.program_id(2)  # the sub-block
+        r = i * BC + sub
+        ok_i = r < valid
+        rows_i = chunk_start + r
+        q_i = _load_rows(q, rows_i, ok_i, head, H, K)
+        k_i = _load_rows(k, rows_i, ok_i, head, H, K)
+        G_i = _load_rows(g_cum, rows_i, ok_i, head, H, K)
+        block_ok = i * BC < valid
+        ref = _load_row(g_cum, chunk_start + i * BC, block_ok, head, H, K)
+        row_q = tl.zeros([BC, K], tl.float32)
+        row_k = tl.zeros([BC, K], tl.float32)
+        col_k = tl.zeros([BC, K], tl.float32)
+        # Row side, earlier sub-blocks jb < i, through this sub-block's reference point.
+        for jb in range(0, i):
+            cols_j = jb * BC + sub
+            ok_j = cols_j < tl.where(block_ok, valid, 0)
+            k_j = _load_rows(k, chunk_start + cols_j, ok_j, head, H, K)
+            G_j = _load_rows(g_cum, chunk_start + cols_j, ok_j, head, H, K)
+            k_from_ref = k_j * tl.exp(tl.where(ok_j[:, None], ref[None, :] - G_j, 0.0))
+            row_q = tl.dot(_load_block(d_qk, rows_i, ok_i, cols_j, head, H, C), k_from_ref, row_q,
+                           input_precision=PRECISION)
+            row_k = tl.dot(_load_block(d_gram, rows_i, ok_i, cols_j, head, H, C), k_from_ref, row_k,
+                           input_precision=PRECISION)
+        to_ref = tl.exp(tl.where(ok_i[:, None], G_i - ref[None, :], 0.0))
+        row_q *= to_ref
+        row_k *= to_ref
+        # Column side, later sub-blocks ib > i (their rows see this sub-block's keys), through
+        # the later sub-block's reference point.
+        for ib in range(i + 1, C // BC):
+            rr = ib * BC + sub
+            ok_r = rr < valid
+            ref_r = _load_row(g_cum, chunk_start + ib * BC, ib * BC < valid, head, H, K)
+            q_r = _load_rows(q, chunk_start + rr, ok_r, head, H, K)
+            k_r = _load_rows(k, chunk_start + rr, ok_r, head, H, K)
+            G_r = _load_rows(g_cum, chunk_start + rr, ok_r, head, H, K)
+            r_to_ref = tl.exp(tl.where(ok_r[:, None], G_r - ref_r[None, :], 0.0))
+            c_P = _load_block(d_qk, chunk_start + rr, ok_r, r, head, H, C)  # [rows rr, columns of block i]
+            c_G = _load_block(d_gram, chunk_start + rr, ok_r, r, head, H, C)
+            part = tl.dot(tl.trans(c_P), q_r * r_to_ref, input_precision=PRECISION)
+            part = tl.dot(tl.trans(c_G), k_r * r_to_ref, part, input_precision=PRECISION)
+            seen_by_r = r < tl.where(ib * BC < valid, valid, 0)  # keys of block i, if block ib has rows
+            col_k += part * tl.exp(tl.where(seen_by_r[:, None], ref_r[None, :] - G_i, 0.0))
+        # The diagonal sub-block, by binary splitting (see _split_factors): per level, the row side
+        # is (c ⊙ at_level) (k ⊙ col_f) scaled by row_f, the column side its transpose.
+        c_P = _load_block(d_qk, rows_i, ok_i, r, head, H, C)
+        c_G = _load_block(d_gram, rows_i, ok_i, r, head, H, C)
+        for bit in range(0, LOG2_BC):  # h = 2**bit: 1, 2, ..., BC / 2
+            row_f, col_f, at_level = _split_factors(g_cum, G_i, chunk_start + i * BC, valid - i * BC, head,
+                                                    H, K, BC, bit)
+            cp_level = tl.where(at_level, c_P, 0.0)
+            cg_level = tl.where(at_level, c_G, 0.0)
+            k_col = k_i * col_f
+            row_q += tl.dot(cp_level, k_col, input_precision=PRECISION) * row_f
+            row_k += tl.dot(cg_level, k_col, input_precision=PRECISION) * row_f
+            to_col = tl.dot(tl.trans(cp_level), q_i * row_f, input_precision=PRECISION)
+            to_col = tl.dot(tl.trans(cg_level), k_i * row_f, to_col, input_precision=PRECISION)
+            col_k += to_col * col_f
+        # j = r: E = 1.
+        on_diagonal = sub[:, None] == sub[None, :]
+        cp_diag = tl.sum(tl.where(on_diagonal, c_P, 0.0), 1)[:, None]
+        cg_diag = tl.sum(tl.where(on_diagonal, c_G, 0.0), 1)[:, None]
+        row_q += cp_diag * k_i
+        row_k += cg_diag * k_i
+        col_k += cp_diag * q_i + cg_diag * k_i
+        d_q = _load_rows(dq_part, rows_i, ok_i, head, H, K) + row_q
+        d_k = _load_rows(dk_part, rows_i, ok_i, head, H, K) + row_k + col_k
+        dG = _load_rows(dG_part, rows_i, ok_i, head, H, K) + q_i * row_q + k_i * (row_k - col_k)
+        dG = tl.where(ok_i[:, None], dG, 0.0)
+        # dG in place of its partial (no other CTA reads these rows); dg_r = Σ_{r' >= r} dG_r' needs the
+        # later sub-blocks, other CTAs: kda_reverse_cumsum_kernel sums it.
+        _store_rows(dq, d_q, rows_i, ok_i, head, H, K)
+        _store_rows(dk, d_k, rows_i, ok_i, head, H, K)
+        _store_rows(dG_part, dG, rows_i, ok_i, head, H, K)
+        task = next_task(task, cu_seqlens, chunk_offsets, num_seqs, H, "flat")
+
+
+@triton.jit(do_not_specialize=["num_seqs", "num_rows"])
+def kda_reverse_cumsum_kernel(dG, g, dg, cu_seqlens, chunk_offsets, num_seqs, num_rows, H, K: tl.constexpr,
+                              C: tl.constexpr, FLOOR: tl.constexpr):
+    # dg_r = Σ_{r' >= r} dG_r' within each chunk, the chain through G = cumsum(max(g, FLOOR)); zero where
+    # g < FLOOR, as torch's clamp_min passes no gradient there. Grid (G_cap, H).
+    task = first_task(cu_seqlens, cu_seqlens, chunk_offsets, num_seqs, H, num_rows, C, "flat")
+    while task >= 0:
+        seq_start, seq_len, chunk, head = task_at(task, cu_seqlens, chunk_offsets, num_seqs, num_rows, "flat")
+        rows, ok = _chunk_rows(seq_start, seq_len, chunk, C)
+        x = _load_rows(dG, rows, ok, head, H, K)
+        through_floor = _load_rows(g, rows, ok, head, H, K) >= FLOOR
+        _store_rows(dg, tl.where(through_floor, tl.sum(x, 0)[None, :] - tl.cumsum(x, 0) + x, 0.0), rows, ok, head, H, K)
         task = next_task(task, cu_seqlens, chunk_offsets, num_seqs, H, "flat")
 
 
@@ -666,11 +703,12 @@ def _kda_forward(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, cu_se
     if plan.G_cap > 0:
         grid = (plan.G_cap, H)
         common = (cu_seqlens, offsets, N, T, H)
-        kda_cumsum_kernel[grid](g, g_cum, *common, K=K, C=C)
-        kda_intra_kernel[grid](q, k, g_cum, gram, qk, *common, plan.scale, K=K, C=C, BC=_SUB, LOG2_BC=_LOG2_SUB,
-                               PRECISION=precision, **_PER_CHUNK)
-        kda_wy_kernel[grid](q, k, v, g_cum, beta, gram, inverse, w, u, q_decayed, k_to_end, *common, plan.scale,
-                            K=K, V=V, C=C, BC=_SUB, PRECISION=precision, **_PER_CHUNK)
+        kda_cumsum_kernel[grid](g, g_cum, *common, K=K, C=C, FLOOR=LOG_DECAY_FLOOR)
+        kda_intra_kernel[(*grid, C // _SUB)](q, k, g_cum, gram, qk, *common, plan.scale, K=K, C=C, BC=_SUB,
+                                             LOG2_BC=_LOG2_SUB, PRECISION=precision, **_INTRA)
+        kda_solve_kernel[grid](beta, gram, inverse, *common, C=C, BC=_SUB, **_SOLVE)
+        kda_wy_kernel[grid](q, k, v, g_cum, beta, inverse, w, u, q_decayed, k_to_end, *common, plan.scale,
+                            K=K, V=V, C=C, PRECISION=precision, **_WY)
     BV = plan.value_block
     # Without a final state, `states` stands in for its pointer: STORE_FINAL=False never writes it.
     kda_state_kernel[(N, H, V // BV)](g_cum, k_to_end, w, u, states, states if final is None else final,
@@ -682,10 +720,10 @@ def _kda_forward(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, cu_se
     return o, final, saved
 
 
-def _kda_backward(q: Tensor, k: Tensor, v: Tensor, g_dtype: torch.dtype, beta: Tensor, cu_seqlens: Tensor,
+def _kda_backward(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, cu_seqlens: Tensor,
                   saved: dict[str, Tensor], d_o: Tensor | None, d_final: Tensor | None,
                   plan: _Plan) -> tuple[Tensor, ...]:
-    r"""Gradients of ``(q, k, v, g, beta)``; four kernels. Per chunk (``S_0``, ``S_1`` the states
+    r"""Gradients of ``(q, k, v, g, beta)``; five kernels. Per chunk (``S_0``, ``S_1`` the states
     entering and leaving it, ``B_k = Diag(beta) (K ⊙ exp(G))``, ``B_v = Diag(beta) V``), from
     ``O = Q_g S_0 + P U``, ``U = M B_v - M B_k S_0``, ``S_1 = Diag(exp(G_last)) S_0 + K_e^T U``::
 
@@ -709,7 +747,7 @@ def _kda_backward(q: Tensor, k: Tensor, v: Tensor, g_dtype: torch.dtype, beta: T
     d_qk, d_gram = torch.empty(T, H, C, **f32), torch.empty(T, H, C, **f32)
     dq_part, dk_part, dG_part = (torch.empty(T, H, K, **f32) for _ in range(3))
     dq, dk, dv = (torch.zeros_like(x) for x in (q, k, v))  # rows L .. T - 1 stay zero
-    dg, dbeta = torch.zeros(T, H, K, dtype=g_dtype, device=device), torch.zeros_like(beta)
+    dg, dbeta = torch.zeros_like(g), torch.zeros_like(beta)
     precision = plan.precision
     BV = plan.value_block
     offsets = saved["offsets"]
@@ -727,10 +765,12 @@ def _kda_backward(q: Tensor, k: Tensor, v: Tensor, g_dtype: torch.dtype, beta: T
             cu_seqlens, offsets, N, T, H, plan.scale,
             K=K, V=V, C=C, BK=_key_block(K), BV=plan.backward_value_block, PRECISION=precision, **_CHUNK_BACKWARD,
         )
-        kda_pairwise_backward_kernel[(plan.G_cap, H)](
-            q, k, saved["g_cum"], d_qk, d_gram, dq_part, dk_part, dG_part, dq, dk, dg, cu_seqlens, offsets, N, T, H,
-            K=K, C=C, BC=_SUB, LOG2_BC=_LOG2_SUB, PRECISION=precision, **_PER_CHUNK,
+        kda_pairwise_backward_kernel[(plan.G_cap, H, C // _SUB)](
+            q, k, saved["g_cum"], d_qk, d_gram, dq_part, dk_part, dG_part, dq, dk, cu_seqlens, offsets, N, T, H,
+            K=K, C=C, BC=_SUB, LOG2_BC=_LOG2_SUB, PRECISION=precision, **_PAIRWISE,
         )
+        kda_reverse_cumsum_kernel[(plan.G_cap, H)](dG_part, g, dg, cu_seqlens, offsets, N, T, H, K=K, C=C,
+                                                   FLOOR=LOG_DECAY_FLOOR)
     return dq, dk, dv, dg, dbeta
 
 
@@ -771,7 +811,7 @@ def _(q, k, v, g, beta, cu_seqlens, chunk_size, scale, output_final_state):
 def _backward_op(q, k, v, g, beta, cu_seqlens, saved, d_o, d_final, chunk_size, scale, output_final_state):
     plan = _plan(q, v, cu_seqlens, chunk_size, scale, output_final_state)
     names = ("offsets", "g_cum", "gram", "qk", "inverse", "w", "u", "q_decayed", "k_to_end", "states")
-    return _kda_backward(q, k, v, g.dtype, beta, cu_seqlens, dict(zip(names, saved)), d_o,
+    return _kda_backward(q, k, v, g, beta, cu_seqlens, dict(zip(names, saved)), d_o,
                          d_final if output_final_state else None, plan)
 
 
@@ -836,7 +876,6 @@ def kda_triton(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, cu_seql
     capturing = torch.compiler.is_compiling() or (cu_seqlens.is_cuda and torch.cuda.is_current_stream_capturing())
     if (cu_seqlens.device.type == "cpu" if validate is None else validate) and not capturing:
         checks.check_cu_seqlens_values(cu_seqlens, token_capacity=T)
-    g = g.clamp_min(LOG_DECAY_FLOOR)  # strong and infinite decays stay exact (see LOG_DECAY_FLOOR)
     q, k, v, g, beta = (x.contiguous() for x in (q, k, v, g, beta))
     o, final, *_ = _forward_op(q, k, v, g, beta, cu_seqlens, C, K**-0.5 if scale is None else float(scale),
                                output_final_state)
