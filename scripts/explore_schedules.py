@@ -27,6 +27,15 @@ fitting the three sweeps themselves: the constant sweep wants one wave (its unif
 under static striding), fragmentation at L = T wants flat (persistent x 8 loses 6-8% at M >= 128),
 overcapture wants 8 waves. Persistent x 8 trades 2-8% on nearly full replays for a worst case of
 1.08x instead of 1.85x.
+
+``--prefetch`` (not yet run on a GPU) swaps the dynamic schedule's task functions for ones that
+fetch each worker's next task one task ahead: ``next_task`` returns the task fetched at the end of
+the previous one and issues the atomic for the one after, so the counter's round trip (about a
+microsecond through L2) overlaps a task's work instead of following it. Dynamic lost 5-10% to flat
+on replays of many small tasks (fragmentation at M >= 64, the constant sweep at L = T); if that is
+the atomic's latency, the prefetching dynamic grid could be the one schedule within 2% everywhere.
+The task carries both indices in an int64: the current one in its low 32 bits, the next above.
+Run it in a process of its own (the kernels' globals are replaced before they first compile).
 """
 
 from __future__ import annotations
@@ -37,17 +46,57 @@ import json
 import time
 
 import torch
+import triton
+import triton.language as tl
 
 from attn_gym_lite.bench.harness import device_us
 from attn_gym_lite.bench.schedulers import sweep_layouts
 from attn_gym_lite.graph.capture import capture_graph
-from attn_gym_lite.ops.kernels import varlen_attention_triton
+from attn_gym_lite.ops.kernels import backward, forward, tasks, varlen_attention_triton
 from attn_gym_lite.ops.kernels.varlen import AttentionConfig, default_config
 from attn_gym_lite.ragged import cu_seqlens_from_lengths, pad_cu_seqlens
 
 HEADS, HEAD_DIM = 16, 128
 VARIANTS = [("flat", 1), ("dynamic", 1), ("dynamic", 2), ("dynamic", 4), ("dynamic", 8),
             ("persistent", 1), ("persistent", 2), ("persistent", 4), ("persistent", 8), ("persistent", 16)]
+
+
+@triton.jit
+def first_task_prefetch(counter, cu_seqlens, chunk_offsets, num_seqs, num_heads, token_capacity,
+                        CHUNK: tl.constexpr, SCHEDULE: tl.constexpr):
+    if SCHEDULE == "dynamic":
+        active = tl.load(chunk_offsets + num_seqs) * num_heads
+        following = tl.num_programs(0) + tl.atomic_add(counter, 1)  # issued now, read after the first task
+        task = tl.where(tl.program_id(0) < active, tl.program_id(0).to(tl.int64) + (following.to(tl.int64) << 32), -1)
+    else:
+        task = tasks.first_task(counter, cu_seqlens, chunk_offsets, num_seqs, num_heads, token_capacity, CHUNK,
+                                SCHEDULE)
+    return task
+
+
+@triton.jit
+def next_task_prefetch(task, counter, chunk_offsets, num_seqs, num_heads, SCHEDULE: tl.constexpr):
+    if SCHEDULE == "dynamic":
+        active = tl.load(chunk_offsets + num_seqs) * num_heads
+        current = (task >> 32).to(tl.int32)
+        following = tl.num_programs(0) + tl.atomic_add(counter, 1)
+        task = tl.where(current < active, current.to(tl.int64) + (following.to(tl.int64) << 32), -1)
+    else:
+        task = tasks.next_task(task, counter, chunk_offsets, num_seqs, num_heads, SCHEDULE)
+    return task
+
+
+@triton.jit
+def task_at_prefetch(task, cu_seqlens, chunk_offsets, num_seqs, token_capacity, SCHEDULE: tl.constexpr):
+    if SCHEDULE == "dynamic":
+        task = (task & 0xFFFFFFFF).to(tl.int32)
+    return tasks.task_at(task, cu_seqlens, chunk_offsets, num_seqs, token_capacity, SCHEDULE)
+
+
+def use_prefetch() -> None:
+    """The attention kernels call the prefetching task functions (before any of them compiles)."""
+    for module in (forward, backward):
+        module.first_task, module.next_task, module.task_at = first_task_prefetch, next_task_prefetch, task_at_prefetch
 
 
 def config(waves: int) -> AttentionConfig:
@@ -79,7 +128,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--budget", type=float, default=150.0)
     parser.add_argument("--iters", type=int, default=20)
+    parser.add_argument("--prefetch", action="store_true", help="dynamic fetches its next task one ahead")
     args = parser.parse_args()
+    if args.prefetch:
+        use_prefetch()
     deadline = time.monotonic() + args.budget
     table = {}  # (sweep, point index) -> {variant: µs}
     for name, (T, N, layouts) in sweep_layouts(0).items():
