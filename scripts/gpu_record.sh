@@ -25,7 +25,9 @@
 #    EXPLORE_S seconds each; EXPLORE="kda" (or "forward") runs one of them only; EXPLORE="short_conv"
 #    runs scripts/explore_short_conv.py (the short-convolution kernels' tiles against the tensor ops);
 #    EXPLORE="backward" runs scripts/explore_atomic_backward.py (one pass with atomic dQ against the
-#    package's deterministic two-pass backward).
+#    package's deterministic two-pass backward); "schedules" and "prefetch" scripts/explore_schedules.py
+#    without and with --prefetch (each in its own process, as it must be); "kda_options"
+#    scripts/explore_kda_split.py (the KDA sub-block kernels' launch options).
 # Everything lands in $OUT: one tarball of recordings per pass, re-made after every suite so that a
 # call killed at its limit still returns what finished, and one tarball of every log of the pass
 # (logs_<PASS>.tar.gz: a device call returns a limited number of files, so logs travel together).
@@ -196,7 +198,9 @@ PY
     X)
       # EXPLORE names which explorations run, in order (default "forward kda"); each gets EXPLORE_S seconds.
       declare -A scripts=([forward]="explore_hopper_forward.py" [kda]="explore_kda.py --budget"
-                          [backward]="explore_atomic_backward.py" [short_conv]="explore_short_conv.py --budget")
+                          [backward]="explore_atomic_backward.py" [short_conv]="explore_short_conv.py --budget"
+                          [schedules]="explore_schedules.py --budget" [prefetch]="explore_schedules.py --prefetch --budget"
+                          [kda_options]="explore_kda_split.py --budget")
       for name in ${EXPLORE:-forward kda}; do
         timeout $(( ${EXPLORE_S:-100} + 30 )) python3 scripts/${scripts[$name]} "${EXPLORE_S:-100}" \
           > "$LOGS/explore_$name.log" 2>&1
