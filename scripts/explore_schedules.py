@@ -30,10 +30,10 @@ overcapture wants 8 waves. Persistent x 8 trades 2-8% on nearly full replays for
 
 ``--prefetch`` (not yet run on a GPU) swaps the dynamic schedule's task functions for ones that
 fetch each worker's next task one task ahead: ``next_task`` returns the task fetched at the end of
-the previous one and issues the atomic for the one after, so the counter's round trip (about a
-microsecond through L2) overlaps a task's work instead of following it. Dynamic lost 5-10% to flat
-on replays of many small tasks (fragmentation at M >= 64, the constant sweep at L = T); if that is
-the atomic's latency, the prefetching dynamic grid could be the one schedule within 2% everywhere.
+the previous one and issues the atomic for the one after, so the counter's round trip overlaps a
+task's work instead of following it. Dynamic x 1 lost 4-10% to flat on replays of many small tasks
+(fragmentation at M >= 128, the constant sweep at L = T, above); if that is the atomic's latency, the
+prefetching dynamic grid could be the one schedule within 2% everywhere.
 The task carries both indices in an int64: the current one in its low 32 bits, the next above.
 Run it in a process of its own (the kernels' globals are replaced before they first compile).
 """
