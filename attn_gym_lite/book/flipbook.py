@@ -76,4 +76,6 @@ def hover(fig) -> str:
     plt.close(fig)
     svg = buffer.getvalue()[buffer.getvalue().index("<svg"):]
     svg = re.sub(r'<g id="tip-(\d+)">', lambda m: f"{m[0]}<title>{html.escape(tips[int(m[1])])}</title>", svg)
-    return f'<div class="hover-figure" style="max-width:100%;overflow-x:auto">{svg}</div>'
+    # Scale down to the column like an image (the SVG has a viewBox), rather than scroll sideways.
+    svg = svg.replace("<svg ", '<svg style="max-width:100%;height:auto" ', 1)
+    return f'<div class="hover-figure">{svg}</div>'
