@@ -5,6 +5,7 @@ import ast
 import importlib
 import importlib.util
 import json
+import re
 from pathlib import Path
 
 import yaml
@@ -41,10 +42,11 @@ def test_book_config_raises_on_notebook_errors():
 
 def test_notebook_prose_shows_its_code_anywhere():
     # Roles and directives render only in the Sphinx build; in Jupyter, Colab or a GitHub preview a
-    # reader would see `{glue:text}` and `{literalinclude}` instead of numbers and code, and every
+    # reader would see `{glue:text}` and `{literalinclude}` instead of numbers and code, `{ref}` roles
+    # and `(label)=` lines instead of links (a section is linked by its heading's slug), and every
     # exercise's answer unfolded (a <details> folds everywhere).
-    markdown = "".join(text for _, text in _cells("markdown"))
-    assert "{glue" not in markdown and "{literalinclude" not in markdown and "{dropdown}" not in markdown
+    markdown = "\n".join(text for _, text in _cells("markdown"))
+    assert not re.search(r"\{(glue|literalinclude|dropdown|ref|doc)[:}]|^\([\w-]+\)=$", markdown, re.MULTILINE)
     spec = importlib.util.spec_from_file_location("sync_prose", ROOT / "scripts" / "sync_prose.py")
     sync = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(sync)
