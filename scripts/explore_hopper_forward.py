@@ -2,6 +2,7 @@
 specialization speed up the ragged attention forward on the H200? Run on the GPU host:
 
     python3 scripts/explore_hopper_forward.py [seconds]
+    python3 scripts/explore_hopper_forward.py --compile   # on any machine: what Triton builds for sm_90
 
 It prints one JSON line per variant and layout, and a table last. Nothing here is used by the
 package; a variant that wins is a lead for the kernels in ``attn_gym_lite/ops/kernels``.
@@ -16,11 +17,25 @@ through a descriptor too, which clips rows past the end. Grid: FlashAttention-2'
 ``(ceil(max_seqlen / BLOCK_M), N * H)`` (chapter 4's ``rect``), so the comparison with the package's
 ``rect`` schedule isolates the load path. Device descriptors need a little global scratch per
 program, which Triton asks ``triton.set_allocator`` for at launch.
+
+``tma_ws4`` is the one variant Triton actually warp-specializes on sm_90. Compiled for the target on
+a CPU (Triton 3.6, as on the GPU host, and 3.9), ``warp_specialize=True`` is ignored at 8 warps (no
+``ttg.warp_specialize`` in the IR: the earlier runs' ``tma_ws`` rows timed the plain kernel) and at 4 warps the pass
+fails on ``tma_forward_kernel``: its early ``return`` for chunks past the sequence breaks it, and a
+loop body with an ``if`` (masks only where a block can hold a hidden key) is left unspecialized. So
+``tma_ws_forward_kernel`` has one loop over key blocks, masks every block, and for a chunk past its
+sequence runs that loop zero times instead of returning (its stores are clipped or masked). At 4
+warps it compiles to 12: a TMA producer and consumer warpgroups, with ``setmaxnreg`` moving registers
+to the consumers (168 registers per thread, no spills, at [128, 64], 2 stages).
 """
 
 import json
 import math
+import os
+import re
+import subprocess
 import sys
+import tempfile
 import time
 
 import torch
@@ -31,7 +46,7 @@ from attn_gym_lite.bench.schedulers import attention_flops, throughput_layouts
 from attn_gym_lite.ops.kernels import AttentionConfig, KernelConfig, default_config, varlen_attention_triton
 from attn_gym_lite.ragged import cu_seqlens_from_lengths
 
-BUDGET_S = float(sys.argv[1]) if len(sys.argv) > 1 else 120.0
+BUDGET_S = float(sys.argv[1]) if len(sys.argv) > 1 and sys.argv[1] != "--compile" else 120.0
 START = time.monotonic()
 
 
@@ -94,14 +109,58 @@ def tma_forward_kernel(Q, K, V, O, LSE, cu_seqlens, stride_t, num_heads, token_c
     tl.store(LSE + head * token_capacity + seq_start + rows, m_i + tl.math.log2(l_i), mask=rows < seq_len)
 
 
+@triton.jit
+def tma_ws_forward_kernel(Q, K, V, O, LSE, cu_seqlens, stride_t, num_heads, token_capacity, qk_scale,
+                          CAUSAL: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr,
+                          BLOCK_N: tl.constexpr):
+    chunk = tl.program_id(0)
+    seq = tl.program_id(1) // num_heads
+    head = tl.program_id(1) % num_heads
+    seq_start = tl.load(cu_seqlens + seq)
+    seq_len = tl.load(cu_seqlens + seq + 1) - seq_start
+    offset = seq_start.to(tl.int64) * stride_t + head * HEAD_DIM
+    q_desc = tl.make_tensor_descriptor(Q + offset, [seq_len, HEAD_DIM], [stride_t, 1], [BLOCK_M, HEAD_DIM])
+    k_desc = tl.make_tensor_descriptor(K + offset, [seq_len, HEAD_DIM], [stride_t, 1], [BLOCK_N, HEAD_DIM])
+    v_desc = tl.make_tensor_descriptor(V + offset, [seq_len, HEAD_DIM], [stride_t, 1], [BLOCK_N, HEAD_DIM])
+    o_desc = tl.make_tensor_descriptor(O + offset, [seq_len, HEAD_DIM], [stride_t, 1], [BLOCK_M, HEAD_DIM])
+    rows = chunk * BLOCK_M + tl.arange(0, BLOCK_M)
+    q = q_desc.load([chunk * BLOCK_M, 0])
+    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
+    hi = tl.minimum(seq_len, chunk * BLOCK_M + BLOCK_M) if CAUSAL else seq_len
+    hi = tl.where(chunk * BLOCK_M < seq_len, hi, 0)  # no return: it stops the warp specialization
+    for start_n in tl.range(0, hi, BLOCK_N, warp_specialize=True):
+        k = k_desc.load([start_n, 0])
+        scores = tl.dot(q, k.T) * qk_scale
+        cols = start_n + tl.arange(0, BLOCK_N)
+        visible = (cols < seq_len)[None, :]
+        if CAUSAL:
+            visible = visible & (cols[None, :] <= rows[:, None])
+        scores = tl.where(visible, scores, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(scores, 1))
+        p = tl.math.exp2(scores - m_new[:, None])
+        alpha = tl.math.exp2(m_i - m_new)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        v = v_desc.load([start_n, 0])
+        acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None])
+        m_i = m_new
+    o_desc.store([chunk * BLOCK_M, 0], (acc / l_i[:, None]).to(O.dtype.element_ty))
+    tl.store(LSE + head * token_capacity + seq_start + rows, m_i + tl.math.log2(l_i), mask=rows < seq_len)
+
+
 def tma_forward(q, k, v, cu, max_seqlen, causal, block_m, block_n, warps, stages, ws):
     T, H, D = q.shape
     out = torch.empty_like(q)
     lse = torch.empty(H, T, device=q.device, dtype=torch.float32)
     grid = (triton.cdiv(max_seqlen, block_m), (cu.numel() - 1) * H)
-    tma_forward_kernel[grid](q, k, v, out, lse, cu, q.stride(0), H, T, 1.4426950408889634 / math.sqrt(D),
-                             CAUSAL=causal, HEAD_DIM=D, BLOCK_M=block_m, BLOCK_N=block_n, WS=ws,
-                             num_warps=warps, num_stages=stages)
+    args = (q, k, v, out, lse, cu, q.stride(0), H, T, 1.4426950408889634 / math.sqrt(D))
+    if ws == "ws4":
+        tma_ws_forward_kernel[grid](*args, CAUSAL=causal, HEAD_DIM=D, BLOCK_M=block_m, BLOCK_N=block_n,
+                                    num_warps=warps, num_stages=stages)
+    else:
+        tma_forward_kernel[grid](*args, CAUSAL=causal, HEAD_DIM=D, BLOCK_M=block_m, BLOCK_N=block_n, WS=ws,
+                                 num_warps=warps, num_stages=stages)
     return out
 
 
@@ -138,8 +197,8 @@ def main():
     rows = []
     base = default_config()
     variants = [("pkg_rect", 128, 64, 8, 3, False), ("pkg_rect", 128, 128, 8, 2, False),
-                ("tma", 128, 64, 8, 3, False), ("tma", 128, 128, 8, 2, False), ("tma", 128, 64, 4, 3, False),
-                ("tma_ws", 128, 64, 8, 3, True), ("tma_ws", 128, 128, 8, 2, True), ("tma_ws", 128, 64, 4, 3, True)]
+                ("tma_ws4", 128, 64, 4, 2, "ws4"), ("tma_ws4", 128, 64, 4, 3, "ws4"), ("tma_ws4", 128, 128, 4, 2, "ws4"),
+                ("tma", 128, 64, 8, 3, False), ("tma", 128, 128, 8, 2, False), ("tma", 128, 64, 4, 3, False)]
     for (name, lengths), causal in [(x, c) for x in throughput_layouts(0).items() for c in (False, True)]:
         cu = cu_seqlens_from_lengths(lengths, device="cuda")
         L, S = int(lengths.sum()), int(lengths.max())
@@ -186,7 +245,40 @@ def main():
     return rows
 
 
-if __name__ == "__main__":
+def compiled_for_sm90():
+    """Each TMA kernel built for sm_90 without a GPU (Triton's own ptxas and cuobjdump): whether the
+    warp specialization happened (a ``ttg.warp_specialize`` op, ``setmaxnreg``), warps, registers,
+    spills and shared memory, or the compiler's failure."""
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    tools = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
+    pointers = {"Q": "*bf16", "K": "*bf16", "V": "*bf16", "O": "*bf16", "LSE": "*fp32", "cu_seqlens": "*i32", "qk_scale": "fp32"}
+    for fn, ws, bn, warps, stages in [(tma_forward_kernel, True, 64, 8, 3), (tma_forward_kernel, True, 64, 4, 3),
+                                      (tma_ws_forward_kernel, None, 64, 4, 2), (tma_ws_forward_kernel, None, 128, 4, 2)]:
+        consts = {"CAUSAL": False, "HEAD_DIM": 128, "BLOCK_M": 128, "BLOCK_N": bn, **({"WS": ws} if ws else {})}
+        source = ASTSource(fn=fn, signature={a: "constexpr" if a in consts else pointers.get(a, "i32") for a in fn.arg_names},
+                           constexprs={(fn.arg_names.index(a),): v for a, v in consts.items()})
+        row = {"kernel": fn.__name__, "tile": [128, bn, warps, stages], "triton": triton.__version__}
+        try:
+            c = triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": warps, "num_stages": stages})
+            with tempfile.NamedTemporaryFile(suffix=".cubin") as cubin:
+                cubin.write(c.asm["cubin"])
+                cubin.flush()
+                usage = subprocess.run([os.path.join(tools, "cuobjdump"), "-res-usage", cubin.name],
+                                       capture_output=True, text=True, check=True).stdout
+            regs, stack = re.search(r"REG:(\d+) STACK:(\d+)", usage).groups()
+            row.update(specialized=c.asm["ttgir"].count("ttg.warp_specialize") > 0, warps=c.metadata.num_warps,
+                       setmaxnreg=sorted(set(re.findall(r"setmaxnreg\.\w+\.sync\.aligned\.u32\s+(\d+)", c.asm["ptx"]))),
+                       registers=int(regs), stack_bytes=int(stack), shared_bytes=c.metadata.shared)
+        except Exception as exc:
+            row["error"] = f"{type(exc).__name__}: {str(exc)[:200]}"
+        print(json.dumps(row), flush=True)
+
+
+if __name__ == "__main__" and sys.argv[1:2] == ["--compile"]:
+    compiled_for_sm90()
+elif __name__ == "__main__":
     rows = main()
     print("\nlayout              causal variant          tile              us      TFLOP/s  maxdiff")
     for r in rows:
