@@ -3,6 +3,7 @@ specialization speed up the ragged attention forward on the H200? Run on the GPU
 
     python3 scripts/explore_hopper_forward.py [seconds]
     python3 scripts/explore_hopper_forward.py --compile   # on any machine: what Triton builds for sm_90
+    TRITON_INTERPRET=1 python3 scripts/explore_hopper_forward.py --check   # the TMA kernels' values, on a CPU
 
 It prints one JSON line per variant and layout, and a table last. Nothing here is used by the
 package; a variant that wins is a lead for the kernels in ``attn_gym_lite/ops/kernels``.
@@ -27,6 +28,12 @@ loop body with an ``if`` (masks only where a block can hold a hidden key) is lef
 sequence runs that loop zero times instead of returning (its stores are clipped or masked). At 4
 warps it compiles to 12: a TMA producer and consumer warpgroups, with ``setmaxnreg`` moving registers
 to the consumers (168 registers per thread, no spills, at [128, 64], 2 stages).
+
+``ws4_flat`` and ``ws4_persistent`` run the same body under the package's flat and persistent
+schedules (``tma_ws_task_kernel``, against ``pkg_flat`` and ``pkg_persistent``): a ``while`` loop
+anywhere before the key loop also stops the specialization, so the tasks are a ``for`` loop and the
+binary search over ``chunk_offsets`` has a fixed trip count. The dynamic schedule needs a ``while``
+loop (its next task comes from an atomic counter), so it is left out.
 """
 
 import json
@@ -44,9 +51,12 @@ import triton.language as tl
 
 from attn_gym_lite.bench.schedulers import attention_flops, throughput_layouts
 from attn_gym_lite.ops.kernels import AttentionConfig, KernelConfig, default_config, varlen_attention_triton
+from attn_gym_lite.ops.kernels.offsets import launch_chunk_offsets
+from attn_gym_lite.ops.kernels.tasks import sequence_bounds
 from attn_gym_lite.ragged import cu_seqlens_from_lengths
+from attn_gym_lite.schedule import launch_grid, num_sms
 
-BUDGET_S = float(sys.argv[1]) if len(sys.argv) > 1 and sys.argv[1] != "--compile" else 120.0
+BUDGET_S = float(sys.argv[1]) if len(sys.argv) > 1 and not sys.argv[1].startswith("--") else 120.0
 START = time.monotonic()
 
 
@@ -149,6 +159,92 @@ def tma_ws_forward_kernel(Q, K, V, O, LSE, cu_seqlens, stride_t, num_heads, toke
     tl.store(LSE + head * token_capacity + seq_start + rows, m_i + tl.math.log2(l_i), mask=rows < seq_len)
 
 
+@triton.jit
+def _find_sequence_unrolled(chunk_offsets, flat_chunk, num_seqs, LOG2_SEQS: tl.constexpr):
+    # The package's binary search (tasks.find_sequence) with a fixed trip count: a while loop in
+    # the task prologue stops the warp specialization of the key loop after it.
+    lo = 0
+    hi = num_seqs
+    for _ in tl.static_range(LOG2_SEQS):
+        halving = hi - lo > 1
+        mid = (lo + hi) // 2
+        owns = tl.load(chunk_offsets + mid) <= flat_chunk
+        lo = tl.where(halving & owns, mid, lo)
+        hi = tl.where(halving & ~owns, mid, hi)
+    return lo
+
+
+@triton.jit
+def tma_ws_task_kernel(Q, K, V, O, LSE, cu_seqlens, chunk_offsets, stride_t, num_seqs, num_heads, token_capacity,
+                       qk_scale, CAUSAL: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr,
+                       BLOCK_N: tl.constexpr, SCHEDULE: tl.constexpr, LOG2_SEQS: tl.constexpr):
+    # tma_ws_forward_kernel's body under the package's rect, flat and persistent schedules
+    # (attn_gym_lite.ops.kernels.tasks), written so that Triton still warp-specializes the key loop:
+    # the tasks as a for loop (a while loop stops it; so dynamic, which needs one, is left out).
+    active = tl.load(chunk_offsets + num_seqs)  # active chunks per head
+    if SCHEDULE == "rect":
+        seq_start, seq_len = sequence_bounds(cu_seqlens, tl.program_id(1), token_capacity)
+        first = tl.where(tl.program_id(0) * BLOCK_M < seq_len, 0, 1)
+        end, step = 1, 1
+    elif SCHEDULE == "flat":
+        first = tl.where(tl.program_id(0) < active, 0, 1)
+        end, step = 1, 1
+    else:
+        first, end, step = tl.program_id(0), active * num_heads, tl.num_programs(0)
+    for task in range(first, end, step):
+        if SCHEDULE == "rect":
+            chunk, seq, head = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+        else:
+            flat = tl.program_id(0) if SCHEDULE == "flat" else task % active
+            head = tl.program_id(1) if SCHEDULE == "flat" else task // active
+            seq = _find_sequence_unrolled(chunk_offsets, flat, num_seqs, LOG2_SEQS)
+            chunk = flat - tl.load(chunk_offsets + seq)
+        seq_start, seq_len = sequence_bounds(cu_seqlens, seq, token_capacity)
+        offset = seq_start.to(tl.int64) * stride_t + head * HEAD_DIM
+        q_desc = tl.make_tensor_descriptor(Q + offset, [seq_len, HEAD_DIM], [stride_t, 1], [BLOCK_M, HEAD_DIM])
+        k_desc = tl.make_tensor_descriptor(K + offset, [seq_len, HEAD_DIM], [stride_t, 1], [BLOCK_N, HEAD_DIM])
+        v_desc = tl.make_tensor_descriptor(V + offset, [seq_len, HEAD_DIM], [stride_t, 1], [BLOCK_N, HEAD_DIM])
+        o_desc = tl.make_tensor_descriptor(O + offset, [seq_len, HEAD_DIM], [stride_t, 1], [BLOCK_M, HEAD_DIM])
+        rows = chunk * BLOCK_M + tl.arange(0, BLOCK_M)
+        q = q_desc.load([chunk * BLOCK_M, 0])
+        m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+        l_i = tl.zeros([BLOCK_M], tl.float32)
+        acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
+        hi = tl.minimum(seq_len, chunk * BLOCK_M + BLOCK_M) if CAUSAL else seq_len
+        for start_n in tl.range(0, hi, BLOCK_N, warp_specialize=True):
+            k = k_desc.load([start_n, 0])
+            scores = tl.dot(q, k.T) * qk_scale
+            cols = start_n + tl.arange(0, BLOCK_N)
+            visible = (cols < seq_len)[None, :]
+            if CAUSAL:
+                visible = visible & (cols[None, :] <= rows[:, None])
+            scores = tl.where(visible, scores, float("-inf"))
+            m_new = tl.maximum(m_i, tl.max(scores, 1))
+            p = tl.math.exp2(scores - m_new[:, None])
+            alpha = tl.math.exp2(m_i - m_new)
+            l_i = l_i * alpha + tl.sum(p, 1)
+            v = v_desc.load([start_n, 0])
+            acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None])
+            m_i = m_new
+        o_desc.store([chunk * BLOCK_M, 0], (acc / l_i[:, None]).to(O.dtype.element_ty))
+        tl.store(LSE + head * token_capacity + seq_start + rows, m_i + tl.math.log2(l_i), mask=rows < seq_len)
+
+
+def tma_ws_scheduled(q, k, v, cu, max_seqlen, causal, block_m, block_n, warps, stages, schedule):
+    """``tma_ws_task_kernel`` on the package's grid and ``chunk_offsets`` for ``schedule``."""
+    T, H, D = q.shape
+    N = cu.numel() - 1
+    out = torch.empty_like(q)
+    lse = torch.empty(H, T, device=q.device, dtype=torch.float32)
+    offsets = launch_chunk_offsets(cu, block_m, token_capacity=T)
+    sms = num_sms(q.device) if q.is_cuda else 4
+    grid = launch_grid(schedule, T=T, N=N, C=block_m, heads=H, max_seqlen=max_seqlen, num_sms=sms, ctas_per_sm=1)
+    tma_ws_task_kernel[grid](q, k, v, out, lse, cu, offsets, q.stride(0), N, H, T, 1.4426950408889634 / math.sqrt(D),
+                             CAUSAL=causal, HEAD_DIM=D, BLOCK_M=block_m, BLOCK_N=block_n, SCHEDULE=schedule,
+                             LOG2_SEQS=max(N, 1).bit_length(), num_warps=warps, num_stages=stages)
+    return out
+
+
 def tma_forward(q, k, v, cu, max_seqlen, causal, block_m, block_n, warps, stages, ws):
     T, H, D = q.shape
     out = torch.empty_like(q)
@@ -198,6 +294,8 @@ def main():
     base = default_config()
     variants = [("pkg_rect", 128, 64, 8, 3, False), ("pkg_rect", 128, 128, 8, 2, False),
                 ("tma_ws4", 128, 64, 4, 2, "ws4"), ("tma_ws4", 128, 64, 4, 3, "ws4"), ("tma_ws4", 128, 128, 4, 2, "ws4"),
+                ("ws4_flat", 128, 64, 4, 2, "flat"), ("ws4_persistent", 128, 64, 4, 2, "persistent"),
+                ("pkg_flat", 128, 64, 8, 3, "flat"), ("pkg_persistent", 128, 64, 8, 3, "persistent"),
                 ("tma", 128, 64, 8, 3, False), ("tma", 128, 128, 8, 2, False), ("tma", 128, 64, 4, 3, False)]
     for (name, lengths), causal in [(x, c) for x in throughput_layouts(0).items() for c in (False, True)]:
         cu = cu_seqlens_from_lengths(lengths, device="cuda")
@@ -212,7 +310,13 @@ def main():
                 return rows
             row = {"layout": name, "causal": causal, "variant": kind, "tile": [bm, bn, w, st]}
             try:
-                if kind == "pkg_rect":
+                if kind in ("pkg_flat", "pkg_persistent"):
+                    def fn():
+                        return varlen_attention_triton(q, k, v, cu, causal=causal, schedule=ws, config=base)
+                elif kind.startswith("ws4_"):
+                    def fn():
+                        return tma_ws_scheduled(q, k, v, cu, S, causal, bm, bn, w, st, ws)
+                elif kind == "pkg_rect":
                     cfg = AttentionConfig(KernelConfig(bm, bn, num_warps=w, num_stages=st), base.dq, base.dkdv)
                     def fn():
                         return varlen_attention_triton(q, k, v, cu, causal=causal, schedule="rect", max_seqlen=S,
@@ -253,13 +357,16 @@ def compiled_for_sm90():
     from triton.compiler import ASTSource
 
     tools = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
-    pointers = {"Q": "*bf16", "K": "*bf16", "V": "*bf16", "O": "*bf16", "LSE": "*fp32", "cu_seqlens": "*i32", "qk_scale": "fp32"}
-    for fn, ws, bn, warps, stages in [(tma_forward_kernel, True, 64, 8, 3), (tma_forward_kernel, True, 64, 4, 3),
-                                      (tma_ws_forward_kernel, None, 64, 4, 2), (tma_ws_forward_kernel, None, 128, 4, 2)]:
-        consts = {"CAUSAL": False, "HEAD_DIM": 128, "BLOCK_M": 128, "BLOCK_N": bn, **({"WS": ws} if ws else {})}
+    pointers = {"Q": "*bf16", "K": "*bf16", "V": "*bf16", "O": "*bf16", "LSE": "*fp32", "cu_seqlens": "*i32",
+                "chunk_offsets": "*i32", "qk_scale": "fp32"}
+    for fn, extra, bn, warps, stages in [
+            (tma_forward_kernel, {"WS": True}, 64, 8, 3), (tma_forward_kernel, {"WS": True}, 64, 4, 3),
+            (tma_ws_forward_kernel, {}, 64, 4, 2), (tma_ws_forward_kernel, {}, 128, 4, 2),
+            *((tma_ws_task_kernel, {"SCHEDULE": s, "LOG2_SEQS": 9}, 64, 4, 2) for s in ("rect", "flat", "persistent"))]:
+        consts = {"CAUSAL": False, "HEAD_DIM": 128, "BLOCK_M": 128, "BLOCK_N": bn, **extra}
         source = ASTSource(fn=fn, signature={a: "constexpr" if a in consts else pointers.get(a, "i32") for a in fn.arg_names},
                            constexprs={(fn.arg_names.index(a),): v for a, v in consts.items()})
-        row = {"kernel": fn.__name__, "tile": [128, bn, warps, stages], "triton": triton.__version__}
+        row = {"kernel": fn.__name__, **extra, "tile": [128, bn, warps, stages], "triton": triton.__version__}
         try:
             c = triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": warps, "num_stages": stages})
             with tempfile.NamedTemporaryFile(suffix=".cubin") as cubin:
@@ -276,8 +383,33 @@ def compiled_for_sm90():
         print(json.dumps(row), flush=True)
 
 
+def check_in_interpreter():
+    """Each TMA variant against a float64 softmax per sequence, float32 on the CPU (Triton's
+    interpreter), ragged layouts with capacity past the last sequence, causal and not."""
+    H, D = 2, 16
+    torch.manual_seed(0)
+    worst = 0.0
+    for lengths in ([5, 40, 17, 1], [33], [16, 16, 3]):
+        cu = cu_seqlens_from_lengths(torch.tensor(lengths))
+        q, k, v = (torch.randn(sum(lengths) + 7, H, D) for _ in range(3))
+        for causal in (False, True):
+            outs = [tma_forward(q, k, v, cu, max(lengths), causal, 16, 16, 4, 2, ws) for ws in (False, "ws4")]
+            outs += [tma_ws_scheduled(q, k, v, cu, max(lengths), causal, 16, 16, 4, 2, s) for s in ("rect", "flat", "persistent")]
+            for a, b in zip(cu[:-1].tolist(), cu[1:].tolist()):
+                qq, kk, vv = (x[a:b].double().transpose(0, 1) for x in (q, k, v))
+                scores = qq @ kk.transpose(1, 2) / D ** 0.5
+                if causal:
+                    scores = scores.masked_fill(torch.ones(b - a, b - a, dtype=torch.bool).triu(1), float("-inf"))
+                ref = (scores.softmax(-1) @ vv).transpose(0, 1)
+                worst = max([worst] + [float((out[a:b].double() - ref).abs().max()) for out in outs])
+    print(json.dumps({"variants": ["tma", "tma_ws4", "ws4_rect", "ws4_flat", "ws4_persistent"], "max_abs_diff": worst}))
+    assert worst < 1e-5, worst
+
+
 if __name__ == "__main__" and sys.argv[1:2] == ["--compile"]:
     compiled_for_sm90()
+elif __name__ == "__main__" and sys.argv[1:2] == ["--check"]:
+    check_in_interpreter()
 elif __name__ == "__main__":
     rows = main()
     print("\nlayout              causal variant          tile              us      TFLOP/s  maxdiff")
