@@ -120,14 +120,10 @@ def tma_forward_kernel(Q, K, V, O, LSE, cu_seqlens, stride_t, num_heads, token_c
 
 
 @triton.jit
-def tma_ws_forward_kernel(Q, K, V, O, LSE, cu_seqlens, stride_t, num_heads, token_capacity, qk_scale,
-                          CAUSAL: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr,
-                          BLOCK_N: tl.constexpr):
-    chunk = tl.program_id(0)
-    seq = tl.program_id(1) // num_heads
-    head = tl.program_id(1) % num_heads
-    seq_start = tl.load(cu_seqlens + seq)
-    seq_len = tl.load(cu_seqlens + seq + 1) - seq_start
+def _ws_forward_chunk(Q, K, V, O, LSE, seq_start, seq_len, chunk, head, stride_t, token_capacity, qk_scale,
+                      CAUSAL: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    # One query chunk, written so that Triton warp-specializes its key loop on sm_90: one loop that
+    # masks every block; a chunk past its sequence runs it zero times (a return stops the pass).
     offset = seq_start.to(tl.int64) * stride_t + head * HEAD_DIM
     q_desc = tl.make_tensor_descriptor(Q + offset, [seq_len, HEAD_DIM], [stride_t, 1], [BLOCK_M, HEAD_DIM])
     k_desc = tl.make_tensor_descriptor(K + offset, [seq_len, HEAD_DIM], [stride_t, 1], [BLOCK_N, HEAD_DIM])
@@ -139,7 +135,7 @@ def tma_ws_forward_kernel(Q, K, V, O, LSE, cu_seqlens, stride_t, num_heads, toke
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
     hi = tl.minimum(seq_len, chunk * BLOCK_M + BLOCK_M) if CAUSAL else seq_len
-    hi = tl.where(chunk * BLOCK_M < seq_len, hi, 0)  # no return: it stops the warp specialization
+    hi = tl.where(chunk * BLOCK_M < seq_len, hi, 0)
     for start_n in tl.range(0, hi, BLOCK_N, warp_specialize=True):
         k = k_desc.load([start_n, 0])
         scores = tl.dot(q, k.T) * qk_scale
@@ -157,6 +153,17 @@ def tma_ws_forward_kernel(Q, K, V, O, LSE, cu_seqlens, stride_t, num_heads, toke
         m_i = m_new
     o_desc.store([chunk * BLOCK_M, 0], (acc / l_i[:, None]).to(O.dtype.element_ty))
     tl.store(LSE + head * token_capacity + seq_start + rows, m_i + tl.math.log2(l_i), mask=rows < seq_len)
+
+
+@triton.jit
+def tma_ws_forward_kernel(Q, K, V, O, LSE, cu_seqlens, stride_t, num_heads, token_capacity, qk_scale,
+                          CAUSAL: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr,
+                          BLOCK_N: tl.constexpr):
+    seq = tl.program_id(1) // num_heads
+    seq_start = tl.load(cu_seqlens + seq)
+    _ws_forward_chunk(Q, K, V, O, LSE, seq_start, tl.load(cu_seqlens + seq + 1) - seq_start, tl.program_id(0),
+                      tl.program_id(1) % num_heads, stride_t, token_capacity, qk_scale, CAUSAL, HEAD_DIM, BLOCK_M,
+                      BLOCK_N)
 
 
 @triton.jit
@@ -200,34 +207,8 @@ def tma_ws_task_kernel(Q, K, V, O, LSE, cu_seqlens, chunk_offsets, stride_t, num
             seq = _find_sequence_unrolled(chunk_offsets, flat, num_seqs, LOG2_SEQS)
             chunk = flat - tl.load(chunk_offsets + seq)
         seq_start, seq_len = sequence_bounds(cu_seqlens, seq, token_capacity)
-        offset = seq_start.to(tl.int64) * stride_t + head * HEAD_DIM
-        q_desc = tl.make_tensor_descriptor(Q + offset, [seq_len, HEAD_DIM], [stride_t, 1], [BLOCK_M, HEAD_DIM])
-        k_desc = tl.make_tensor_descriptor(K + offset, [seq_len, HEAD_DIM], [stride_t, 1], [BLOCK_N, HEAD_DIM])
-        v_desc = tl.make_tensor_descriptor(V + offset, [seq_len, HEAD_DIM], [stride_t, 1], [BLOCK_N, HEAD_DIM])
-        o_desc = tl.make_tensor_descriptor(O + offset, [seq_len, HEAD_DIM], [stride_t, 1], [BLOCK_M, HEAD_DIM])
-        rows = chunk * BLOCK_M + tl.arange(0, BLOCK_M)
-        q = q_desc.load([chunk * BLOCK_M, 0])
-        m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
-        l_i = tl.zeros([BLOCK_M], tl.float32)
-        acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
-        hi = tl.minimum(seq_len, chunk * BLOCK_M + BLOCK_M) if CAUSAL else seq_len
-        for start_n in tl.range(0, hi, BLOCK_N, warp_specialize=True):
-            k = k_desc.load([start_n, 0])
-            scores = tl.dot(q, k.T) * qk_scale
-            cols = start_n + tl.arange(0, BLOCK_N)
-            visible = (cols < seq_len)[None, :]
-            if CAUSAL:
-                visible = visible & (cols[None, :] <= rows[:, None])
-            scores = tl.where(visible, scores, float("-inf"))
-            m_new = tl.maximum(m_i, tl.max(scores, 1))
-            p = tl.math.exp2(scores - m_new[:, None])
-            alpha = tl.math.exp2(m_i - m_new)
-            l_i = l_i * alpha + tl.sum(p, 1)
-            v = v_desc.load([start_n, 0])
-            acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None])
-            m_i = m_new
-        o_desc.store([chunk * BLOCK_M, 0], (acc / l_i[:, None]).to(O.dtype.element_ty))
-        tl.store(LSE + head * token_capacity + seq_start + rows, m_i + tl.math.log2(l_i), mask=rows < seq_len)
+        _ws_forward_chunk(Q, K, V, O, LSE, seq_start, seq_len, chunk, head, stride_t, token_capacity, qk_scale,
+                          CAUSAL, HEAD_DIM, BLOCK_M, BLOCK_N)
 
 
 def tma_ws_scheduled(q, k, v, cu, max_seqlen, causal, block_m, block_n, warps, stages, schedule):

@@ -27,7 +27,8 @@
 #    EXPLORE="backward" runs scripts/explore_atomic_backward.py (one pass with atomic dQ against the
 #    package's deterministic two-pass backward); "schedules" and "prefetch" scripts/explore_schedules.py
 #    without and with --prefetch (each in its own process, as it must be); "kda_options"
-#    scripts/explore_kda_split.py (the KDA sub-block kernels' launch options).
+#    scripts/explore_kda_split.py (the KDA sub-block kernels' launch options); "backward_ws"
+#    scripts/explore_hopper_backward.py (the backward warp-specialized, against the package's).
 # Everything lands in $OUT: one tarball of recordings per pass, re-made after every suite so that a
 # call killed at its limit still returns what finished, and one tarball of every log of the pass
 # (logs_<PASS>.tar.gz: a device call returns a limited number of files, so logs travel together).
@@ -200,7 +201,7 @@ PY
       declare -A scripts=([forward]="explore_hopper_forward.py" [kda]="explore_kda.py --budget"
                           [backward]="explore_atomic_backward.py" [short_conv]="explore_short_conv.py --budget"
                           [schedules]="explore_schedules.py --budget" [prefetch]="explore_schedules.py --prefetch --budget"
-                          [kda_options]="explore_kda_split.py --budget")
+                          [kda_options]="explore_kda_split.py --budget" [backward_ws]="explore_hopper_backward.py")
       for name in ${EXPLORE:-forward kda}; do
         timeout $(( ${EXPLORE_S:-100} + 30 )) python3 scripts/${scripts[$name]} "${EXPLORE_S:-100}" \
           > "$LOGS/explore_$name.log" 2>&1
