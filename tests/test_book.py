@@ -41,10 +41,8 @@ def test_book_config_raises_on_notebook_errors():
 
 
 def test_notebook_prose_shows_its_code_anywhere():
-    # Roles and directives render only in the Sphinx build; in Jupyter, Colab or a GitHub preview a
-    # reader would see `{glue:text}` and `{literalinclude}` instead of numbers and code, `{ref}` roles
-    # and `(label)=` lines instead of links (a section is linked by its heading's slug), and every
-    # exercise's answer unfolded (a <details> folds everywhere).
+    # Outside the Sphinx build (Jupyter, Colab, GitHub) roles, directives and `(label)=` lines show raw:
+    # values, listings and links (to a heading's slug) are plain Markdown; answers fold in <details>.
     markdown = "\n".join(text for _, text in _cells("markdown"))
     assert not re.search(r"\{(glue|literalinclude|dropdown|ref|doc)[:}]|^\([\w-]+\)=$", markdown, re.MULTILINE)
     spec = importlib.util.spec_from_file_location("sync_prose", ROOT / "scripts" / "sync_prose.py")
