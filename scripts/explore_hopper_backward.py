@@ -13,10 +13,13 @@ through per-sequence tensor descriptors, 4 warps, one loop per kernel that masks
 early return and no ``while`` before the loop. Two more things, found by compiling for sm_90 with
 Triton 3.6 (``--compile``): the dQ kernel specializes only with 64 x 64 tiles and with
 ``delta = rowsum(dO * O)`` computed beforehand (``delta_kernel``; the package's dQ pass computes it in
-its prologue), and the dK/dV kernel at 64 x 128 (the package's tiles) but not 128 x 128. Grid:
-the rectangle (``rect``), so the comparison with the package's ``rect`` isolates the kernel body.
+its prologue), and the dK/dV kernel at 64 x 128 (the package's tiles) but not 128 x 128. ``ws_rect``
+runs them on the rectangle, so the comparison with the package's ``rect`` isolates the kernel body;
+``ws_flat`` and ``ws_persistent`` run the same chunk functions on the package's flat and persistent
+grids (tasks as a ``for`` loop, as in the forward exploration), against ``pkg_flat`` and ``pkg_auto``.
 """
 
+import itertools
 import json
 import math
 import os
@@ -29,10 +32,14 @@ import time
 import torch
 import triton
 import triton.language as tl
+from explore_hopper_forward import _find_sequence_unrolled, event_us  # scripts/ is on sys.path
 
 from attn_gym_lite.bench.schedulers import attention_flops, throughput_layouts
 from attn_gym_lite.ops.kernels import default_config
+from attn_gym_lite.ops.kernels.offsets import launch_chunk_offsets
+from attn_gym_lite.ops.kernels.tasks import sequence_bounds
 from attn_gym_lite.ragged import cu_seqlens_from_lengths
+from attn_gym_lite.schedule import launch_grid, num_sms
 
 BUDGET_S = float(sys.argv[1]) if len(sys.argv) > 1 and not sys.argv[1].startswith("--") else 120.0
 START = time.monotonic()
@@ -61,11 +68,8 @@ def _descriptor(ptr, offset, seq_len, stride_t, ROWS: tl.constexpr, HEAD_DIM: tl
 
 
 @triton.jit
-def ws_dq_kernel(Q, K, V, DO, DQ, LSE, DELTA, cu_seqlens, stride_t, num_heads, token_capacity, qk_scale, sm_scale,
-                 CAUSAL: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
-    chunk, seq, head = tl.program_id(0), tl.program_id(1) // num_heads, tl.program_id(1) % num_heads
-    seq_start = tl.load(cu_seqlens + seq)
-    seq_len = tl.load(cu_seqlens + seq + 1) - seq_start
+def _ws_dq_chunk(Q, K, V, DO, DQ, LSE, DELTA, seq_start, seq_len, chunk, head, stride_t, token_capacity, qk_scale,
+                 sm_scale, CAUSAL: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     offset = seq_start.to(tl.int64) * stride_t + head * HEAD_DIM
     k_desc = _descriptor(K, offset, seq_len, stride_t, BLOCK_N, HEAD_DIM)
     v_desc = _descriptor(V, offset, seq_len, stride_t, BLOCK_N, HEAD_DIM)
@@ -95,12 +99,9 @@ def ws_dq_kernel(Q, K, V, DO, DQ, LSE, DELTA, cu_seqlens, stride_t, num_heads, t
 
 
 @triton.jit
-def ws_dkdv_kernel(Q, K, V, DO, DK, DV, LSE, DELTA, cu_seqlens, stride_t, num_heads, token_capacity, qk_scale,
-                   sm_scale, CAUSAL: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr,
+def _ws_dkdv_chunk(Q, K, V, DO, DK, DV, LSE, DELTA, seq_start, seq_len, chunk, head, stride_t, token_capacity,
+                   qk_scale, sm_scale, CAUSAL: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr,
                    BLOCK_N: tl.constexpr):
-    chunk, seq, head = tl.program_id(0), tl.program_id(1) // num_heads, tl.program_id(1) % num_heads
-    seq_start = tl.load(cu_seqlens + seq)
-    seq_len = tl.load(cu_seqlens + seq + 1) - seq_start
     offset = seq_start.to(tl.int64) * stride_t + head * HEAD_DIM
     q_desc = _descriptor(Q, offset, seq_len, stride_t, BLOCK_M, HEAD_DIM)
     do_desc = _descriptor(DO, offset, seq_len, stride_t, BLOCK_M, HEAD_DIM)
@@ -132,6 +133,54 @@ def ws_dkdv_kernel(Q, K, V, DO, DK, DV, LSE, DELTA, cu_seqlens, stride_t, num_he
     _descriptor(DV, offset, seq_len, stride_t, BLOCK_N, HEAD_DIM).store([chunk * BLOCK_N, 0], dv.to(DV.dtype.element_ty))
 
 
+@triton.jit
+def ws_dq_kernel(Q, K, V, DO, DQ, LSE, DELTA, cu_seqlens, stride_t, num_heads, token_capacity, qk_scale, sm_scale,
+                 CAUSAL: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    seq = tl.program_id(1) // num_heads
+    seq_start = tl.load(cu_seqlens + seq)
+    _ws_dq_chunk(Q, K, V, DO, DQ, LSE, DELTA, seq_start, tl.load(cu_seqlens + seq + 1) - seq_start, tl.program_id(0),
+                 tl.program_id(1) % num_heads, stride_t, token_capacity, qk_scale, sm_scale, CAUSAL, HEAD_DIM, BLOCK_M,
+                 BLOCK_N)
+
+
+@triton.jit
+def ws_dkdv_kernel(Q, K, V, DO, DK, DV, LSE, DELTA, cu_seqlens, stride_t, num_heads, token_capacity, qk_scale,
+                   sm_scale, CAUSAL: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr,
+                   BLOCK_N: tl.constexpr):
+    seq = tl.program_id(1) // num_heads
+    seq_start = tl.load(cu_seqlens + seq)
+    _ws_dkdv_chunk(Q, K, V, DO, DK, DV, LSE, DELTA, seq_start, tl.load(cu_seqlens + seq + 1) - seq_start,
+                   tl.program_id(0), tl.program_id(1) % num_heads, stride_t, token_capacity, qk_scale, sm_scale,
+                   CAUSAL, HEAD_DIM, BLOCK_M, BLOCK_N)
+
+
+@triton.jit
+def ws_backward_task_kernel(Q, K, V, DO, DQ, DK, DV, LSE, DELTA, cu_seqlens, chunk_offsets, stride_t, num_seqs,
+                            num_heads, token_capacity, qk_scale, sm_scale, PASS: tl.constexpr, CAUSAL: tl.constexpr,
+                            HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                            SCHEDULE: tl.constexpr, LOG2_SEQS: tl.constexpr):
+    # Both passes under the flat or persistent schedule, tasks as a for loop (see
+    # explore_hopper_forward.tma_ws_task_kernel): dQ over chunks of BLOCK_M queries, dK/dV over
+    # chunks of BLOCK_N keys (chunk_offsets built with that chunk size).
+    active = tl.load(chunk_offsets + num_seqs)
+    if SCHEDULE == "flat":
+        first, end, step = tl.where(tl.program_id(0) < active, 0, 1), 1, 1
+    else:
+        first, end, step = tl.program_id(0), active * num_heads, tl.num_programs(0)
+    for task in range(first, end, step):
+        flat = tl.program_id(0) if SCHEDULE == "flat" else task % active
+        head = tl.program_id(1) if SCHEDULE == "flat" else task // active
+        seq = _find_sequence_unrolled(chunk_offsets, flat, num_seqs, LOG2_SEQS)
+        seq_start, seq_len = sequence_bounds(cu_seqlens, seq, token_capacity)
+        chunk = flat - tl.load(chunk_offsets + seq)
+        if PASS == "dq":
+            _ws_dq_chunk(Q, K, V, DO, DQ, LSE, DELTA, seq_start, seq_len, chunk, head, stride_t, token_capacity,
+                         qk_scale, sm_scale, CAUSAL, HEAD_DIM, BLOCK_M, BLOCK_N)
+        else:
+            _ws_dkdv_chunk(Q, K, V, DO, DK, DV, LSE, DELTA, seq_start, seq_len, chunk, head, stride_t,
+                           token_capacity, qk_scale, sm_scale, CAUSAL, HEAD_DIM, BLOCK_M, BLOCK_N)
+
+
 TILES = {"dq": (64, 64, 4, 2), "dkdv": (64, 128, 4, 2)}  # BLOCK_M, BLOCK_N, warps, stages
 
 
@@ -152,6 +201,28 @@ def ws_backward(do, q, k, v, out, lse, cu, max_seqlen, causal, tiles=TILES):
     ws_dkdv_kernel[(triton.cdiv(max_seqlen, bn), N * H)](q, k, v, do, dk, dv, lse, delta, *args,
                                                          sm_scale * math.log2(math.e), sm_scale, CAUSAL=causal,
                                                          HEAD_DIM=D, BLOCK_M=bm, BLOCK_N=bn, num_warps=w, num_stages=st)
+    return dq, dk, dv
+
+
+def ws_backward_scheduled(do, q, k, v, out, lse, cu, causal, schedule, tiles=TILES):
+    """The same three kernels' work, dQ and dK/dV on the package's flat or persistent grid."""
+    T, H, D = q.shape
+    N = cu.numel() - 1
+    dq, dk, dv = (torch.empty_like(q) for _ in range(3))
+    delta = torch.empty(H, T, device=q.device, dtype=torch.float32)
+    sm_scale = 1.0 / math.sqrt(D)
+    max_seqlen = T  # the delta kernel's rectangle covers any layout
+    delta_kernel[(triton.cdiv(max_seqlen, 64), N * H)](out, do, delta, cu, q.stride(0), H, T, HEAD_DIM=D, BLOCK_M=64)
+    sms = num_sms(q.device) if q.is_cuda else 4
+    for name in ("dq", "dkdv"):
+        bm, bn, w, st = tiles[name]
+        chunk = bm if name == "dq" else bn
+        grid = launch_grid(schedule, T=T, N=N, C=chunk, heads=H, num_sms=sms, ctas_per_sm=1)
+        ws_backward_task_kernel[grid](q, k, v, do, dq, dk, dv, lse, delta, cu,
+                                      launch_chunk_offsets(cu, chunk, token_capacity=T), q.stride(0), N, H, T,
+                                      sm_scale * math.log2(math.e), sm_scale, PASS=name, CAUSAL=causal, HEAD_DIM=D,
+                                      BLOCK_M=bm, BLOCK_N=bn, SCHEDULE=schedule, LOG2_SEQS=max(N, 1).bit_length(),
+                                      num_warps=w, num_stages=st)
     return dq, dk, dv
 
 
@@ -178,8 +249,9 @@ def check_in_interpreter():
         q, k, v, do = (torch.randn(sum(lengths) + 7, H, D) for _ in range(4))
         for causal in (False, True):
             out, lse = package_forward(q, k, v, cu, causal)
-            grads = ws_backward(do, q, k, v, out, lse, cu, max(lengths), causal, tiles)
-            for a, b in zip(cu[:-1].tolist(), cu[1:].tolist()):
+            runs = [ws_backward(do, q, k, v, out, lse, cu, max(lengths), causal, tiles)]
+            runs += [ws_backward_scheduled(do, q, k, v, out, lse, cu, causal, s, tiles) for s in ("flat", "persistent")]
+            for (a, b), grads in itertools.product(zip(cu[:-1].tolist(), cu[1:].tolist()), runs):
                 leaves = [x[a:b].double().transpose(0, 1).requires_grad_() for x in (q, k, v)]
                 scores = leaves[0] @ leaves[1].transpose(1, 2) / D ** 0.5
                 if causal:
@@ -187,7 +259,8 @@ def check_in_interpreter():
                 (scores.softmax(-1) @ leaves[2]).backward(do[a:b].double().transpose(0, 1))
                 worst = max([worst] + [float((g[a:b].double() - x.grad.transpose(0, 1)).abs().max())
                                        for g, x in zip(grads, leaves)])
-    print(json.dumps({"kernels": ["delta", "ws_dq", "ws_dkdv"], "max_abs_diff": worst}))
+    print(json.dumps({"kernels": ["delta", "ws_dq", "ws_dkdv", "ws_backward_task (flat, persistent)"],
+                      "max_abs_diff": worst}))
     assert worst < 1e-4, worst
 
 
@@ -198,16 +271,19 @@ def compiled_for_sm90():
     from triton.compiler import ASTSource
 
     tools = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
-    pointers = {"LSE": "*fp32", "DELTA": "*fp32", "cu_seqlens": "*i32", "qk_scale": "fp32", "sm_scale": "fp32"}
-    for fn, bm, bn in [(ws_dq_kernel, 64, 64), (ws_dq_kernel, 128, 64), (ws_dkdv_kernel, 64, 128),
-                       (ws_dkdv_kernel, 128, 128)]:
+    pointers = {"LSE": "*fp32", "DELTA": "*fp32", "cu_seqlens": "*i32", "chunk_offsets": "*i32", "qk_scale": "fp32",
+                "sm_scale": "fp32"}
+    tasks = [(ws_backward_task_kernel, bm, bn, {"PASS": p, "SCHEDULE": s, "LOG2_SEQS": 9})
+             for p, bm, bn in (("dq", 64, 64), ("dkdv", 64, 128)) for s in ("flat", "persistent")]
+    for fn, bm, bn, extra in [(ws_dq_kernel, 64, 64, {}), (ws_dq_kernel, 128, 64, {}), (ws_dkdv_kernel, 64, 128, {}),
+                              (ws_dkdv_kernel, 128, 128, {}), *tasks]:
         for causal in (False, True):
-            consts = {"CAUSAL": causal, "HEAD_DIM": 128, "BLOCK_M": bm, "BLOCK_N": bn}
+            consts = {"CAUSAL": causal, "HEAD_DIM": 128, "BLOCK_M": bm, "BLOCK_N": bn, **extra}
             signature = {a: "constexpr" if a in consts else pointers.get(a, "*bf16" if a.isupper() else "i32")
                          for a in fn.arg_names}
             source = ASTSource(fn=fn, signature=signature,
                                constexprs={(fn.arg_names.index(a),): value for a, value in consts.items()})
-            row = {"kernel": fn.__name__, "causal": causal, "tile": [bm, bn, 4, 2], "triton": triton.__version__}
+            row = {"kernel": fn.__name__, **extra, "causal": causal, "tile": [bm, bn, 4, 2], "triton": triton.__version__}
             try:
                 c = triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4, "num_stages": 2})
                 with tempfile.NamedTemporaryFile(suffix=".cubin") as cubin:
@@ -224,8 +300,6 @@ def compiled_for_sm90():
 
 
 def main():
-    from explore_hopper_forward import event_us  # back-to-back calls between two events (scripts/ is on sys.path)
-
     triton.set_allocator(lambda size, alignment, stream: torch.empty(size, device="cuda", dtype=torch.int8))
     H, D = 16, 128
     rows = []
@@ -241,7 +315,9 @@ def main():
         variants = {"pkg_rect": lambda: package_backward(do, q, k, v, out, lse, cu, causal, "rect", S),
                     "pkg_flat": lambda: package_backward(do, q, k, v, out, lse, cu, causal, "flat"),
                     "pkg_auto": lambda: package_backward(do, q, k, v, out, lse, cu, causal, "auto"),
-                    "ws_rect": lambda: ws_backward(do, q, k, v, out, lse, cu, S, causal)}
+                    "ws_rect": lambda: ws_backward(do, q, k, v, out, lse, cu, S, causal),
+                    "ws_flat": lambda: ws_backward_scheduled(do, q, k, v, out, lse, cu, causal, "flat"),
+                    "ws_persistent": lambda: ws_backward_scheduled(do, q, k, v, out, lse, cu, causal, "persistent")}
         for variant, fn in variants.items():
             if time.monotonic() - START > BUDGET_S:
                 print(json.dumps({"stopped": "budget", "s": BUDGET_S}), flush=True)
