@@ -46,18 +46,15 @@ START = time.monotonic()
 
 
 @triton.jit
-def delta_kernel(O, DO, DELTA, cu_seqlens, stride_t, num_heads, token_capacity, HEAD_DIM: tl.constexpr,
-                 BLOCK_M: tl.constexpr):
-    # DELTA[h, t] = rowsum(dO * O) for the rows of one query chunk: the dQ and dK/dV passes read it.
-    chunk, seq, head = tl.program_id(0), tl.program_id(1) // num_heads, tl.program_id(1) % num_heads
-    seq_start = tl.load(cu_seqlens + seq)
-    seq_len = tl.load(cu_seqlens + seq + 1) - seq_start
-    rows = chunk * BLOCK_M + tl.arange(0, BLOCK_M)
-    ok = rows < seq_len
-    at = (seq_start + rows[:, None]).to(tl.int64) * stride_t + head * HEAD_DIM + tl.arange(0, HEAD_DIM)[None, :]
+def delta_kernel(O, DO, DELTA, stride_t, token_capacity, HEAD_DIM: tl.constexpr, BLOCK: tl.constexpr):
+    # DELTA[h, t] = rowsum(dO * O) for BLOCK rows of one head, every row of the capacity: no layout
+    # to read, and rows past the batch are never read back (the passes load only active rows).
+    rows, head = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK), tl.program_id(1)
+    ok = rows < token_capacity
+    at = rows[:, None].to(tl.int64) * stride_t + head * HEAD_DIM + tl.arange(0, HEAD_DIM)[None, :]
     o = tl.load(O + at, mask=ok[:, None], other=0.0).to(tl.float32)
     do = tl.load(DO + at, mask=ok[:, None], other=0.0).to(tl.float32)
-    tl.store(DELTA + head * token_capacity + seq_start + rows, tl.sum(o * do, 1), mask=ok)
+    tl.store(DELTA + head * token_capacity + rows, tl.sum(o * do, 1), mask=ok)
 
 
 @triton.jit
@@ -192,7 +189,7 @@ def ws_backward(do, q, k, v, out, lse, cu, max_seqlen, causal, tiles=TILES):
     delta = torch.empty(H, T, device=q.device, dtype=torch.float32)
     sm_scale = 1.0 / math.sqrt(D)
     args = (cu, q.stride(0), H, T)
-    delta_kernel[(triton.cdiv(max_seqlen, 64), N * H)](out, do, delta, *args, HEAD_DIM=D, BLOCK_M=64)
+    delta_kernel[(triton.cdiv(T, 64), H)](out, do, delta, q.stride(0), T, HEAD_DIM=D, BLOCK=64)
     bm, bn, w, st = tiles["dq"]
     ws_dq_kernel[(triton.cdiv(max_seqlen, bm), N * H)](q, k, v, do, dq, lse, delta, *args, sm_scale * math.log2(math.e),
                                                        sm_scale, CAUSAL=causal, HEAD_DIM=D, BLOCK_M=bm, BLOCK_N=bn,
@@ -211,8 +208,7 @@ def ws_backward_scheduled(do, q, k, v, out, lse, cu, causal, schedule, tiles=TIL
     dq, dk, dv = (torch.empty_like(q) for _ in range(3))
     delta = torch.empty(H, T, device=q.device, dtype=torch.float32)
     sm_scale = 1.0 / math.sqrt(D)
-    max_seqlen = T  # the delta kernel's rectangle covers any layout
-    delta_kernel[(triton.cdiv(max_seqlen, 64), N * H)](out, do, delta, cu, q.stride(0), H, T, HEAD_DIM=D, BLOCK_M=64)
+    delta_kernel[(triton.cdiv(T, 64), H)](out, do, delta, q.stride(0), T, HEAD_DIM=D, BLOCK=64)
     sms = num_sms(q.device) if q.is_cuda else 4
     for name in ("dq", "dkdv"):
         bm, bn, w, st = tiles[name]
