@@ -6,6 +6,9 @@ forward + backward). Run on the GPU host:
     python3 scripts/explore_hopper_backward.py --compile   # on any machine: what Triton builds for sm_90
     TRITON_INTERPRET=1 python3 scripts/explore_hopper_backward.py --check   # values, on a CPU
 
+``--check`` needs the interpreter of Triton 3.8 or newer (3.6's raises a TypeError in these kernels,
+seen here); the GPU host's 3.6 compiles them for sm_90 (``--compile`` shows it).
+
 The algorithm is the package's (``attn_gym_lite/ops/kernels/backward.py``): a dQ pass over query
 chunks and a dK/dV pass over key chunks, no atomics. What changes is what
 ``scripts/explore_hopper_forward.py`` found Triton needs to warp-specialize a loop on sm_90: tiles

@@ -5,6 +5,9 @@ specialization speed up the ragged attention forward on the H200? Run on the GPU
     python3 scripts/explore_hopper_forward.py --compile   # on any machine: what Triton builds for sm_90
     TRITON_INTERPRET=1 python3 scripts/explore_hopper_forward.py --check   # the TMA kernels' values, on a CPU
 
+``--check`` needs the interpreter of Triton 3.8 or newer (3.6's raises a TypeError in these kernels,
+seen here); the GPU host's 3.6 compiles them for sm_90 (``--compile`` shows it).
+
 It prints one JSON line per variant and layout, and a table last. Nothing here is used by the
 package; a variant that wins is a lead for the kernels in ``attn_gym_lite/ops/kernels``.
 
