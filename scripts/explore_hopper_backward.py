@@ -16,10 +16,10 @@ through per-sequence tensor descriptors, 4 warps, one loop per kernel that masks
 early return and no ``while`` before the loop. Two more things, found by compiling for sm_90 with
 Triton 3.6 (``--compile``): the dQ kernel specializes only with 64 x 64 tiles and with
 ``delta = rowsum(dO * O)`` computed beforehand (``delta_kernel``; the package's dQ pass computes it in
-its prologue), and the dK/dV kernel at 64 x 128 (the package's tiles) but not 128 x 128. ``ws_rect``
-runs them on the rectangle, so the comparison with the package's ``rect`` isolates the kernel body;
-``ws_flat`` and ``ws_persistent`` run the same chunk functions on the package's flat and persistent
-grids (tasks as a ``for`` loop, as in the forward exploration), against ``pkg_flat`` and ``pkg_auto``.
+its prologue), and the dK/dV kernel at 64 x 128 (the package's tiles) but not 128 x 128. ``ws_rect``,
+``ws_flat`` and ``ws_persistent`` run them in one task kernel on the package's rect, flat and
+persistent grids (tasks as a ``for`` loop, as in the forward exploration), against the package's
+``pkg_rect``, ``pkg_flat`` and ``pkg_auto``.
 """
 
 import itertools
@@ -134,45 +134,31 @@ def _ws_dkdv_chunk(Q, K, V, DO, DK, DV, LSE, DELTA, seq_start, seq_len, chunk, h
 
 
 @triton.jit
-def ws_dq_kernel(Q, K, V, DO, DQ, LSE, DELTA, cu_seqlens, stride_t, num_heads, token_capacity, qk_scale, sm_scale,
-                 CAUSAL: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
-    seq = tl.program_id(1) // num_heads
-    seq_start = tl.load(cu_seqlens + seq)
-    _ws_dq_chunk(Q, K, V, DO, DQ, LSE, DELTA, seq_start, tl.load(cu_seqlens + seq + 1) - seq_start, tl.program_id(0),
-                 tl.program_id(1) % num_heads, stride_t, token_capacity, qk_scale, sm_scale, CAUSAL, HEAD_DIM, BLOCK_M,
-                 BLOCK_N)
-
-
-@triton.jit
-def ws_dkdv_kernel(Q, K, V, DO, DK, DV, LSE, DELTA, cu_seqlens, stride_t, num_heads, token_capacity, qk_scale,
-                   sm_scale, CAUSAL: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr,
-                   BLOCK_N: tl.constexpr):
-    seq = tl.program_id(1) // num_heads
-    seq_start = tl.load(cu_seqlens + seq)
-    _ws_dkdv_chunk(Q, K, V, DO, DK, DV, LSE, DELTA, seq_start, tl.load(cu_seqlens + seq + 1) - seq_start,
-                   tl.program_id(0), tl.program_id(1) % num_heads, stride_t, token_capacity, qk_scale, sm_scale,
-                   CAUSAL, HEAD_DIM, BLOCK_M, BLOCK_N)
-
-
-@triton.jit
 def ws_backward_task_kernel(Q, K, V, DO, DQ, DK, DV, LSE, DELTA, cu_seqlens, chunk_offsets, stride_t, num_seqs,
                             num_heads, token_capacity, qk_scale, sm_scale, PASS: tl.constexpr, CAUSAL: tl.constexpr,
                             HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                             SCHEDULE: tl.constexpr, LOG2_SEQS: tl.constexpr):
-    # Both passes under the flat or persistent schedule, tasks as a for loop (see
+    # Both passes under the package's rect, flat or persistent schedule, tasks as a for loop (see
     # explore_hopper_forward.tma_ws_task_kernel): dQ over chunks of BLOCK_M queries, dK/dV over
     # chunks of BLOCK_N keys (chunk_offsets built with that chunk size).
     active = tl.load(chunk_offsets + num_seqs)
-    if SCHEDULE == "flat":
+    if SCHEDULE == "rect":  # a slot past its sequence runs the chunk's loop zero times
+        first, end, step = 0, 1, 1
+    elif SCHEDULE == "flat":
         first, end, step = tl.where(tl.program_id(0) < active, 0, 1), 1, 1
     else:
         first, end, step = tl.program_id(0), active * num_heads, tl.num_programs(0)
     for task in range(first, end, step):
-        flat = tl.program_id(0) if SCHEDULE == "flat" else task % active
-        head = tl.program_id(1) if SCHEDULE == "flat" else task // active
-        seq = _find_sequence_unrolled(chunk_offsets, flat, num_seqs, LOG2_SEQS)
-        seq_start, seq_len = sequence_bounds(cu_seqlens, seq, token_capacity)
-        chunk = flat - tl.load(chunk_offsets + seq)
+        if SCHEDULE == "rect":
+            seq, head = tl.program_id(1), tl.program_id(2)
+            seq_start, seq_len = sequence_bounds(cu_seqlens, seq, token_capacity)
+            chunk = tl.program_id(0)
+        else:
+            flat = tl.program_id(0) if SCHEDULE == "flat" else task % active
+            head = tl.program_id(1) if SCHEDULE == "flat" else task // active
+            seq = _find_sequence_unrolled(chunk_offsets, flat, num_seqs, LOG2_SEQS)
+            seq_start, seq_len = sequence_bounds(cu_seqlens, seq, token_capacity)
+            chunk = flat - tl.load(chunk_offsets + seq)
         if PASS == "dq":
             _ws_dq_chunk(Q, K, V, DO, DQ, LSE, DELTA, seq_start, seq_len, chunk, head, stride_t, token_capacity,
                          qk_scale, sm_scale, CAUSAL, HEAD_DIM, BLOCK_M, BLOCK_N)
@@ -184,28 +170,10 @@ def ws_backward_task_kernel(Q, K, V, DO, DQ, DK, DV, LSE, DELTA, cu_seqlens, chu
 TILES = {"dq": (64, 64, 4, 2), "dkdv": (64, 128, 4, 2)}  # BLOCK_M, BLOCK_N, warps, stages
 
 
-def ws_backward(do, q, k, v, out, lse, cu, max_seqlen, causal, tiles=TILES):
-    """dQ, dK, dV of the package's forward (``out``, base-2 ``lse`` [H, T]) by the three kernels above."""
-    T, H, D = q.shape
-    N = cu.numel() - 1
-    dq, dk, dv = (torch.empty_like(q) for _ in range(3))
-    delta = torch.empty(H, T, device=q.device, dtype=torch.float32)
-    sm_scale = 1.0 / math.sqrt(D)
-    args = (cu, q.stride(0), H, T)
-    delta_kernel[(triton.cdiv(T, 64), H)](out, do, delta, q.stride(0), T, HEAD_DIM=D, BLOCK=64)
-    bm, bn, w, st = tiles["dq"]
-    ws_dq_kernel[(triton.cdiv(max_seqlen, bm), N * H)](q, k, v, do, dq, lse, delta, *args, sm_scale * math.log2(math.e),
-                                                       sm_scale, CAUSAL=causal, HEAD_DIM=D, BLOCK_M=bm, BLOCK_N=bn,
-                                                       num_warps=w, num_stages=st)
-    bm, bn, w, st = tiles["dkdv"]
-    ws_dkdv_kernel[(triton.cdiv(max_seqlen, bn), N * H)](q, k, v, do, dk, dv, lse, delta, *args,
-                                                         sm_scale * math.log2(math.e), sm_scale, CAUSAL=causal,
-                                                         HEAD_DIM=D, BLOCK_M=bm, BLOCK_N=bn, num_warps=w, num_stages=st)
-    return dq, dk, dv
-
-
-def ws_backward_scheduled(do, q, k, v, out, lse, cu, causal, schedule, tiles=TILES):
-    """The same three kernels' work, dQ and dK/dV on the package's flat or persistent grid."""
+def ws_backward(do, q, k, v, out, lse, cu, causal, schedule, max_seqlen=None, tiles=TILES):
+    """dQ, dK, dV of the package's forward (``out``, base-2 ``lse`` [H, T]): ``delta_kernel``, then
+    both passes of ``ws_backward_task_kernel`` on the package's grid for ``schedule`` (rect reads
+    ``max_seqlen``)."""
     T, H, D = q.shape
     N = cu.numel() - 1
     dq, dk, dv = (torch.empty_like(q) for _ in range(3))
@@ -216,7 +184,7 @@ def ws_backward_scheduled(do, q, k, v, out, lse, cu, causal, schedule, tiles=TIL
     for name in ("dq", "dkdv"):
         bm, bn, w, st = tiles[name]
         chunk = bm if name == "dq" else bn
-        grid = launch_grid(schedule, T=T, N=N, C=chunk, heads=H, num_sms=sms, ctas_per_sm=1)
+        grid = launch_grid(schedule, T=T, N=N, C=chunk, heads=H, max_seqlen=max_seqlen, num_sms=sms, ctas_per_sm=1)
         ws_backward_task_kernel[grid](q, k, v, do, dq, dk, dv, lse, delta, cu,
                                       launch_chunk_offsets(cu, chunk, token_capacity=T), q.stride(0), N, H, T,
                                       sm_scale * math.log2(math.e), sm_scale, PASS=name, CAUSAL=causal, HEAD_DIM=D,
@@ -248,8 +216,8 @@ def check_in_interpreter():
         q, k, v, do = (torch.randn(sum(lengths) + 7, H, D) for _ in range(4))
         for causal in (False, True):
             out, lse = package_forward(q, k, v, cu, causal)
-            runs = [ws_backward(do, q, k, v, out, lse, cu, max(lengths), causal, tiles)]
-            runs += [ws_backward_scheduled(do, q, k, v, out, lse, cu, causal, s, tiles) for s in ("flat", "persistent")]
+            runs = [ws_backward(do, q, k, v, out, lse, cu, causal, s, max(lengths), tiles)
+                    for s in ("rect", "flat", "persistent")]
             for (a, b), grads in itertools.product(zip(cu[:-1].tolist(), cu[1:].tolist()), runs):
                 leaves = [x[a:b].double().transpose(0, 1).requires_grad_() for x in (q, k, v)]
                 scores = leaves[0] @ leaves[1].transpose(1, 2) / D ** 0.5
@@ -258,8 +226,7 @@ def check_in_interpreter():
                 (scores.softmax(-1) @ leaves[2]).backward(do[a:b].double().transpose(0, 1))
                 worst = max([worst] + [float((g[a:b].double() - x.grad.transpose(0, 1)).abs().max())
                                        for g, x in zip(grads, leaves)])
-    print(json.dumps({"kernels": ["delta", "ws_dq", "ws_dkdv", "ws_backward_task (flat, persistent)"],
-                      "max_abs_diff": worst}))
+    print(json.dumps({"kernels": ["delta", "ws_backward_task (rect, flat, persistent)"], "max_abs_diff": worst}))
     assert worst < 1e-4, worst
 
 
@@ -272,10 +239,11 @@ def compiled_for_sm90():
     tools = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
     pointers = {"LSE": "*fp32", "DELTA": "*fp32", "cu_seqlens": "*i32", "chunk_offsets": "*i32", "qk_scale": "fp32",
                 "sm_scale": "fp32"}
-    tasks = [(ws_backward_task_kernel, bm, bn, {"PASS": p, "SCHEDULE": s, "LOG2_SEQS": 9})
-             for p, bm, bn in (("dq", 64, 64), ("dkdv", 64, 128)) for s in ("flat", "persistent")]
-    for fn, bm, bn, extra in [(ws_dq_kernel, 64, 64, {}), (ws_dq_kernel, 128, 64, {}), (ws_dkdv_kernel, 64, 128, {}),
-                              (ws_dkdv_kernel, 128, 128, {}), *tasks]:
+    for fn, bm, bn, extra in [(ws_backward_task_kernel, bm, bn, {"PASS": p, "SCHEDULE": s, "LOG2_SEQS": 9})
+                              for p, bm, bn, schedules in (("dq", 64, 64, ("rect", "flat", "persistent")),
+                                                           ("dq", 128, 64, ("rect",)), ("dkdv", 64, 128, ("rect", "flat", "persistent")),
+                                                           ("dkdv", 128, 128, ("rect",)))
+                              for s in schedules]:
         for causal in (False, True):
             consts = {"CAUSAL": causal, "HEAD_DIM": 128, "BLOCK_M": bm, "BLOCK_N": bn, **extra}
             signature = {a: "constexpr" if a in consts else pointers.get(a, "*bf16" if a.isupper() else "i32")
@@ -314,9 +282,9 @@ def main():
         variants = {"pkg_rect": lambda: package_backward(do, q, k, v, out, lse, cu, causal, "rect", S),
                     "pkg_flat": lambda: package_backward(do, q, k, v, out, lse, cu, causal, "flat"),
                     "pkg_auto": lambda: package_backward(do, q, k, v, out, lse, cu, causal, "auto"),
-                    "ws_rect": lambda: ws_backward(do, q, k, v, out, lse, cu, S, causal),
-                    "ws_flat": lambda: ws_backward_scheduled(do, q, k, v, out, lse, cu, causal, "flat"),
-                    "ws_persistent": lambda: ws_backward_scheduled(do, q, k, v, out, lse, cu, causal, "persistent")}
+                    "ws_rect": lambda: ws_backward(do, q, k, v, out, lse, cu, causal, "rect", S),
+                    "ws_flat": lambda: ws_backward(do, q, k, v, out, lse, cu, causal, "flat"),
+                    "ws_persistent": lambda: ws_backward(do, q, k, v, out, lse, cu, causal, "persistent")}
         for variant, fn in variants.items():
             if time.monotonic() - START > BUDGET_S:
                 print(json.dumps({"stopped": "budget", "s": BUDGET_S}), flush=True)

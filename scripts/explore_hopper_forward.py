@@ -22,21 +22,19 @@ through a descriptor too, which clips rows past the end. Grid: FlashAttention-2'
 ``rect`` schedule isolates the load path. Device descriptors need a little global scratch per
 program, which Triton asks ``triton.set_allocator`` for at launch.
 
-``tma_ws4`` is the one variant Triton actually warp-specializes on sm_90. Compiled for the target on
-a CPU (Triton 3.6, as on the GPU host, and 3.9), ``warp_specialize=True`` is ignored at 8 warps (no
-``ttg.warp_specialize`` in the IR: the earlier runs' ``tma_ws`` rows timed the plain kernel) and at 4 warps the pass
-fails on ``tma_forward_kernel``: its early ``return`` for chunks past the sequence breaks it, and a
-loop body with an ``if`` (masks only where a block can hold a hidden key) is left unspecialized. So
-``tma_ws_forward_kernel`` has one loop over key blocks, masks every block, and for a chunk past its
-sequence runs that loop zero times instead of returning (its stores are clipped or masked). At 4
-warps it compiles to 12: a TMA producer and consumer warpgroups, with ``setmaxnreg`` moving registers
-to the consumers (168 registers per thread, no spills, at [128, 64], 2 stages).
-
-``ws4_flat`` and ``ws4_persistent`` run the same body under the package's flat and persistent
-schedules (``tma_ws_task_kernel``, against ``pkg_flat`` and ``pkg_persistent``): a ``while`` loop
-anywhere before the key loop also stops the specialization, so the tasks are a ``for`` loop and the
-binary search over ``chunk_offsets`` has a fixed trip count. The dynamic schedule needs a ``while``
-loop (its next task comes from an atomic counter), so it is left out.
+The ``ws4_*`` variants are the ones Triton actually warp-specializes on sm_90. Compiled for the
+target on a CPU (Triton 3.6, as on the GPU host, and 3.9), ``warp_specialize=True`` is ignored at 8
+warps (no ``ttg.warp_specialize`` in the IR) and at 4 warps the pass fails on ``tma_forward_kernel``:
+its early ``return`` for chunks past the sequence breaks it, and a loop body with an ``if`` (masks
+only where a block can hold a hidden key) is left unspecialized; a ``while`` loop anywhere before the
+key loop stops it too. So ``_ws_forward_chunk`` has one loop over key blocks, masks every block, and
+for a chunk past its sequence runs that loop zero times instead of returning (its stores are clipped
+or masked), and ``tma_ws_task_kernel`` runs it under the package's rect, flat and persistent
+schedules (against ``pkg_rect``, ``pkg_flat`` and ``pkg_persistent``) with the tasks as a ``for``
+loop and the binary search over ``chunk_offsets`` at a fixed trip count. The dynamic schedule needs
+a ``while`` loop (its next task comes from an atomic counter), so it is left out. At 4 warps each
+compiles to 12: a TMA producer and consumer warpgroups, with ``setmaxnreg`` moving registers to the
+consumers (168 registers per thread, no spills, at [128, 64], 2 stages).
 """
 
 import json
@@ -159,17 +157,6 @@ def _ws_forward_chunk(Q, K, V, O, LSE, seq_start, seq_len, chunk, head, stride_t
 
 
 @triton.jit
-def tma_ws_forward_kernel(Q, K, V, O, LSE, cu_seqlens, stride_t, num_heads, token_capacity, qk_scale,
-                          CAUSAL: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr,
-                          BLOCK_N: tl.constexpr):
-    seq = tl.program_id(1) // num_heads
-    seq_start = tl.load(cu_seqlens + seq)
-    _ws_forward_chunk(Q, K, V, O, LSE, seq_start, tl.load(cu_seqlens + seq + 1) - seq_start, tl.program_id(0),
-                      tl.program_id(1) % num_heads, stride_t, token_capacity, qk_scale, CAUSAL, HEAD_DIM, BLOCK_M,
-                      BLOCK_N)
-
-
-@triton.jit
 def _find_sequence_unrolled(chunk_offsets, flat_chunk, num_seqs, LOG2_SEQS: tl.constexpr):
     # The package's binary search (tasks.find_sequence) with a fixed trip count: a while loop in
     # the task prologue stops the warp specialization of the key loop after it.
@@ -188,7 +175,7 @@ def _find_sequence_unrolled(chunk_offsets, flat_chunk, num_seqs, LOG2_SEQS: tl.c
 def tma_ws_task_kernel(Q, K, V, O, LSE, cu_seqlens, chunk_offsets, stride_t, num_seqs, num_heads, token_capacity,
                        qk_scale, CAUSAL: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr,
                        BLOCK_N: tl.constexpr, SCHEDULE: tl.constexpr, LOG2_SEQS: tl.constexpr):
-    # tma_ws_forward_kernel's body under the package's rect, flat and persistent schedules
+    # _ws_forward_chunk under the package's rect, flat and persistent schedules
     # (attn_gym_lite.ops.kernels.tasks), written so that Triton still warp-specializes the key loop:
     # the tasks as a for loop (a while loop stops it; so dynamic, which needs one, is left out).
     active = tl.load(chunk_offsets + num_seqs)  # active chunks per head
@@ -234,13 +221,9 @@ def tma_forward(q, k, v, cu, max_seqlen, causal, block_m, block_n, warps, stages
     out = torch.empty_like(q)
     lse = torch.empty(H, T, device=q.device, dtype=torch.float32)
     grid = (triton.cdiv(max_seqlen, block_m), (cu.numel() - 1) * H)
-    args = (q, k, v, out, lse, cu, q.stride(0), H, T, 1.4426950408889634 / math.sqrt(D))
-    if ws == "ws4":
-        tma_ws_forward_kernel[grid](*args, CAUSAL=causal, HEAD_DIM=D, BLOCK_M=block_m, BLOCK_N=block_n,
-                                    num_warps=warps, num_stages=stages)
-    else:
-        tma_forward_kernel[grid](*args, CAUSAL=causal, HEAD_DIM=D, BLOCK_M=block_m, BLOCK_N=block_n, WS=ws,
-                                 num_warps=warps, num_stages=stages)
+    tma_forward_kernel[grid](q, k, v, out, lse, cu, q.stride(0), H, T, 1.4426950408889634 / math.sqrt(D),
+                             CAUSAL=causal, HEAD_DIM=D, BLOCK_M=block_m, BLOCK_N=block_n, WS=ws,
+                             num_warps=warps, num_stages=stages)
     return out
 
 
@@ -277,8 +260,8 @@ def main():
     rows = []
     base = default_config()
     variants = [("pkg_rect", 128, 64, 8, 3, False), ("pkg_rect", 128, 128, 8, 2, False),
-                ("tma_ws4", 128, 64, 4, 2, "ws4"), ("tma_ws4", 128, 64, 4, 3, "ws4"), ("tma_ws4", 128, 128, 4, 2, "ws4"),
-                ("ws4_flat", 128, 64, 4, 2, "flat"), ("ws4_persistent", 128, 64, 4, 2, "persistent"),
+                ("ws4_rect", 128, 64, 4, 2, "rect"), ("ws4_rect", 128, 64, 4, 3, "rect"),
+                ("ws4_rect", 128, 128, 4, 2, "rect"), ("ws4_flat", 128, 64, 4, 2, "flat"), ("ws4_persistent", 128, 64, 4, 2, "persistent"),
                 ("pkg_flat", 128, 64, 8, 3, "flat"), ("pkg_persistent", 128, 64, 8, 3, "persistent"),
                 ("tma", 128, 64, 8, 3, False), ("tma", 128, 128, 8, 2, False), ("tma", 128, 64, 4, 3, False)]
     for (name, lengths), causal in [(x, c) for x in throughput_layouts(0).items() for c in (False, True)]:
@@ -345,7 +328,7 @@ def compiled_for_sm90():
                 "chunk_offsets": "*i32", "qk_scale": "fp32"}
     for fn, extra, bn, warps, stages in [
             (tma_forward_kernel, {"WS": True}, 64, 8, 3), (tma_forward_kernel, {"WS": True}, 64, 4, 3),
-            (tma_ws_forward_kernel, {}, 64, 4, 2), (tma_ws_forward_kernel, {}, 128, 4, 2),
+            (tma_ws_task_kernel, {"SCHEDULE": "rect", "LOG2_SEQS": 9}, 128, 4, 2),
             *((tma_ws_task_kernel, {"SCHEDULE": s, "LOG2_SEQS": 9}, 64, 4, 2) for s in ("rect", "flat", "persistent"))]:
         consts = {"CAUSAL": False, "HEAD_DIM": 128, "BLOCK_M": 128, "BLOCK_N": bn, **extra}
         source = ASTSource(fn=fn, signature={a: "constexpr" if a in consts else pointers.get(a, "i32") for a in fn.arg_names},
@@ -377,7 +360,7 @@ def check_in_interpreter():
         cu = cu_seqlens_from_lengths(torch.tensor(lengths))
         q, k, v = (torch.randn(sum(lengths) + 7, H, D) for _ in range(3))
         for causal in (False, True):
-            outs = [tma_forward(q, k, v, cu, max(lengths), causal, 16, 16, 4, 2, ws) for ws in (False, "ws4")]
+            outs = [tma_forward(q, k, v, cu, max(lengths), causal, 16, 16, 4, 2, False)]
             outs += [tma_ws_scheduled(q, k, v, cu, max(lengths), causal, 16, 16, 4, 2, s) for s in ("rect", "flat", "persistent")]
             for a, b in zip(cu[:-1].tolist(), cu[1:].tolist()):
                 qq, kk, vv = (x[a:b].double().transpose(0, 1) for x in (q, k, v))
@@ -386,7 +369,7 @@ def check_in_interpreter():
                     scores = scores.masked_fill(torch.ones(b - a, b - a, dtype=torch.bool).triu(1), float("-inf"))
                 ref = (scores.softmax(-1) @ vv).transpose(0, 1)
                 worst = max([worst] + [float((out[a:b].double() - ref).abs().max()) for out in outs])
-    print(json.dumps({"variants": ["tma", "tma_ws4", "ws4_rect", "ws4_flat", "ws4_persistent"], "max_abs_diff": worst}))
+    print(json.dumps({"variants": ["tma", "ws4_rect", "ws4_flat", "ws4_persistent"], "max_abs_diff": worst}))
     assert worst < 1e-5, worst
 
 
