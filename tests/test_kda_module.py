@@ -88,8 +88,7 @@ def test_inactive_rows_never_leak(impl):
     target[L:] = float("nan")
     with uninitialized_memory_as_nan():
         y = layer(x, cu)
-        report = compare_gradients(gradients_at_capacity(layer, x, target, cu, T),
-                                   exact_gradients(layer, x, target, cu))
+        report = compare_gradients(gradients_at_capacity(layer, x, target, cu, T), exact_gradients(layer, x, target, cu))
     assert torch.equal(y[L:], torch.zeros_like(y[L:]))
     assert report["loss_at_capacity"] == pytest.approx(report["loss_exact"], rel=1e-6)
     for name, g in report["gradients"].items():
@@ -97,20 +96,22 @@ def test_inactive_rows_never_leak(impl):
         assert g["max_abs_diff"] <= 1e-6 * max(g["max_abs_exact"], 1.0), (name, g)
 
 
-def test_without_masks_the_inactive_rows_poison_the_weight_gradients():
-    """The test above can fail: leave the masks out and NaN in the inactive rows reaches gradients."""
-    layer = _layer("chunked", masks=())
+@pytest.mark.parametrize(("impl", "dropped", "poisoned"), [
+    ("chunked", KDA_MASK_SITES, {"qkv_proj.weight", "f_proj.0.weight", "b_proj.weight"}),
+    pytest.param("triton", ("output",), {"o_proj.weight"}, marks=CPU_KERNELS)])  # its rows past L: undefined
+def test_without_masks_the_inactive_rows_poison_the_weight_gradients(impl, dropped, poisoned):
+    """The test above can fail: leave masks out and NaN in the inactive rows reaches gradients."""
+    dtype = torch.float64 if impl == "chunked" else torch.float32
+    layer = _layer(impl, dtype, masks=[site for site in KDA_MASK_SITES if site not in dropped])
     lengths = [6, 1, 7]
     L, T = sum(lengths), sum(lengths) + 3
     cu = cu_seqlens_from_lengths(lengths)
-    x = torch.randn(T, HIDDEN, dtype=torch.float64)
+    x = torch.randn(T, HIDDEN, dtype=dtype)
     x[L:] = float("nan")
-    target = torch.randn(T, HIDDEN, dtype=torch.float64)
+    target = torch.randn(T, HIDDEN, dtype=dtype)
     with uninitialized_memory_as_nan():
-        report = compare_gradients(gradients_at_capacity(layer, x, target, cu, T),
-                                   exact_gradients(layer, x, target, cu))
-    poisoned = {name for name, g in report["gradients"].items() if g["nonfinite"]}
-    assert {"qkv_proj.weight", "f_proj.0.weight", "b_proj.weight"} <= poisoned
+        report = compare_gradients(gradients_at_capacity(layer, x, target, cu, T), exact_gradients(layer, x, target, cu))
+    assert poisoned <= {name for name, g in report["gradients"].items() if g["nonfinite"]}
 
 
 def test_gradients_agree_between_the_cores():
@@ -178,7 +179,7 @@ def test_layer_shapes_dtypes_and_parameters_any_width_for_eager_cores_and_known_
     layer = KDAAttention(16, 2, 8, head_v_dim=12, chunk_size=5, impl="chunked", dtype=torch.float64)
     assert layer(torch.randn(6, 16, dtype=torch.float64), torch.tensor([0, 6], dtype=torch.int32)).shape == (6, 16)
     with pytest.raises(ValueError, match="masks"):
-        KDAAttention(16, 2, 8, masks=("input", "output"))  # "output" would silently mask nothing
+        KDAAttention(16, 2, 8, masks=("input", "outputs"))  # a misspelt site would silently mask nothing
 
 
 @pytest.mark.parametrize("impl", IMPLS)

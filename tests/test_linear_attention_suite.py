@@ -94,8 +94,6 @@ def test_the_exactness_harness_passes_catches_and_records(monkeypatch, kernel, v
     for entry in result["entries"]:
         assert set(entry["errors"]) == {"o", *la.GRADIENTS}
         assert entry["L"] == sum(result["config"]["layouts"][entry["layout"]])
-        if verdict == "ok":
-            assert entry["inactive_output_max_abs"] == 0.0
 
 
 @CPU_KERNELS

