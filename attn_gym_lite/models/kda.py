@@ -47,8 +47,11 @@ KDA_REGIONS = ("kda.input_mask", "kda.qkv_proj", "kda.short_conv", "kda.qk_norm"
 
 def l2_normalize(x: Tensor, eps: float = 1e-6) -> Tensor:
     """``x / sqrt(sum(x²) + eps)`` over the last dim, in at least float32."""
-    compute = x.float() if x.dtype in (torch.float16, torch.bfloat16) else x
-    return (compute * torch.rsqrt(compute.pow(2).sum(-1, keepdim=True) + eps)).to(x.dtype)
+    # The same thing as an RMSNorm with eps / K and weight K ** -0.5: one fused kernel each way on a
+    # GPU (float32 inside), where the formula written out took seven forward and eleven backward.
+    # In bfloat16 the weight rounds to 1 - 1.1e-4 of 128 ** -0.5, twenty times below one output ulp.
+    K = x.shape[-1]
+    return F.rms_norm(x, (K,), x.new_full((K,), K**-0.5), eps / K)
 
 
 def kda_gate(f: Tensor, A_log: Tensor, dt_bias: Tensor) -> Tensor:
