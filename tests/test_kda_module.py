@@ -154,8 +154,7 @@ def test_layer_marks_its_stages_as_regions_in_forward_order(impl):
     with profile(None) as recording:
         _forward_and_gradients(layer, x, cu)
     events = recording.trace["traceEvents"]
-    ranges = sorted((e for e in events if e.get("cat") == "user_annotation" and e["name"] in KDA_REGIONS),
-                    key=lambda e: e["ts"])
+    ranges = sorted((e for e in events if e.get("cat") == "user_annotation" and e["name"] in KDA_REGIONS), key=lambda e: e["ts"])
     assert [r["name"] for r in ranges] == list(KDA_REGIONS)
     ops = [e for e in events if e.get("cat") == "cpu_op"]
     linear = {r["name"] for r in ranges for o in ops

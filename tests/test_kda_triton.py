@@ -181,8 +181,7 @@ def test_gpu_graph_replays_two_layouts():
     inputs = [x.to(torch.bfloat16) for x in inputs]
     leaves = [x.detach().requires_grad_() for x in inputs]
     gen = torch.Generator().manual_seed(24)
-    weights = (torch.randn(T, H, V, generator=gen, dtype=F64).cuda(), torch.randn(N, H, K, V, generator=gen,
-                                                                                  dtype=F64).cuda())
+    weights = (torch.randn(T, H, V, generator=gen, dtype=F64).cuda(), torch.randn(N, H, K, V, generator=gen, dtype=F64).cuda())
     static_cu = cu(*layouts[0], device="cuda")
 
     def step(cu_seqlens):

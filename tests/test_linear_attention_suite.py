@@ -61,8 +61,7 @@ def test_kda_inputs_are_reproducible_nan_past_L_and_take_a_chosen_decay():
     assert a["g"].dtype == torch.float32
     # g uniform in [min_log_decay, 0] (q, k, v are drawn before it: the same ones) and rows past L holding fill.
     plain = la.kda_inputs(64, 2, 8, 4, dtype=torch.float64, device="cpu", seed=2)
-    mild = la.kda_inputs(64, 2, 8, 4, dtype=torch.float64, device="cpu", seed=2, active_tokens=50, fill=0.0,
-                         min_log_decay=-3.0)
+    mild = la.kda_inputs(64, 2, 8, 4, dtype=torch.float64, device="cpu", seed=2, active_tokens=50, fill=0.0, min_log_decay=-3.0)
     g = mild["g"][:50]
     assert (g <= 0).all() and (g >= -3.0).all() and g.min() < -2.0 and g.max() > -1.0
     for name in ("q", "k", "v"):
@@ -125,6 +124,8 @@ def test_row_builders_and_summary():
     assert summary["core_drop"] == pytest.approx(1 - 770 / 1230)
     assert summary["module_drop"] == pytest.approx(1 - 2910 / 3430)
     assert la.amdahl_summary(rows[:1]) == {} and la.amdahl_summary([]) == {}
+    seed = la.amdahl_summary(rows, {**la.amdahl_point(4096, 32, 770.0, 2910.0), "L": 2048})
+    assert seed["overcaptured_core_drop"] == summary["core_drop"] and seed["overcaptured_module_drop"] == summary["module_drop"]
 
 
 @pytest.mark.gpu
@@ -154,8 +155,10 @@ def test_amdahl_measures_core_and_module():
     result = la.amdahl(256, 2, 64, 4, (512, 256), iters=3)
     assert result["errors"] == {}
     assert [p["T"] for p in result["points"]] == [512, 256]
-    assert all(0 < p["core_us"] < p["module_us"] for p in result["points"])
-    assert set(result["summary"]) == {"T_full", "T_half", "core_drop", "module_drop"}
+    assert all(0 < p["core_us"] < p["module_us"] for p in [*result["points"], result["overcaptured"]])
+    assert result["overcaptured"]["T"] == 512 and result["overcaptured"]["L"] == 256
+    assert set(result["summary"]) == {"T_full", "T_half", "core_drop", "module_drop", "overcaptured_core_drop",
+                                      "overcaptured_module_drop"}
 
 
 def test_suite_parts_share_a_budget_under_the_recording_limit(monkeypatch):
