@@ -233,7 +233,7 @@ def amdahl_summary(points: Sequence[dict], overcaptured: dict | None = None) -> 
         return {}
     summary = {"T_full": full, "T_half": full // 2, "core_drop": 1 - half["core_us"] / by_T[full]["core_us"],
                "module_drop": 1 - half["module_us"] / by_T[full]["module_us"]}
-    if overcaptured:
+    if overcaptured and overcaptured["T"] == full:
         summary["overcaptured_core_drop"] = 1 - overcaptured["core_us"] / by_T[full]["core_us"]
         summary["overcaptured_module_drop"] = 1 - overcaptured["module_us"] / by_T[full]["module_us"]
     return summary
