@@ -201,7 +201,9 @@ def test_gpu_graph_replays_two_layouts():
         static_cu.copy_(cu(*bounds, device="cuda"))
         graph.replay()
         eager = step(cu(*bounds, device="cuda"))
+        L = bounds[-1]  # rows past it are undefined
         for name, replayed, expected in zip(NAMES, static_out, eager):
-            torch.testing.assert_close(replayed, expected, rtol=0, atol=0, msg=lambda m, n=name: f"{n}: {m}")
+            rows = slice(None) if name == "final_state" else slice(L)
+            torch.testing.assert_close(replayed[rows], expected[rows], rtol=0, atol=0, msg=lambda m, n=name: f"{n}: {m}")
         o_ref, _ = kda_chunked(*(x.to(F64) for x in inputs), cu(*bounds, device="cuda"))
-        assert float((static_out[0].to(F64) - o_ref).norm() / o_ref.norm()) < 2e-2
+        assert float((static_out[0][:L].to(F64) - o_ref[:L]).norm() / o_ref[:L].norm()) < 2e-2

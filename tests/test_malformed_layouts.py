@@ -185,8 +185,7 @@ def malformed_short_conv_child(cu_values, positions, tokens, channels, width, si
     if silu:
         grad_z = torch.zeros_like(dy)
         kernels.short_conv_silu_backward_kernel[grid](x, w, dy, grad_z, *layout, x.stride(0), dy.stride(0), **args)
-    kernels.short_conv_backward_kernel[grid](x, w, grad_z, dx, parts, *layout, x.stride(0), grad_z.stride(0),
-                                             dx.stride(0), **args)
+    kernels.short_conv_backward_kernel[grid](x, w, grad_z, dx, parts, *layout, x.stride(0), grad_z.stride(0), dx.stride(0), **args)
     if device == "cuda":
         torch.cuda.synchronize()  # an illegal access surfaces here, in the child
     return [t.cpu().double().tolist() for t in (y, dx, parts.sum(0))]
