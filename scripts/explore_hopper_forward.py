@@ -216,13 +216,13 @@ def tma_ws_scheduled(q, k, v, cu, max_seqlen, causal, block_m, block_n, warps, s
     return out
 
 
-def tma_forward(q, k, v, cu, max_seqlen, causal, block_m, block_n, warps, stages, ws):
+def tma_forward(q, k, v, cu, max_seqlen, causal, block_m, block_n, warps, stages):
     T, H, D = q.shape
     out = torch.empty_like(q)
     lse = torch.empty(H, T, device=q.device, dtype=torch.float32)
     grid = (triton.cdiv(max_seqlen, block_m), (cu.numel() - 1) * H)
     tma_forward_kernel[grid](q, k, v, out, lse, cu, q.stride(0), H, T, 1.4426950408889634 / math.sqrt(D),
-                             CAUSAL=causal, HEAD_DIM=D, BLOCK_M=block_m, BLOCK_N=block_n, WS=ws,
+                             CAUSAL=causal, HEAD_DIM=D, BLOCK_M=block_m, BLOCK_N=block_n, WS=False,
                              num_warps=warps, num_stages=stages)
     return out
 
@@ -290,7 +290,7 @@ def main():
                                                        config=cfg)
                 else:
                     def fn():
-                        return tma_forward(q, k, v, cu, S, causal, bm, bn, w, st, ws)
+                        return tma_forward(q, k, v, cu, S, causal, bm, bn, w, st)
                 out = fn()
                 row["max_abs_diff"] = float((out.float() - reference.float()).abs().max())
                 us = event_us(fn)
@@ -360,7 +360,7 @@ def check_in_interpreter():
         cu = cu_seqlens_from_lengths(torch.tensor(lengths))
         q, k, v = (torch.randn(sum(lengths) + 7, H, D) for _ in range(3))
         for causal in (False, True):
-            outs = [tma_forward(q, k, v, cu, max(lengths), causal, 16, 16, 4, 2, False)]
+            outs = [tma_forward(q, k, v, cu, max(lengths), causal, 16, 16, 4, 2)]
             outs += [tma_ws_scheduled(q, k, v, cu, max(lengths), causal, 16, 16, 4, 2, s) for s in ("rect", "flat", "persistent")]
             for a, b in zip(cu[:-1].tolist(), cu[1:].tolist()):
                 qq, kk, vv = (x[a:b].double().transpose(0, 1) for x in (q, k, v))
