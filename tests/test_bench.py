@@ -1,6 +1,7 @@
 """The benchmark CLI's provenance, the recorded results, and the figures drawn from them."""
 
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -252,3 +253,70 @@ def test_every_recording_is_package_data():
     unshipped = [f for f in files if "__pycache__" not in f
                  and not any(PurePosixPath(f).match(pattern) and f.count("/") == pattern.count("/") for pattern in patterns)]
     assert not unshipped, f"recordings a wheel would leave out (add them to package-data): {unshipped}"
+
+
+
+def _notebook(path, *code):
+    cells = [{"cell_type": "code", "id": f"c{i}", "metadata": {}, "execution_count": None, "outputs": [], "source": c}
+             for i, c in enumerate(code)] + [{"cell_type": "markdown", "id": "m", "metadata": {}, "source": "prose"}]
+    path.write_text(json.dumps({"cells": cells, "metadata": {"kernelspec": {"name": "python3"}}, "nbformat": 4,
+                                "nbformat_minor": 5}))
+    return path
+
+
+def test_notebooks_suite_runs_each_notebook_in_its_folder_and_records_its_time(tmp_path, monkeypatch):
+    """In a child process, as `make test` keeps notebook clients out of the unit tests' process; a
+    stand-in nvidia-smi reports two GPUs, 1000 and 50 MiB in use at first, then 3048 and 60."""
+    pytest.importorskip("nbclient"), pytest.importorskip("ipykernel")  # the notebooks extra
+    from attn_gym_lite.bench.notebooks import notebook_digest, notebooks_suite
+    from attn_gym_lite.book.results import notebook_run
+    from attn_gym_lite.isolation import IsolatedRunError, run_isolated
+
+    (tmp_path / "bin").mkdir()
+    smi = tmp_path / "bin" / "nvidia-smi"
+    smi.write_text('#!/bin/sh\n[ -e "$0.ran" ] && printf "3048\\n60\\n" || printf "1000\\n50\\n"; touch "$0.ran"\n')
+    smi.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path / 'bin'}:{os.environ['PATH']}")
+    path = _notebook(tmp_path / "01_a.ipynb", "import time\ntime.sleep(1.0)", "open('ran', 'w').close()")
+    monkeypatch.setenv("ATTN_GYM_LITE_NOTEBOOKS", str(tmp_path / "*.ipynb"))
+    seconds = run_isolated(notebooks_suite, str(tmp_path / "h200"), timeout_s=300)["notebooks"]["01_a"]["seconds"]
+    run = json.loads((tmp_path / "h200" / "notebook_runs" / "01_a.json").read_text())
+    assert (tmp_path / "ran").is_file() and run["seconds"] == seconds >= 1.0 and run["peak_gib"] == 2.0
+    assert run["notebook_sha256"] == notebook_digest(path)
+    run["provenance"] |= {"gpu": {"name": "NVIDIA H200"}, "commit": "ab" * 20}
+    (tmp_path / "h200" / "notebook_runs" / "01_a.json").write_text(json.dumps(run))
+    (tmp_path / "h200" / "notebook_runs" / "02_b.json").write_text(json.dumps(run | {"peak_gib": None}))
+    sentence = notebook_run("01_a", root=tmp_path)
+    assert f"in {run['seconds']:.0f} s on one NVIDIA H200 and used at most 2.0 GiB" in sentence
+    assert "GiB" not in notebook_run("02_b", root=tmp_path) and "not recorded yet" in notebook_run("03_c", root=tmp_path)
+    _notebook(tmp_path / "02_b.ipynb", "1 / 0")  # a failing cell fails the suite
+    with pytest.raises(IsolatedRunError, match="ZeroDivisionError"):
+        run_isolated(notebooks_suite, str(tmp_path / "h200"), timeout_s=300)
+
+
+def test_notebook_digest_follows_the_code_and_the_package_modules_it_imports(tmp_path, monkeypatch):
+    pytest.importorskip("IPython")
+    from attn_gym_lite.bench.notebooks import notebook_digest
+
+    code = "%matplotlib inline\nfrom attn_gym_lite.ragged import cu_seqlens_from_lengths"
+    before = notebook_digest(_notebook(tmp_path / "a.ipynb", code))
+    assert notebook_digest(_notebook(tmp_path / "a.ipynb", code + "\nx = 1")) != before
+    notebook = json.loads((path := _notebook(tmp_path / "a.ipynb", code)).read_text())
+    path.write_text(json.dumps(notebook | {"cells": [*notebook["cells"], {**notebook["cells"][-1], "source": "more"}]}))
+    assert notebook_digest(path) == before  # prose
+    shutil.copytree(PACKAGE_ROOT, tmp_path / "copy")
+    monkeypatch.setattr(provenance_module, "PACKAGE_ROOT", tmp_path / "copy")
+    assert notebook_digest(path) == before
+    (tmp_path / "copy" / "ragged.py").write_text((tmp_path / "copy" / "ragged.py").read_text() + "\n")
+    assert notebook_digest(path) != before
+
+
+@pytest.mark.parametrize("path", sorted(RESULTS_ROOT.glob("*/notebook_runs/*.json")), ids=lambda p: p.stem)
+def test_notebook_runs_are_not_stale(path):
+    """A chapter's run time was recorded by today's notebook and package, or stale_recordings.json says why not."""
+    pytest.importorskip("IPython")
+    from attn_gym_lite.bench.notebooks import notebook_digest
+
+    notebook = PACKAGE_ROOT.parent / "notebooks" / path.with_suffix(".ipynb").name
+    fresh = json.loads(path.read_text())["notebook_sha256"] == notebook_digest(notebook)
+    assert fresh != (f"{path.parent.parent.name}/notebook_runs/{path.name}" in declared_stale())

@@ -61,6 +61,9 @@ SUITES: dict[str, Suite] = {
               "Chapter 8 at a matmul-bound model size, the fastest stacks of each kind."),
         Suite("linear-attention", f"{_BENCH}.linear_attention", "linear_attention_suite",
               "Chapter 9: KDA exactness and timings against fla, traces beside the JSON.", writes_files=True),
+        Suite("notebooks", f"{_BENCH}.notebooks", "notebooks_suite",
+              "Each chapter's notebook run top to bottom in GPU mode: its time and peak GPU memory.",
+              writes_files=True),
         Suite("scale-out", f"{_BENCH}.scale_out", "scale_out_suite",
               "Chapter 10: data-parallel training, eager DDP against DDP captured per rank.", gpus=2),
     )

@@ -31,6 +31,21 @@ def load_result(suite: str, gpu: str = "h200", root=None) -> dict:
     return record
 
 
+def notebook_run(notebook: str, gpu: str = "h200", root=None) -> str:
+    """One sentence for a chapter's "What you need": how long ``notebook`` (its file name without
+    ``.ipynb``) ran top to bottom in GPU mode and the most GPU memory it used, from the ``notebooks``
+    suite's recording ``<root>/<gpu>/notebook_runs/<notebook>.json``."""
+    path = Path(root or RESULTS_ROOT) / gpu / "notebook_runs" / f"{notebook}.json"
+    if not path.is_file():
+        return f"Its run time in GPU mode on the {gpu.upper()} is not recorded yet."
+    run = json.loads(path.read_text())
+    p = run["provenance"]
+    older = " by an older version of its code" if declared_stale().get(f"{gpu}/notebook_runs/{path.name}") else ""
+    memory = "" if run["peak_gib"] is None else f" and used at most {run['peak_gib']:.1f} GiB of its memory"
+    return (f"In GPU mode it ran top to bottom in {run['seconds']:.0f} s on one {p['gpu']['name']}{memory} "
+            f"(recorded {p['date'][:10]}{older}, commit {(p.get('commit') or 'unknown')[:12]}).")
+
+
 def provenance_line(record: dict) -> str:
     """GPU, versions, date, commit and command of a recording, on one line."""
     p = record["provenance"]
