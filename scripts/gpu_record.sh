@@ -20,6 +20,9 @@
 # N: every notebook in GPU mode (NOTEBOOK_LANES at once; NOTEBOOKS to name fewer), no tests, then
 #    scripts/sync_prose.py --check against their outputs: the prose values a GPU run prints otherwise
 #    (for notebooks whose code is unchanged since C, after a change to their prose; about 280 s);
+# T: the notebooks suite (each chapter's GPU-mode run time and peak memory): NOTEBOOKS (default all)
+#    one after the other, alone on the GPU; all ten overrun one call, so two calls:
+#    NOTEBOOKS="notebooks/0[1-8]*.ipynb notebooks/10*.ipynb" (about 370 s), then notebooks/09*.ipynb;
 # S: scale-out, on a host with two GPUs (NVLink multicast off in every process);
 # X: explorations, not recordings: scripts/explore_hopper_forward.py, then scripts/explore_kda.py,
 #    EXPLORE_S seconds each; EXPLORE="kda" (or "forward") runs one of them only; EXPLORE="short_conv"
@@ -38,7 +41,7 @@ set -uo pipefail
 # Provenance: a recording names the full commit it measured (tests/test_bench.py checks it). At f3e7c20
 # a mistyped value went into eight recordings, so a value that is no 40-hex commit stops here.
 # (Passes C and X record nothing and need no commit.)
-if [[ " ${PASS} " =~ \ [ALBSG]\  ]] && [[ ! "${ATTN_GYM_LITE_GIT_COMMIT:-}" =~ ^[0-9a-f]{40}$ ]]; then
+if [[ " ${PASS} " =~ \ [ALBSGT]\  ]] && [[ ! "${ATTN_GYM_LITE_GIT_COMMIT:-}" =~ ^[0-9a-f]{40}$ ]]; then
   echo "ATTN_GYM_LITE_GIT_COMMIT must be the checkout's full commit (git rev-parse HEAD), got '${ATTN_GYM_LITE_GIT_COMMIT:-}'" >&2
   exit 2
 fi
@@ -191,6 +194,11 @@ for path in sorted(glob.glob("notebooks/*.ipynb")):
                 print(f"--- {path}\n{text.strip()[:2500]}")
 PY
       ;;
+    T)
+      # One suite run per notebook: each one's file is in the tarball as soon as it has finished.
+      for nb in $(ls ${NOTEBOOKS:-notebooks/*.ipynb}); do
+        ATTN_GYM_LITE_NOTEBOOKS="$nb" record notebooks 560
+      done ;;
     N)
       notebooks
       for f in "$LOGS"/nb_*.log; do tail -1 "$f"; done | tee -a "$log"
@@ -207,7 +215,7 @@ PY
           > "$LOGS/explore_$name.log" 2>&1
         echo "explore $name: rc $?" | tee -a "$log"; tail -32 "$LOGS/explore_$name.log" | tee -a "$log"
       done ;;
-    *) echo "unknown pass $pass (A, L, B, G, C, N, S or X)" | tee -a "$log"; exit 2 ;;
+    *) echo "unknown pass $pass (A, L, B, G, C, N, T, S or X)" | tee -a "$log"; exit 2 ;;
   esac
   ls -la "$REC" | tee -a "$log"
   pack_logs
