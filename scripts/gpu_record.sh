@@ -22,7 +22,8 @@
 #    (for notebooks whose code is unchanged since C, after a change to their prose; about 280 s);
 # T: the notebooks suite (each chapter's GPU-mode run time and peak memory): NOTEBOOKS (default all)
 #    one after the other, alone on the GPU; all ten overrun one call, so two calls:
-#    NOTEBOOKS="notebooks/0[1-8]*.ipynb notebooks/10*.ipynb" (about 370 s), then notebooks/09*.ipynb;
+#    NOTEBOOKS="notebooks/0[1-8]*.ipynb notebooks/10*.ipynb", then notebooks/09*.ipynb (pass N's lanes
+#    at 956b363 logged 310 s for the nine and 209 s for 09);
 # S: scale-out, on a host with two GPUs (NVLink multicast off in every process);
 # X: explorations, not recordings: scripts/explore_hopper_forward.py, then scripts/explore_kda.py,
 #    EXPLORE_S seconds each; EXPLORE="kda" (or "forward") runs one of them only; EXPLORE="short_conv"

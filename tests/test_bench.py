@@ -279,9 +279,9 @@ def test_notebooks_suite_runs_each_notebook_in_its_folder_and_records_its_time(t
     monkeypatch.setenv("PATH", f"{tmp_path / 'bin'}:{os.environ['PATH']}")
     path = _notebook(tmp_path / "01_a.ipynb", "import time\ntime.sleep(1.0)", "open('ran', 'w').close()")
     monkeypatch.setenv("ATTN_GYM_LITE_NOTEBOOKS", str(tmp_path / "*.ipynb"))
-    seconds = run_isolated(notebooks_suite, str(tmp_path / "h200"), timeout_s=300)["notebooks"]["01_a"]["seconds"]
+    assert run_isolated(notebooks_suite, str(tmp_path / "h200"), timeout_s=300) == {"notebooks": ["01_a"]}
     run = json.loads((tmp_path / "h200" / "notebook_runs" / "01_a.json").read_text())
-    assert (tmp_path / "ran").is_file() and run["seconds"] == seconds >= 1.0 and run["peak_gib"] == 2.0
+    assert (tmp_path / "ran").is_file() and run["seconds"] >= 1.0 and run["peak_gib"] == 2.0
     assert run["notebook_sha256"] == notebook_digest(path)
     run["provenance"] |= {"gpu": {"name": "NVIDIA H200"}, "commit": "ab" * 20}
     (tmp_path / "h200" / "notebook_runs" / "01_a.json").write_text(json.dumps(run))

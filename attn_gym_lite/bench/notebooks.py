@@ -13,7 +13,6 @@ the files of the notebooks it ran.
 
 from __future__ import annotations
 
-import ast
 import glob
 import hashlib
 import json
@@ -25,7 +24,7 @@ import time
 from pathlib import Path
 from unittest import mock
 
-from .provenance import provenance, source_digest
+from .provenance import package_imports, provenance, source_digest
 
 SELECTION = "ATTN_GYM_LITE_NOTEBOOKS"  # notebooks to run: paths or globs, space-separated
 DEFAULT_SELECTION = "notebooks/*.ipynb"  # from a checkout's root
@@ -42,16 +41,8 @@ def notebook_digest(path: Path) -> str:
     """SHA-256 of the notebook's code cells and of every package module they import (with what those
     import): a run recorded with another digest ran other code. Prose edits leave it unchanged."""
     code = _code(path)
-    modules = set()
-    for node in ast.walk(ast.parse(code)):
-        if isinstance(node, ast.Import):
-            modules |= {a.name for a in node.names}
-        elif isinstance(node, ast.ImportFrom) and node.module:
-            modules |= {node.module, *(f"{node.module}.{a.name}" for a in node.names)}
-    digest = hashlib.sha256(code.encode())
-    for module in sorted(m for m in modules if m.split(".")[0] == "attn_gym_lite"):
-        digest.update(source_digest(module).encode())
-    return digest.hexdigest()
+    modules = package_imports(path, "attn_gym_lite", source=code)
+    return hashlib.sha256((code + source_digest(*modules)).encode()).hexdigest()
 
 
 def _used_mib() -> list[int] | None:
@@ -98,16 +89,14 @@ def run_notebook(path: Path, cell_timeout_s: float = 1200) -> dict:
 
 def notebooks_suite(out: Path) -> dict:
     """Run the selected notebooks (``$ATTN_GYM_LITE_NOTEBOOKS``, default every chapter of a checkout)
-    one after the other; write ``out/notebook_runs/<name>.json`` for each."""
+    one after the other; write ``out/notebook_runs/<name>.json`` for each, and list them."""
     paths = sorted({Path(p) for pattern in os.environ.get(SELECTION, DEFAULT_SELECTION).split()
                     for p in glob.glob(pattern)})
     if not paths:
         raise RuntimeError(f"no notebook matches ${SELECTION} (default {DEFAULT_SELECTION}, from a checkout's root)")
     (Path(out) / "notebook_runs").mkdir(parents=True, exist_ok=True)
-    ran = {}
     for path in paths:
         digest = notebook_digest(path)  # before the run: code it cannot read fails at once
-        ran[path.stem] = run_notebook(path)
-        record = {"notebook": path.name, **ran[path.stem], "notebook_sha256": digest, "provenance": provenance()}
+        record = {"notebook": path.name, **run_notebook(path), "notebook_sha256": digest, "provenance": provenance()}
         (Path(out) / "notebook_runs" / f"{path.stem}.json").write_text(json.dumps(record, indent=1) + "\n")
-    return {"notebooks": ran}
+    return {"notebooks": [path.stem for path in paths]}  # the files this run wrote, which hold the figures

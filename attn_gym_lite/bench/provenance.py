@@ -56,13 +56,14 @@ def _module_file(module: str) -> Path | None:
     return None
 
 
-def package_imports(path: Path, module: str) -> set[str]:
-    """Every ``attn_gym_lite`` name the file ``path`` (module ``module``) imports, as absolute dotted
-    names, function-level imports included, read with ``ast``; ``from .x import y`` yields ``...x``
-    and ``...x.y`` (``y`` may be a submodule). The layering test uses it too."""
+def package_imports(path: Path, module: str, source: str | None = None) -> set[str]:
+    """Every ``attn_gym_lite`` name the file ``path`` (module ``module``; its text, or ``source``)
+    imports, as absolute dotted names, function-level imports included, read with ``ast``;
+    ``from .x import y`` yields ``...x`` and ``...x.y`` (``y`` may be a submodule). The layering test
+    and the notebooks suite use it too."""
     package = module if path.name == "__init__.py" else module.rsplit(".", 1)[0]
     found = set()
-    for node in ast.walk(ast.parse(path.read_text())):
+    for node in ast.walk(ast.parse(path.read_text() if source is None else source)):
         if isinstance(node, ast.Import):
             found |= {a.name for a in node.names if a.name.startswith("attn_gym_lite")}
         elif isinstance(node, ast.ImportFrom):
@@ -75,11 +76,11 @@ def package_imports(path: Path, module: str) -> set[str]:
     return found
 
 
-def source_files(module: str) -> list[Path]:
-    """The package's source files ``module`` runs: itself and every package module it imports,
+def source_files(*modules: str) -> list[Path]:
+    """The package's source files ``modules`` run: each and every package module it imports,
     transitively (read statically, function-level imports included), parent packages too."""
     seen: dict[str, Path] = {}
-    pending = [module]
+    pending = list(modules)
     while pending:
         name = pending.pop()
         parts = name.split(".")
@@ -93,11 +94,11 @@ def source_files(module: str) -> list[Path]:
     return sorted(set(seen.values()))
 
 
-def source_digest(module: str) -> str:
+def source_digest(*modules: str) -> str:
     """SHA-256 of :func:`source_files` (relative path and bytes of each, in order): a recording whose
     digest differs from today's was made by other code."""
     digest = hashlib.sha256()
-    for path in source_files(module):
+    for path in source_files(*modules):
         digest.update(str(path.relative_to(PACKAGE_ROOT)).encode() + b"\0" + path.read_bytes() + b"\0")
     return digest.hexdigest()
 
