@@ -256,15 +256,15 @@ def test_every_recording_is_package_data():
 
 
 
+
 def _notebook(path, *code):
     cells = [{"cell_type": "code", "id": f"c{i}", "metadata": {}, "execution_count": None, "outputs": [], "source": c}
              for i, c in enumerate(code)] + [{"cell_type": "markdown", "id": "m", "metadata": {}, "source": "prose"}]
-    path.write_text(json.dumps({"cells": cells, "metadata": {"kernelspec": {"name": "python3"}}, "nbformat": 4,
-                                "nbformat_minor": 5}))
+    path.write_text(json.dumps({"cells": cells, "metadata": {}, "nbformat": 4, "nbformat_minor": 5}))
     return path
 
 
-def test_notebooks_suite_runs_each_notebook_in_its_folder_and_records_its_time(tmp_path, monkeypatch):
+def test_notebooks_suite_records_each_notebooks_time_memory_and_digest(tmp_path, monkeypatch):
     """In a child process, as `make test` keeps notebook clients out of the unit tests' process; a
     stand-in nvidia-smi reports two GPUs, 1000 and 50 MiB in use at first, then 3048 and 60."""
     pytest.importorskip("nbclient"), pytest.importorskip("ipykernel")  # the notebooks extra
@@ -274,7 +274,7 @@ def test_notebooks_suite_runs_each_notebook_in_its_folder_and_records_its_time(t
 
     (tmp_path / "bin").mkdir()
     smi = tmp_path / "bin" / "nvidia-smi"
-    smi.write_text('#!/bin/sh\n[ -e "$0.ran" ] && printf "3048\\n60\\n" || printf "1000\\n50\\n"; touch "$0.ran"\n')
+    smi.write_text('#!/bin/sh\ntest -e $0.x && printf "3048\\n60\\n" || printf "1000\\n50\\n"; touch $0.x\n')
     smi.chmod(0o755)
     monkeypatch.setenv("PATH", f"{tmp_path / 'bin'}:{os.environ['PATH']}")
     path = _notebook(tmp_path / "01_a.ipynb", "import time\ntime.sleep(1.0)", "open('ran', 'w').close()")
@@ -286,37 +286,21 @@ def test_notebooks_suite_runs_each_notebook_in_its_folder_and_records_its_time(t
     run["provenance"] |= {"gpu": {"name": "NVIDIA H200"}, "commit": "ab" * 20}
     (tmp_path / "h200" / "notebook_runs" / "01_a.json").write_text(json.dumps(run))
     (tmp_path / "h200" / "notebook_runs" / "02_b.json").write_text(json.dumps(run | {"peak_gib": None}))
-    sentence = notebook_run("01_a", root=tmp_path)
-    assert f"in {run['seconds']:.0f} s on one NVIDIA H200 and used at most 2.0 GiB" in sentence
+    assert f"in {run['seconds']:.0f} s on one NVIDIA H200 and used at most 2.0 GiB" in notebook_run("01_a", root=tmp_path)
     assert "GiB" not in notebook_run("02_b", root=tmp_path) and "not recorded yet" in notebook_run("03_c", root=tmp_path)
-    _notebook(tmp_path / "02_b.ipynb", "1 / 0")  # a failing cell fails the suite
-    with pytest.raises(IsolatedRunError, match="ZeroDivisionError"):
-        run_isolated(notebooks_suite, str(tmp_path / "h200"), timeout_s=300)
-
-
-def test_notebook_digest_follows_the_code_and_the_package_modules_it_imports(tmp_path, monkeypatch):
-    pytest.importorskip("IPython")
-    from attn_gym_lite.bench.notebooks import notebook_digest
-
+    # The digest: code (magics too) and the package modules it imports, not prose.
     code = "%matplotlib inline\nfrom attn_gym_lite.ragged import cu_seqlens_from_lengths"
-    before = notebook_digest(_notebook(tmp_path / "a.ipynb", code))
-    assert notebook_digest(_notebook(tmp_path / "a.ipynb", code + "\nx = 1")) != before
-    notebook = json.loads((path := _notebook(tmp_path / "a.ipynb", code)).read_text())
+    (tmp_path / "d").mkdir()  # outside the suite's selection
+    before = notebook_digest(path := _notebook(tmp_path / "d" / "a.ipynb", code))
+    assert notebook_digest(_notebook(tmp_path / "d" / "b.ipynb", code + "\nx = 1")) != before
+    notebook = json.loads(path.read_text())
     path.write_text(json.dumps(notebook | {"cells": [*notebook["cells"], {**notebook["cells"][-1], "source": "more"}]}))
-    assert notebook_digest(path) == before  # prose
+    assert notebook_digest(path) == before
     shutil.copytree(PACKAGE_ROOT, tmp_path / "copy")
     monkeypatch.setattr(provenance_module, "PACKAGE_ROOT", tmp_path / "copy")
     assert notebook_digest(path) == before
     (tmp_path / "copy" / "ragged.py").write_text((tmp_path / "copy" / "ragged.py").read_text() + "\n")
     assert notebook_digest(path) != before
-
-
-@pytest.mark.parametrize("path", sorted(RESULTS_ROOT.glob("*/notebook_runs/*.json")), ids=lambda p: p.stem)
-def test_notebook_runs_are_not_stale(path):
-    """A chapter's run time was recorded by today's notebook and package, or stale_recordings.json says why not."""
-    pytest.importorskip("IPython")
-    from attn_gym_lite.bench.notebooks import notebook_digest
-
-    notebook = PACKAGE_ROOT.parent / "notebooks" / path.with_suffix(".ipynb").name
-    fresh = json.loads(path.read_text())["notebook_sha256"] == notebook_digest(notebook)
-    assert fresh != (f"{path.parent.parent.name}/notebook_runs/{path.name}" in declared_stale())
+    _notebook(tmp_path / "02_b.ipynb", "1 / 0")  # a failing cell fails the suite
+    with pytest.raises(IsolatedRunError, match="ZeroDivisionError"):
+        run_isolated(notebooks_suite, str(tmp_path / "h200"), timeout_s=300)
